@@ -1,0 +1,29 @@
+"""Shared pytest fixtures.
+
+Tests that need the real SmolLM2 GGUF use the ``smollm2_gguf`` fixture. Locally, without the file,
+they skip with a pointer to ./install.sh; under CI (``CI`` set) a missing model is a hard failure,
+so the correctness tests can never be silently skipped there.
+"""
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+SMOLLM2_GGUF = REPO / "resources" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@pytest.fixture(scope="session")
+def repo_root() -> Path:
+    return REPO
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf() -> Path:
+    if not SMOLLM2_GGUF.exists():
+        msg = f"{SMOLLM2_GGUF} is missing: run ./install.sh"
+        if os.environ.get("CI"):
+            pytest.fail(msg)
+        pytest.skip(msg)
+    return SMOLLM2_GGUF
