@@ -7,6 +7,7 @@ fact collectors get planted environment, command output, interface table and hos
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 import struct
@@ -74,7 +75,8 @@ def use_test_schemas(monkeypatch, tmp_path: Path) -> Path:
     for p in (DATA / "schemas").glob("*.json"):
         shutil.copy(p, d / p.name)
     monkeypatch.setattr(artifacts, "SCHEMA_DIR", d)
-    artifacts.load_schema.cache_clear()
+    # a fresh cache for the test, so the session-wide one never holds the test-only schemas
+    monkeypatch.setattr(artifacts, "load_schema", functools.lru_cache(maxsize=None)(artifacts.load_schema.__wrapped__))
     return d
 
 
