@@ -80,3 +80,10 @@ def test_secret_env_ignores_short_values_and_other_names():
     facts = envfacts.collect_secret_env({"MONKEY_BUSINESS": "bananas", "PAGER": "less", "GH_TOKEN": "1", "X_SECRET": "s3cr3t!"})
     assert facts["secret_env_names"] == ["GH_TOKEN", "MONKEY_BUSINESS", "X_SECRET"]
     assert facts["secret_env_values"] == ["bananas", "s3cr3t!"]
+
+
+def test_localhost_names_are_not_identifiers():
+    facts = envfacts.collect_host(gethostname=lambda: "zq-box", getfqdn=lambda: "localhost")
+    assert facts == {"hostname": "zq-box", "fqdn": None, "domain": None}
+    facts = envfacts.collect_host(gethostname=lambda: "zq-box", getfqdn=lambda: "zq-box.localdomain")
+    assert facts["domain"] is None and facts["fqdn"] == "zq-box.localdomain"
