@@ -10,5 +10,7 @@ rule plots:
         drift=f"{RES}/plots/drift.png",
     log:
         f"{LOGS}/plots.log",
+    conda:
+        "../envs/pairbench.yaml"
     script:
         "../scripts/plots.py"

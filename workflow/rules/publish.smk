@@ -22,10 +22,12 @@ rule publish:
     output:
         bundle=directory(f"{RES}/publish"),
     params:
-        private_dir=f"{RES}/private",
-        res_dir=RES,
+        private_dir=lambda wc, output: str(Path(output.bundle).parent / "private"),
+        res_dir=lambda wc, output: str(Path(output.bundle).parent),
         root=str(ROOT),
     log:
         f"{LOGS}/publish.log",
+    conda:
+        "../envs/pairbench.yaml"
     script:
         "../scripts/publish.py"
