@@ -20,4 +20,4 @@ include: "workflow/rules/publish.smk"
 rule all:
     default_target: True
     input:
-        f"{RES}/publish",
+        f"{RES}/publish/MANIFEST.json",
