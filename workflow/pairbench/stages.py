@@ -94,7 +94,7 @@ def warmup_stage(warmup_path: str, plan_path: str, build_path: str, arm: str, ar
     write_artifact(warmup_path, "warmup", body)
 
 
-def measure_stage(measure_path: str, output_paths: list[str], plan_path: str, build_path: str,
+def measure_stage(measure_path: str, output_paths: list[str], marker_path: str, plan_path: str, build_path: str,
                   fixture_paths: list[str], prompt_paths: list[str], visit: dict, arm_dir: str, arm_cfg: dict,
                   server_cfg: dict, server_log: str, root: str) -> None:
     plan = read_artifact(plan_path, "plan")
@@ -113,6 +113,9 @@ def measure_stage(measure_path: str, output_paths: list[str], plan_path: str, bu
         if not rec["ok"]:
             log.warning("%s length %d flagged: %s", visit["id"], rec["length"], "; ".join(rec["flags"]))
     write_artifact(measure_path, "measure", body)
+    # Ordering marker for the next visit (see workflow/rules/common.smk: previous_visit).
+    Path(marker_path).parent.mkdir(parents=True, exist_ok=True)
+    Path(marker_path).write_text(visit["id"] + "\n")
 
 
 def validate_stage(validate_path: str, measure_path: str, output_paths: list[str], fixture_paths: list[str],
