@@ -90,3 +90,22 @@ def test_detector_names_count_all_three_kinds():
     assert {"literal:username", "literal:hostname", "literal:secret"} <= set(names)
     assert len(names) == len(set(names))
     assert leakgate.report_line(0, len(names), 3) == f"0 findings by {len(names)} detectors over 3 files"
+
+
+def test_scrubbed_text_passes_the_whole_gate(tmp_path):
+    """Scrubber and gate agree: whatever the scrubber rewrites, no detector (detect-secrets included)
+    still finds in the result."""
+    from test_sanitize import IDS as SIDS, POSITIVES
+
+    from pairbench.sanitize import scrub_text
+
+    text = "\n".join(t for _, t in POSITIVES) + "\nzq_alice zq-devbox-07 zqk_live_9f8e7d6c5b4a39281706f5e4d3c2b1a0\n"
+    assert len(leakgate.scan(_put(tmp_path / "raw", text), SIDS)) >= len(POSITIVES)
+    clean = scrub_text(text, SIDS)
+    assert [str(f) for f in leakgate.scan(_put(tmp_path / "clean", clean), SIDS)] == []
+
+
+def _put(root, text):
+    write(root, "README.md", text)
+    write(root, "config.resolved.yaml", text)
+    return root

@@ -185,3 +185,14 @@ def test_success_replaces_a_previous_bundle(planted, tmp_path):
     planted["build"]({"README.md": f}, patches={}, clean_source=None)
     assert sorted(bundle_bytes(planted["out"])) == ["MANIFEST.json", "README.md"]
     assert not leftovers(planted["out"].parent)
+
+
+def test_patch_series_in_one_file_applies(planted, tmp_path):
+    series = tmp_path / "series.patch"
+    series.write_bytes((DATA / "0001-int8-path.patch").read_bytes() + (DATA / "0002-version-tag.patch").read_bytes())
+    f = tmp_path / "README.md"
+    f.write_text("r\n")
+    planted["build"]({"README.md": f}, patches={"series": series})
+    text = (planted["out"] / "patches" / "series.patch").read_text()
+    assert "zq" not in text.lower()
+    assert verify_bundle(planted["out"], clean_source=planted["run"]["clean_source"]) == []

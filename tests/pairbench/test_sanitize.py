@@ -88,6 +88,9 @@ NEGATIVES = [
     "desktop-class and laptop-friendly machines, DESKTOP-ish",
     "a homepage at /homepage and /usr/share/home-assistant, path engine/Users.py",
     "the ratio 1.163 [1.12, 1.20] p=0.031 over 4 rounds of 256 tokens",
+    "time per output token improves; the first token arrives sooner; token throughput doubles",
+    "MAX_TOKENS=100000 TOKENIZERS_PARALLELISM=false --max-tokens 64 --token-budget=4096",
+    "Authorization header omitted; password policy documented; secret sauce: none",
 ]
 
 
@@ -171,3 +174,11 @@ def test_strip_patch_plain_diff_u_with_timestamps():
            "+++ /home/zq_alice/pb/src/engine/VERSION\t2026-11-29 15:01:00 +0000\n@@ -1 +1 @@\n-0.1.0\n+0.2.0\n")
     out = strip_patch(raw, roots=["/home/zq_alice/pb/src/"])
     assert out.startswith("--- a/engine/VERSION\t2026-11-29 15:00:00 +0000\n+++ b/engine/VERSION\t")
+
+
+def test_strip_patch_series_in_one_file():
+    raw = (DATA / "0001-int8-path.patch").read_text() + (DATA / "0002-version-tag.patch").read_text()
+    out = strip_patch(raw, roots=["/home/zq_alice/pb/src"])
+    assert "From: " not in out and "Signed-off-by" not in out and "Date: " not in out
+    assert out.count("\nSubject: ") == 2 and out.count("\nFrom ") == 1  # both headers kept, one per message
+    assert "diff --git a/engine/VERSION b/engine/VERSION" in out

@@ -27,6 +27,7 @@ plugin tables; the classes themselves are the ones listed in issue 6.
 
 from __future__ import annotations
 
+import bisect
 import ipaddress
 import re
 from dataclasses import dataclass, field
@@ -38,6 +39,7 @@ MIN_LITERAL_LEN = 2
 SECRET_ENV_NAME = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.IGNORECASE)
 
 REDACTED = "<redacted>"
+_NUMBER = re.compile(r"^[+-]?\d[\d_.,]*(?:[eE][+-]?\d+)?$")
 
 # Placeholder values that are not secrets: our own replacements, shell references, masks, booleans.
 _NOT_A_SECRET = re.compile(r"^(?:<[^>]*>?|\$.*|\*+|x+|true|false|null|none|redacted|changeme)$", re.I)
@@ -81,7 +83,8 @@ class Detector:
 
 
 def _is_secret_value(value: str) -> bool:
-    return len(value) >= 4 and not _NOT_A_SECRET.match(value)
+    """A plausible credential: not a placeholder, a boolean, or a number (MAX_TOKENS=100000)."""
+    return len(value) >= 4 and not _NOT_A_SECRET.match(value) and not _NUMBER.match(value)
 
 
 def _is_public_ipv4(value: str) -> bool:
@@ -110,6 +113,8 @@ def _is_real_mac(value: str) -> bool:
     return hexes not in ("000000000000", "ffffffffffff")
 
 
+_CRED_WORDS = r"(?:api[_-]?key|access[_-]?key|secret(?:[_-]?key)?|token|password|passwd|client[_-]?secret)"
+
 # Order matters for scrubbing: credentials before anything that could eat part of them, e-mails
 # before host names, PCI ids before MACs and IPv6, home paths before UNC paths.
 DETECTORS: tuple[Detector, ...] = (
@@ -128,7 +133,7 @@ DETECTORS: tuple[Detector, ...] = (
     ),
     Detector(
         "bearer-token",
-        re.compile(r"\b(?:bearer|token|basic)\s+(?P<secret>[A-Za-z0-9._~+/-]{16,}=*)", re.I),
+        re.compile(r"(?:\bbearer|\bbasic|authorization:\s*token)\s+(?P<secret>[A-Za-z0-9._~+/-]{16,}=*)", re.I),
         REDACTED,
         group="secret",
         description="Authorization header values",
@@ -157,15 +162,15 @@ DETECTORS: tuple[Detector, ...] = (
     Detector(
         "credential-field",
         re.compile(
-            r"(?<![\w-])[\"']?(?:--)?(?P<name>(?:[a-z0-9]+[_-])*(?:api[_-]?key|access[_-]?key|secret(?:[_-]?key)?"
-            r"|token|password|passwd|client[_-]?secret))[\"']?(?:\s*[=:]\s*|\s+)[\"']?"
+            r"(?<![\w-])(?:[\"']?(?P<name>(?:[a-z0-9]+[_-])*" + _CRED_WORDS + r")[\"']?\s*[=:]\s*"
+            r"|--(?P<flag>(?:[a-z0-9]+-)*" + _CRED_WORDS + r")(?:\s+|=))[\"']?"
             r"(?P<secret>[^\s\"'<>,;}\]\[]{6,})",
             re.I,
         ),
         REDACTED,
         accept=_is_secret_value,
         group="secret",
-        description="values of fields and flags named api_key, token, secret, password",
+        description="values of fields and flags named api_key, token, secret, password (--api-key X)",
     ),
     Detector(
         "email",
@@ -267,6 +272,8 @@ def literal_pattern(value: str, category: str) -> re.Pattern:
     if category == "home":
         # /root must not match /rootfs; the next character must end the path component.
         return re.compile(body + r"(?![\w.-])", flags)
+    if category == "secret":
+        return re.compile(body)  # anywhere, even glued to other text: the scrubber replaces substrings too
     return re.compile(r"(?<![A-Za-z0-9])" + body + r"(?![A-Za-z0-9])", flags)
 
 
@@ -357,8 +364,6 @@ class Match:
 
 
 def _line_col(text: str, offset: int, line_starts: list[int]) -> tuple[int, int]:
-    import bisect
-
     i = bisect.bisect_right(line_starts, offset) - 1
     return i + 1, offset - line_starts[i] + 1
 
@@ -391,6 +396,7 @@ _IDENTITY_LINE = re.compile(
     r"|Suggested-by|Helped-by):",
     re.I,
 )
+_MBOX_FROM = re.compile(r"^From [0-9a-f]{7,64} ")
 _DIFF_PATH_LINE = re.compile(r"^(?P<head>diff --git |--- |\+\+\+ |rename from |rename to |copy from |copy to |Index: )(?P<rest>.*)$")
 
 
@@ -425,6 +431,8 @@ def strip_patch(text: str, roots: Iterable[str] = ()) -> str:
     home = next(d for d in DETECTORS if d.name == "home-path")
     for line in text.splitlines(keepends=True):
         body = line.rstrip("\r\n")
+        if _MBOX_FROM.match(body):
+            in_diff = False  # the next message of a concatenated series: a new header follows
         if not in_diff and (body.startswith("diff ") or body.startswith("--- ") or body.startswith("Index: ")):
             in_diff = True
         if not in_diff:
