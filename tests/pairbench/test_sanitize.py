@@ -182,3 +182,10 @@ def test_strip_patch_series_in_one_file():
     assert "From: " not in out and "Signed-off-by" not in out and "Date: " not in out
     assert out.count("\nSubject: ") == 2 and out.count("\nFrom ") == 1  # both headers kept, one per message
     assert "diff --git a/engine/VERSION b/engine/VERSION" in out
+
+
+def test_path_category_and_unknown_categories():
+    ids = {"path": ["/work/zq-pb", "/work/zq-pb/results/smoke"], "home": ["/home/zq_alice"], "badge": ["zq-badge-0042"]}
+    text = "/work/zq-pb/results/smoke/x.json and /work/zq-pb/engine, not /work/zq-pb2; /home/zq_alice; zq-badge-0042"
+    assert scrub_text(text, ids) == "<path>/x.json and <path>/engine, not /work/zq-pb2; ~; <redacted>"
+    assert {m.detector for m in find(text, ids)} == {"literal:path", "literal:home", "home-path", "literal:badge"}

@@ -254,6 +254,7 @@ PSEUDONYM_PREFIX = {
 PLACEHOLDER = {
     "secret": REDACTED,
     "home": "~",
+    "path": "<path>",
     "email": "<email>",
     "ip": "<ip>",
     "mac": "<mac>",
@@ -262,14 +263,14 @@ PLACEHOLDER = {
     "serial": "<serial>",
 }
 # Case-sensitive categories: secrets and serials are exact strings; names are not.
-_CASE_SENSITIVE = {"secret", "serial", "home"}
+_CASE_SENSITIVE = {"secret", "serial", "home", "path"}
 
 
 def literal_pattern(value: str, category: str) -> re.Pattern:
     """A regex matching *value* as a whole token (not inside a longer alphanumeric word)."""
     flags = 0 if category in _CASE_SENSITIVE else re.IGNORECASE
     body = re.escape(value)
-    if category == "home":
+    if category in ("home", "path"):
         # /root must not match /rootfs; the next character must end the path component.
         return re.compile(body + r"(?![\w.-])", flags)
     if category == "secret":
@@ -288,7 +289,7 @@ def usable_literals(identifiers: Mapping[str, Iterable[str]]) -> list[tuple[str,
             v = v.strip()
             if len(v) < MIN_LITERAL_LEN or (category, v) in seen:
                 continue
-            if category == "home" and v in ("/", "~"):
+            if category in ("home", "path") and v in ("/", "~"):
                 continue
             seen.add((category, v))
             out.append((category, v))
@@ -313,7 +314,9 @@ def scrub_text(
 
     *identifiers* maps a category (``username``, ``hostname``, ``fqdn``, ``domain``, ``home``,
     ``email``, ``ip``, ``mac``, ``secret``, ``gpu_uuid``, ``pci_bus_id``, ``serial``, ``git_name``)
-    to this machine's literal values (see :func:`pairbench.envfacts.identifiers`).
+    to this machine's literal values (see :func:`pairbench.envfacts.identifiers`). Callers may add
+    ``path`` (absolute directories such as the checkout, rewritten to ``<path>``); any other category
+    is replaced by ``<redacted>``.
 
     *pseudonyms* (lower-cased identifier → pseudonym) is read and **extended in place**, so one
     mapping passed over every file of a bundle keeps ``host-1`` meaning the same host everywhere.
@@ -327,10 +330,11 @@ def scrub_text(
     for category, value in literals:
         if category == "secret":
             text = text.replace(value, REDACTED)
-    # 2. The literal home path (e.g. /root, /srv/alice) before the generic home-directory patterns.
+    # 2. Literal paths, longest first: a checkout path (e.g. /work/pb, category "path") -> <path>, the
+    #    home directory (e.g. /root, /srv/alice) -> ~, before the generic home-directory patterns.
     for category, value in literals:
-        if category == "home":
-            text = literal_pattern(value, category).sub("~", text)
+        if category in ("home", "path"):
+            text = literal_pattern(value, category).sub(PLACEHOLDER[category], text)
     # 3. The detector classes.
     for det in DETECTORS:
         if det.name == "windows-machine-name":
@@ -339,7 +343,7 @@ def scrub_text(
             text = det.sub(text)
     # 4. Remaining literals: names get pseudonyms, addresses and ids placeholders.
     for category, value in literals:
-        if category in ("secret", "home"):
+        if category in ("secret", "home", "path"):
             continue
         pat = literal_pattern(value, category)
         if category in PSEUDONYM_PREFIX:
