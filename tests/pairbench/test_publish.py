@@ -66,6 +66,7 @@ def test_planted_identifiers_never_reach_the_bundle(planted):
     assert gate["findings"] == [] and len(gate["detectors"]) == result["detectors"]
     assert not leftovers(out.parent)
     assert verify_bundle(out, clean_source=planted["run"]["clean_source"]) == []
+    assert {oct(p.stat().st_mode & 0o777) for p in [out, *out.rglob("*")]} == {"0o755", "0o644"}
 
 
 def test_manifest_lists_every_file_with_hash_and_schema(planted):

@@ -305,6 +305,9 @@ def build_bundle(
             "source": {"patches": patch_order, "patched_files": dict(sorted((patched_files or {}).items()))},
         }
         write_artifact(tmp_bundle / MANIFEST, "manifest", manifest)
+        # mkdtemp/mkstemp make 0700/0600; a bundle is meant to be shared: directories 0755, files 0644.
+        for p in [tmp_bundle, *tmp_bundle.rglob("*")]:
+            p.chmod(0o755 if p.is_dir() else 0o644)
 
         findings = leakgate.scan(tmp_bundle, identifiers)
         gate = {
