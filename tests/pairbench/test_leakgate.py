@@ -109,3 +109,20 @@ def _put(root, text):
     write(root, "README.md", text)
     write(root, "config.resolved.yaml", text)
     return root
+
+
+def test_scan_cli(tmp_path, monkeypatch, capsys):
+    from pairbench import envfacts
+    from pairbench.__main__ import main
+
+    from sanitize_support import planted_facts
+
+    facts = planted_facts()
+    monkeypatch.setattr(envfacts, "collect", lambda **kw: facts)
+    write(tmp_path / "clean", "README.md", "all numbers: 47.9 tok/s\n")
+    assert main(["scan", str(tmp_path / "clean")]) == 0
+    assert capsys.readouterr().out.splitlines()[-1].startswith("0 findings by ")
+    write(tmp_path / "dirty", "README.md", "ok\nbuilt on zq-devbox-07\n")
+    assert main(["scan", str(tmp_path / "dirty")]) == 1
+    out = capsys.readouterr().out
+    assert "README.md:2: literal:hostname" in out and "zq-devbox-07" not in out

@@ -55,7 +55,7 @@ def test_planted_identifiers_never_reach_the_bundle(planted):
         for planted_value in planted_strings():
             assert planted_value.lower().encode() not in low, f"{rel} leaks {planted_value!r}"
     assert result["excluded"] == ["logs/server.log", "outputs/r01-candidate-256.json"]
-    assert result["findings"] == 0 and result["files"] == len(files)
+    assert result["findings"] == 0 and result["files"] == len(files) and result["patches_checked"]
     assert result["report_line"] == f"0 findings by {result['detectors']} detectors over {len(files)} files"
     assert f"Leak gate: {result['report_line']}" in files["README.md"].decode()
     # the mapping stays private, and is consistent across files

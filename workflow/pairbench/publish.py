@@ -230,7 +230,9 @@ def build_bundle(
     - A ``README.md`` line holding ``<!-- pairbench:leak-gate -->`` gets the gate's report line.
 
     Returns ``{"bundle", "files", "detectors", "findings", "report_line", "excluded",
-    "private_result", "pseudonyms"}``; ``report_line`` is "0 findings by N detectors over M files".
+    "patches_checked", "private_result", "pseudonyms"}``; ``report_line`` is "0 findings by N
+    detectors over M files"; ``patches_checked`` says whether the patches were re-applied to a clean
+    source (False when there are patches but no *clean_source*: say so in the report).
     """
     out_dir = Path(out_dir)
     private_dir = Path(private_dir)
@@ -348,6 +350,7 @@ def build_bundle(
         "findings": 0,
         "report_line": line,
         "excluded": sorted(excluded),
+        "patches_checked": clean_source is not None,
         "private_result": str(private_result),
         "pseudonyms": str(private_dir / "pseudonyms.json"),
     }
