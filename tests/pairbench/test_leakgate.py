@@ -95,9 +95,9 @@ def test_detector_names_count_all_three_kinds():
 def test_scrubbed_text_passes_the_whole_gate(tmp_path):
     """Scrubber and gate agree: whatever the scrubber rewrites, no detector (detect-secrets included)
     still finds in the result."""
-    from test_sanitize import IDS as SIDS, POSITIVES
-
     from pairbench.sanitize import scrub_text
+
+    from sanitize_support import IDS as SIDS, POSITIVES
 
     text = "\n".join(t for _, t in POSITIVES) + "\nzq_alice zq-devbox-07 zqk_live_9f8e7d6c5b4a39281706f5e4d3c2b1a0\n"
     assert len(leakgate.scan(_put(tmp_path / "raw", text), SIDS)) >= len(POSITIVES)
