@@ -142,3 +142,12 @@ def test_path_category_and_unknown_categories():
     text = "/work/zq-pb/results/smoke/x.json and /work/zq-pb/engine, not /work/zq-pb2; /home/zq_alice; zq-badge-0042"
     assert scrub_text(text, ids) == "<path>/x.json and <path>/engine, not /work/zq-pb2; ~; <redacted>"
     assert {m.detector for m in find(text, ids)} == {"literal:path", "literal:home", "home-path", "literal:badge"}
+
+
+def test_scrub_is_idempotent_and_pseudonyms_are_not_identifiers():
+    text = "\n".join(t for _, t in POSITIVES) + "\n" + (DATA / "README.md").read_text() + (DATA / "server.log").read_text()
+    ids = dict(IDS, fqdn=["zq-devbox-07.corp.zqexample.net"])
+    pseudonyms: dict[str, str] = {}
+    once = scrub_text(text, ids, pseudonyms)
+    assert scrub_text(once, ids, dict(pseudonyms)) == once
+    assert find(once, ids) == []
