@@ -151,3 +151,11 @@ def test_scrub_is_idempotent_and_pseudonyms_are_not_identifiers():
     once = scrub_text(text, ids, pseudonyms)
     assert scrub_text(once, ids, dict(pseudonyms)) == once
     assert find(once, ids) == []
+
+
+def test_strip_patch_leaves_hunk_lines_that_look_like_headers():
+    # In a hunk, "--- x" is the removed line "-- x" (a Lua/SQL comment): not a file header to rewrite.
+    hunk = "@@ -1,3 +1,2 @@\n--- /home/zq_alice/notes\n ctx\n++++ added\n"
+    raw = "diff --git a/x.lua b/x.lua\n--- a/x.lua\n+++ b/x.lua\n" + hunk
+    out = strip_patch(raw, roots=["/home/zq_alice"])
+    assert out == raw

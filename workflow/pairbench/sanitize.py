@@ -433,8 +433,10 @@ def strip_patch(text: str, roots: Iterable[str] = ()) -> str:
     skipping_folded = False
     email = next(d for d in DETECTORS if d.name == "email")
     home = next(d for d in DETECTORS if d.name == "home-path")
-    for line in text.splitlines(keepends=True):
-        body = line.rstrip("\r\n")
+    lines = text.splitlines(keepends=True)
+    bodies = [ln.rstrip("\r\n") for ln in lines]
+    for i, line in enumerate(lines):
+        body = bodies[i]
         if _MBOX_FROM.match(body):
             in_diff = False  # the next message of a concatenated series: a new header follows
         if not in_diff and (body.startswith("diff ") or body.startswith("--- ") or body.startswith("Index: ")):
@@ -447,6 +449,11 @@ def strip_patch(text: str, roots: Iterable[str] = ()) -> str:
                 skipping_folded = True
                 continue
         m = _DIFF_PATH_LINE.match(body) if in_diff else None
+        # Inside a hunk, "--- x" is a removed line "-- x": a file header only comes as a ---/+++ pair.
+        if m and m.group("head") == "--- " and not (i + 1 < len(bodies) and bodies[i + 1].startswith("+++ ")):
+            m = None
+        if m and m.group("head") == "+++ " and not (i > 0 and bodies[i - 1].startswith("--- ")):
+            m = None
         if m:
             rest = m.group("rest")
             head = m.group("head")
