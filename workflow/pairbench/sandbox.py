@@ -365,7 +365,8 @@ def run_python_tests(
         proc.wait()
         for t in threads:
             t.join(timeout=5)
-        result_stream.close()
+        for stream in (proc.stdout, proc.stderr, result_stream):
+            stream.close()
         duration = time.monotonic() - start
 
         out_total = sinks["out"].get("total", 0) + sinks["err"].get("total", 0)

@@ -164,9 +164,11 @@ def probe(gguf: Path, max_new_tokens: int = 96) -> dict[str, str]:
         if not isinstance(ids, torch.Tensor):  # newer transformers return a BatchEncoding
             ids = ids["input_ids"]
         with torch.no_grad():
+            # min_new_tokens masks EOS until the cap, as the harness's ignore_eos does
+            # (llama.cpp biases EOS to -inf), so the output runs on past the function.
             out = model.generate(
-                ids, max_new_tokens=max_new_tokens, do_sample=False,
-                attention_mask=torch.ones_like(ids),
+                ids, max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens,
+                do_sample=False, attention_mask=torch.ones_like(ids),
             )
         texts[task.name] = tok.decode(out[0, ids.shape[1]:].tolist(), skip_special_tokens=True)
         print(f"{task.name}: generated ({ids.shape[1]} prompt tokens)", file=sys.stderr, flush=True)
