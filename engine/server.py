@@ -369,6 +369,15 @@ class Handler(BaseHTTPRequestHandler):
             self._chunk(b"")  # end of the chunked body
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True  # the client left; the generator's finally restores the cache
+        except Exception as e:
+            if not started:
+                raise  # nothing sent yet: do_POST answers with a JSON error status
+            # Headers are out: report the failure in-band and end the stream properly.
+            self.log_message("internal error mid-stream: %r", e)
+            self._event({"error": {"message": f"internal error: {type(e).__name__}: {e}", "type": "server_error",
+                                   "code": 500}})
+            self._chunk(b"")
+            self.close_connection = True
         finally:
             events.close()
 
