@@ -37,6 +37,9 @@ from torch import nn
 #: weight to fp32 for an MKL GEMM (fp16 GEMM on AVX2 is several times slower than fp32 GEMM).
 MATVEC_MAX_ROWS = 2
 
+#: Intra-op threads for the fp16 matrix-vector path (see ``linear``).
+MATVEC_THREADS = 1
+
 FP16_MAX = torch.finfo(torch.float16).max
 
 
@@ -70,8 +73,18 @@ def linear(x: torch.Tensor, p: PreparedWeight) -> torch.Tensor:
     """y = x @ W.T in float32 for x (..., in); W given by ``prepare``. Same contract as ``F.linear``."""
     rows = x.numel() // x.shape[-1] if x.numel() else 0
     if rows <= MATVEC_MAX_ROWS:
-        # fp16 GEMV: half the DRAM bytes of fp32, fp32 accumulation inside ATen's kernel.
-        return F.linear(x.to(torch.float16), p.half).to(x.dtype)
+        # fp16 GEMV: half the DRAM bytes of fp32, fp32 accumulation inside ATen's kernel. Its
+        # multi-threaded form is pathological here (10x slower at 2 threads than at 1 whenever the
+        # other core is busy; docs/perf.md), so it runs on MATVEC_THREADS threads. Toggling the
+        # intra-op thread count costs < 1 us and applies to the calling thread only.
+        saved = torch.get_num_threads()
+        if saved != MATVEC_THREADS:
+            torch.set_num_threads(MATVEC_THREADS)
+        try:
+            return F.linear(x.to(torch.float16), p.half).to(x.dtype)
+        finally:
+            if saved != MATVEC_THREADS:
+                torch.set_num_threads(saved)
     return F.linear(x, p.half.to(x.dtype))  # many rows: compute-bound, widen once and use MKL sgemm
 
 
