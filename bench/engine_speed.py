@@ -203,9 +203,11 @@ class LlamaCppArm:
         llm.reset()  # n_tokens = 0; the next eval drops the cached KV past it
         stamps = []
         t0 = time.perf_counter()
+        n_vocab = llm.n_vocab()
         llm.eval(ids)
         for i in range(n_new):
-            tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+            # without logits_all, Llama.eval keeps no scores: read the last token's logits directly
+            tok = int(np.argmax(np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(n_vocab,))))
             stamps.append(time.perf_counter())
             if i + 1 < n_new:
                 llm.eval([tok])
@@ -273,6 +275,8 @@ def main() -> None:
 
     runs: dict[str, list[dict]] = {a.label: [] for a in arms}
     try:
+        for arm in arms:  # warm-up, not counted: first-call allocations, page faults, lazy init
+            arm.run(ids[:64], 4)
         for rep in range(args.reps):
             for arm in arms:  # interleaved: every arm once per repetition
                 r = arm.run(ids, args.decode)

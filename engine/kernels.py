@@ -13,8 +13,8 @@ does the work.
 
 Numerics: the weight is rounded to fp16 (relative error <= 2**-11, far below the 4-bit quantization
 error of a Q4_1 GGUF it came from) and, on the matrix-vector path, so is the input; products
-accumulate in fp32. Measured against fp32 ``F.linear`` on SmolLM2-135M shapes: max relative error
-about 1e-3 of the output's max magnitude (``python3 -m engine.kernels`` prints it). Weights whose
+accumulate in fp32. Measured against fp32 ``F.linear`` on SmolLM2-135M shapes: max error 4-5e-4 of the
+output's largest magnitude for one row, 2e-4 for 16 rows (``python3 -m engine.kernels`` prints it). Weights whose
 magnitude exceeds the fp16 range are refused (``prepare`` raises), never silently saturated.
 
 API (all optional; the engine runs unchanged without it)::
@@ -36,6 +36,9 @@ from torch import nn
 #: Inputs with at most this many rows (tokens) take the fp16 matrix-vector path; more rows widen the
 #: weight to fp32 for an MKL GEMM (fp16 GEMM on AVX2 is several times slower than fp32 GEMM).
 MATVEC_MAX_ROWS = 2
+
+#: Intra-op threads for the fp16 matrix-vector path (see ``linear``).
+MATVEC_THREADS = 1
 
 FP16_MAX = torch.finfo(torch.float16).max
 
@@ -70,8 +73,18 @@ def linear(x: torch.Tensor, p: PreparedWeight) -> torch.Tensor:
     """y = x @ W.T in float32 for x (..., in); W given by ``prepare``. Same contract as ``F.linear``."""
     rows = x.numel() // x.shape[-1] if x.numel() else 0
     if rows <= MATVEC_MAX_ROWS:
-        # fp16 GEMV: half the DRAM bytes of fp32, fp32 accumulation inside ATen's kernel.
-        return F.linear(x.to(torch.float16), p.half).to(x.dtype)
+        # fp16 GEMV: half the DRAM bytes of fp32, fp32 accumulation inside ATen's kernel. Its
+        # multi-threaded form is pathological here (10x slower at 2 threads than at 1 whenever the
+        # other core is busy; docs/perf.md), so it runs on MATVEC_THREADS threads. Toggling the
+        # intra-op thread count costs < 1 us and applies to the calling thread only.
+        saved = torch.get_num_threads()
+        if saved != MATVEC_THREADS:
+            torch.set_num_threads(MATVEC_THREADS)
+        try:
+            return F.linear(x.to(torch.float16), p.half).to(x.dtype)
+        finally:
+            if saved != MATVEC_THREADS:
+                torch.set_num_threads(saved)
     return F.linear(x, p.half.to(x.dtype))  # many rows: compute-bound, widen once and use MKL sgemm
 
 
@@ -105,3 +118,26 @@ def quantize_(model: nn.Module, min_numel: int = 0) -> int:
     for parent, name, child in swaps:
         setattr(parent, name, HalfLinear(child.weight))
     return len(swaps)
+
+
+def error_report(seed: int = 0) -> list[dict]:
+    """Max error of ``linear`` vs fp32 ``F.linear`` on SmolLM2-135M shapes (random weights of the
+    model's typical magnitude), relative to the output's largest magnitude, for 1 and 16 rows."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for n, k in ((960, 576), (576, 576), (3072, 576), (576, 1536), (49152, 576)):
+        w = torch.randn(n, k, generator=g) * 0.05
+        p = prepare(w)
+        for rows in (1, 16):
+            x = torch.randn(rows, k, generator=g)
+            ref, got = F.linear(x, w), linear(x, p)
+            err = float((got - ref).abs().max())
+            out.append({"shape": (n, k), "rows": rows, "max_abs": err,
+                        "rel_to_max": err / float(ref.abs().max())})
+    return out
+
+
+if __name__ == "__main__":
+    for r in error_report():
+        print(f"W {r['shape'][0]:>5}x{r['shape'][1]:<5} rows {r['rows']:>2}: max abs err {r['max_abs']:.2e}, "
+              f"relative to max |y| {r['rel_to_max']:.2e}")

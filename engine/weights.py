@@ -359,8 +359,25 @@ def load_converted(path: Path, max_context: int | None) -> LoadedModel:
     return _loaded(cfg, state, tok, doc["tokenizer"], template, doc["name"], max_context)
 
 
-def load(spec: str, max_context: int | None = None) -> LoadedModel:
-    """Load a model: a name in NAMED_MODELS, a converted directory, or a GGUF file."""
+LINEAR_KINDS = ("fp32", "fp16")
+
+
+def load(spec: str, max_context: int | None = None, linear: str = "fp32") -> LoadedModel:
+    """Load a model: a name in NAMED_MODELS, a converted directory, or a GGUF file.
+
+    ``linear`` picks the weight storage of the matrix products: ``fp32`` (exact reference), or
+    ``fp16`` (``engine.kernels``: half the weight bytes per decode step, fp32 accumulation)."""
+    if linear not in LINEAR_KINDS:
+        raise ValueError(f"linear {linear!r} is not one of {LINEAR_KINDS}")
+    loaded = _load(spec, max_context)
+    if linear == "fp16":
+        from . import kernels
+
+        kernels.quantize_(loaded.model)
+    return loaded
+
+
+def _load(spec: str, max_context: int | None) -> LoadedModel:
     if spec in NAMED_MODELS:
         return load_named(spec, max_context)
     path = Path(spec)

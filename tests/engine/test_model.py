@@ -91,6 +91,19 @@ def test_generation_stops_at_stop_ids_unless_ignore_eos(tiny):
     assert generate.token_limit(prompt_len=126, max_tokens=20, max_context=128) == 3
 
 
+def test_fp16_linear_stays_close_to_fp32(tiny):
+    half = engine.load("tiny", max_context=128, linear="fp16")
+    want = generate.forward_logits(tiny, PROMPT)
+    many_rows = generate.forward_logits(half, PROMPT)  # fp32 GEMM over widened weights
+    one_row = torch.stack([generate.prefill(half.model, PROMPT[:1], 0)] +  # fp16 matrix-vector path
+                          [generate.decode_one(half.model, PROMPT[i], i) for i in range(1, len(PROMPT))])
+    for got in (many_rows, one_row):
+        assert (got - want).abs().max() / want.abs().max() < 1e-2
+    assert generate.greedy(half, PROMPT, 8) == generate.greedy(tiny, PROMPT, 8)
+    with pytest.raises(ValueError, match="linear"):
+        engine.load("tiny", linear="int3")
+
+
 def to_hf_state(loaded) -> dict[str, torch.Tensor]:
     cfg = loaded.config
     sd = loaded.model.state_dict()

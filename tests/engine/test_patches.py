@@ -137,6 +137,8 @@ def test_int8_kv_agreement_with_baseline(repo_root, patched, tmp_path):
     assert base.argmax(-1).tolist() == seq[len(prompt):]  # the reference really is the greedy path
     agreement = (base.argmax(-1) == quant.argmax(-1)).float().mean().item()
     max_err = ((quant - base).abs().max() / base.std()).item()
+    print(f"int8-kv vs baseline, 64 teacher-forced steps: top-1 agreement {agreement:.3f}, "
+          f"max |logit diff| / std {max_err:.4f}")
     assert agreement >= 0.95, agreement
     assert max_err <= 0.05, max_err
     assert not torch.equal(base, quant)  # the patch really changed the arithmetic
