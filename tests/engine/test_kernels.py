@@ -47,3 +47,12 @@ def test_quantize_swaps_engine_linears_and_keeps_outputs():
     assert isinstance(net[0], kernels.HalfLinear) and isinstance(net[1], kernels.HalfLinear)
     assert isinstance(net[2], torch.nn.Linear)
     assert torch.allclose(net(x), ref, rtol=0, atol=REL_BOUND * float(ref.abs().max()) * 4)
+
+
+def test_threads_context_restores_count():
+    before = torch.get_num_threads()
+    with kernels.threads(1):
+        assert torch.get_num_threads() == 1
+    assert torch.get_num_threads() == before
+    with pytest.raises(ValueError, match="n must be >= 1"):
+        kernels.threads(0)
