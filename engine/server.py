@@ -102,8 +102,8 @@ def longest_common_prefix(a: list[int], b: list[int]) -> int:
 class Engine:
     """The loaded model plus the prefix-cache bookkeeping; ``lock`` serialises generations."""
 
-    def __init__(self, spec: str, max_context: int | None):
-        self.spec, self.requested_context = spec, max_context
+    def __init__(self, spec: str, max_context: int | None, linear: str = "fp32"):
+        self.spec, self.requested_context, self.linear = spec, max_context, linear
         self.loaded = None  # set once loading finishes; /health says 503 until then
         self.lock = threading.Lock()
         self.cached: list[int] = []  # tokens whose KV is valid at positions 0..len-1
@@ -111,7 +111,7 @@ class Engine:
     def load(self) -> None:
         from .weights import load
 
-        self.loaded = load(self.spec, self.requested_context)
+        self.loaded = load(self.spec, self.requested_context, self.linear)
 
     @property
     def max_context(self) -> int:
@@ -369,6 +369,15 @@ class Handler(BaseHTTPRequestHandler):
             self._chunk(b"")  # end of the chunked body
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True  # the client left; the generator's finally restores the cache
+        except Exception as e:
+            if not started:
+                raise  # nothing sent yet: do_POST answers with a JSON error status
+            # Headers are out: report the failure in-band and end the stream properly.
+            self.log_message("internal error mid-stream: %r", e)
+            self._event({"error": {"message": f"internal error: {type(e).__name__}: {e}", "type": "server_error",
+                                   "code": 500}})
+            self._chunk(b"")
+            self.close_connection = True
         finally:
             events.close()
 
@@ -381,11 +390,11 @@ def make_server(engine: Engine, host: str, port: int) -> ThreadingHTTPServer:
 
 
 def serve(spec: str, host: str = "127.0.0.1", port: int = 8080, threads: int | None = None,
-          max_context: int | None = None) -> int:
+          max_context: int | None = None, linear: str = "fp16") -> int:
     """Listen at once (``/health`` answers 503 while loading), load the model, serve until SIGTERM/SIGINT."""
     if threads is not None:
         torch.set_num_threads(threads)
-    engine = Engine(spec, max_context)
+    engine = Engine(spec, max_context, linear)
     server = make_server(engine, host, port)
     thread = threading.Thread(target=server.serve_forever, name="http", daemon=True)
     thread.start()
@@ -404,7 +413,7 @@ def serve(spec: str, host: str = "127.0.0.1", port: int = 8080, threads: int | N
             print(f"{NATIVE}: cannot load model: {e}", file=sys.stderr, flush=True)
             return 2
         print(f"{NATIVE} ready: model {engine.loaded.name} on http://{host}:{server.server_address[1]} "
-              f"(max_context {engine.max_context}, threads {torch.get_num_threads()}, "
+              f"(max_context {engine.max_context}, linear {linear}, threads {torch.get_num_threads()}, "
               f"loaded in {time.perf_counter() - t0:.1f} s)", file=sys.stderr, flush=True)
         threading.Event().wait()
     except SystemExit as e:
