@@ -11,6 +11,7 @@ and reports medians, then ratios against the issue's targets:
 Arms (all fed the same prompt token ids, greedy, EOS ignored, same thread count):
   engine          our engine through its Python API (``engine.load`` + ``engine.generate``), fp32
   engine+fp16     the same with ``engine.kernels.quantize_`` (fp16 weights for matrix-vector products)
+  engine+fp16+1t  the same, decode steps on 1 intra-op thread (``engine.kernels.threads(1)``)
   engine-http     ``python -m engine serve`` over HTTP, engine-reported timings (``--server``)
   transformers    ``LlamaForCausalLM.generate`` on the same GGUF (HF's own dequantizer), float32
   llama.cpp       llama-cpp-python, n_threads = --threads (skipped when not importable)
@@ -20,7 +21,7 @@ decode tok/s = (generated - 1) / (time of last token - time of first token).
 
     python3 bench/engine_speed.py [--gguf resources/SmolLM2-135M-Instruct.Q4_1.gguf]
         [--model DIR_OR_GGUF_FOR_OUR_ENGINE] [--threads 2] [--reps 3] [--prompt 2048] [--decode 32]
-        [--arms engine,engine+fp16,transformers,llama.cpp] [--server] [--json out.json]
+        [--arms engine,engine+fp16,engine+fp16+1t,transformers,llama.cpp] [--server] [--json out.json]
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ DEFAULT_GGUF = REPO / "resources" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 # the figures measured in this run).
 ISSUE_REFERENCE = {"llama.cpp": {"decode_tok_s": 41.5, "prefill_tok_s": 143.0},
                    "transformers": {"decode_tok_s": 8.0}}
-ALL_ARMS = ("engine", "engine+fp16", "engine-http", "transformers", "llama.cpp")
+ALL_ARMS = ("engine", "engine+fp16", "engine+fp16+1t", "engine-http", "transformers", "llama.cpp")
 
 
 def make_prompt(tokenizer, n: int) -> list[int]:
@@ -78,17 +79,25 @@ def rates(t0: float, stamps: list[float], prompt_len: int) -> dict:
 
 
 class EngineArm:
-    def __init__(self, loaded, label: str):
-        self.loaded, self.label = loaded, label
+    """``decode_threads``: if set, decode steps (every token after the first) run on that many
+    intra-op threads (``engine.kernels.threads``) while prefill keeps ``--threads``."""
+
+    def __init__(self, loaded, label: str, decode_threads: int | None = None):
+        self.loaded, self.label, self.decode_threads = loaded, label, decode_threads
 
     def run(self, ids: list[int], n_new: int) -> dict:
+        from engine import kernels
         from engine.generate import generate
 
         model = self.loaded.model
         stamps = []
         t0 = time.perf_counter()
-        for _ in generate(model, ids, n_new, ignore_eos=True):
-            stamps.append(time.perf_counter())
+        gen = generate(model, ids, n_new, ignore_eos=True)
+        next(gen)  # prefill + first token
+        stamps.append(time.perf_counter())
+        with kernels.threads(self.decode_threads or torch.get_num_threads()):
+            for _ in gen:
+                stamps.append(time.perf_counter())
         return rates(t0, stamps, len(ids))
 
 
@@ -225,7 +234,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--prompt", type=int, default=2048)
     ap.add_argument("--decode", type=int, default=32)
-    ap.add_argument("--arms", default="engine,engine+fp16,transformers,llama.cpp")
+    ap.add_argument("--arms", default="engine,engine+fp16,engine+fp16+1t,transformers,llama.cpp")
     ap.add_argument("--server", action="store_true", help="also measure engine-http")
     ap.add_argument("--json", type=Path, help="write the figures here")
     args = ap.parse_args()
@@ -252,12 +261,15 @@ def main() -> None:
     arms, skipped = [], {}
     if "engine" in arms_wanted:
         arms.append(EngineArm(loaded, "engine"))
-    if "engine+fp16" in arms_wanted:
+    if "engine+fp16" in arms_wanted or "engine+fp16+1t" in arms_wanted:
         from engine import kernels
 
         fast = dataclasses.replace(loaded, model=copy.deepcopy(loaded.model))
         kernels.quantize_(fast.model)
-        arms.append(EngineArm(fast, "engine+fp16"))
+        if "engine+fp16" in arms_wanted:
+            arms.append(EngineArm(fast, "engine+fp16"))
+        if "engine+fp16+1t" in arms_wanted:
+            arms.append(EngineArm(fast, "engine+fp16+1t", decode_threads=1))
     if "engine-http" in arms_wanted:
         try:
             arms.append(HttpArm(args.model or str(args.gguf), args.threads, n_ctx))

@@ -42,8 +42,20 @@ def test_quantize_swaps_engine_linears_and_keeps_outputs():
     for m in net:
         torch.nn.init.normal_(m.weight, std=0.2)
     x = torch.randn(1, 8)
-    ref = net(x)
+    with torch.inference_mode():
+        ref = net(x)
     assert kernels.quantize_(net) == 2  # the biased nn.Linear is left alone
     assert isinstance(net[0], kernels.HalfLinear) and isinstance(net[1], kernels.HalfLinear)
     assert isinstance(net[2], torch.nn.Linear)
-    assert torch.allclose(net(x), ref, rtol=0, atol=REL_BOUND * float(ref.abs().max()) * 4)
+    with torch.inference_mode():
+        got = net(x)
+    assert torch.allclose(got, ref, rtol=0, atol=REL_BOUND * float(ref.abs().max()) * 4)
+
+
+def test_threads_context_restores_count():
+    before = torch.get_num_threads()
+    with kernels.threads(1):
+        assert torch.get_num_threads() == 1
+    assert torch.get_num_threads() == before
+    with pytest.raises(ValueError, match="n must be >= 1"):
+        kernels.threads(0)
