@@ -1,0 +1,47 @@
+"""Provenance and audit (issue 7): what produced the run, and a re-check of every artifact.
+
+``provenance`` runs once every stage that writes under results/<label>/ (outside private/, src/ and
+publish/) is done, so it covers the whole folder; when a stage is added that writes there, add its
+outputs to ``provenance_inputs``. ``audit`` re-validates every artifact and walks the hash chain
+(pairbench.audit); any finding fails the job, naming the file.
+
+Also the HTML report's landing page (``snakemake --report report.html``): workflow/report/workflow.rst.
+"""
+
+
+report: "../report/workflow.rst"
+
+
+def provenance_inputs(res, arms, lengths, visit_ids):
+    per_arm = [f"{res}/{stage}/{arm}.json" for stage in ("source", "build", "warmup") for arm in arms]
+    per_visit = [f"{res}/{stage}/{v}.json" for stage in ("measure", "validate") for v in visit_ids]
+    return [f"{res}/plan.json", *per_arm, *[f"{res}/fixtures/{n}.json" for n in lengths], *per_visit,
+            *rules.stats.output]
+
+
+rule provenance:
+    input:
+        plan=f"{RES}/plan.json",
+        artifacts=provenance_inputs(RES, ARMS, LENGTHS, VISIT_IDS),
+    output:
+        provenance=report(f"{RES}/provenance.json", caption="../report/provenance.rst", category="4 Audit"),
+    params:
+        run_dir=RES,
+        root=str(ROOT),
+    log:
+        f"{LOGS}/provenance.log",
+    script:
+        "../scripts/provenance.py"
+
+
+rule audit:
+    input:
+        provenance=f"{RES}/provenance.json",
+    output:
+        audit=report(f"{RES}/audit.json", caption="../report/audit.rst", category="4 Audit"),
+    params:
+        run_dir=RES,
+    log:
+        f"{LOGS}/audit.log",
+    script:
+        "../scripts/audit.py"
