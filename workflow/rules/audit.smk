@@ -16,7 +16,21 @@ def provenance_inputs(res, arms, lengths, visit_ids):
     per_arm = [f"{res}/{stage}/{arm}.json" for stage in ("source", "build", "warmup") for arm in arms]
     per_visit = [f"{res}/{stage}/{v}.json" for stage in ("measure", "validate") for v in visit_ids]
     return [f"{res}/plan.json", *per_arm, *[f"{res}/fixtures/{n}.json" for n in lengths], *per_visit,
-            *rules.stats.output]
+            *rules.stats.output, *rules.plots.output, *rules.landing.output]
+
+
+rule landing:
+    input:
+        paired=f"{RES}/tables/paired.csv",
+        measurements=f"{RES}/tables/measurements.csv",
+    output:
+        landing=f"{RES}/report/landing.rst",
+    log:
+        f"{LOGS}/landing.log",
+    conda:
+        "../envs/pairbench.yaml"
+    script:
+        "../scripts/landing.py"
 
 
 rule provenance:
@@ -30,6 +44,8 @@ rule provenance:
         root=str(ROOT),
     log:
         f"{LOGS}/provenance.log",
+    conda:
+        "../envs/pairbench.yaml"
     script:
         "../scripts/provenance.py"
 
@@ -37,11 +53,15 @@ rule provenance:
 rule audit:
     input:
         provenance=f"{RES}/provenance.json",
+        # the bundle is checked too (publish/MANIFEST.json), so it must be finished first
+        publish=f"{RES}/publish",
     output:
         audit=report(f"{RES}/audit.json", caption="../report/audit.rst", category="4 Audit"),
     params:
         run_dir=RES,
     log:
         f"{LOGS}/audit.log",
+    conda:
+        "../envs/pairbench.yaml"
     script:
         "../scripts/audit.py"
