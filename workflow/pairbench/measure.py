@@ -24,6 +24,7 @@ Progress: every steady request logs ``[measure] <visit> arm=… round=… length
 from __future__ import annotations
 
 import logging
+import subprocess
 import time
 from pathlib import Path
 
@@ -202,7 +203,11 @@ def run_visit(*, visit: dict, arm_dir: Path, model_arg: str, plan: dict, prompts
                     result = stream_chat(srv.url, body, timeout,
                                          on_token=RequestProgress(label, plan["output_tokens"]))
                 except ClientError as exc:
-                    state = "" if srv.alive() else f"; the server exited with status {srv.proc.poll()}"
+                    try:  # a crashed server may take a moment to be reaped
+                        code = srv.proc.wait(timeout=1.0)
+                    except subprocess.TimeoutExpired:
+                        code = None
+                    state = "" if code is None else f"; the server exited with status {code}"
                     raise VisitError(f"{where(length)}: engine fault: {exc}{state}") from None
                 rec = steady_record(result, None, length=length, output_tokens=plan["output_tokens"], round_=round_,
                                     arm=arm, prompt_sha256=fx["prompt_sha256"])
