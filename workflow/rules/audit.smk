@@ -42,6 +42,7 @@ rule provenance:
     params:
         run_dir=RES,
         root=str(ROOT),
+        config_sha256=pb_plan.full_config_sha256(CFG),
     log:
         f"{LOGS}/provenance.log",
     conda:

@@ -7,10 +7,8 @@ from pathlib import Path  # noqa: E402
 
 sys.path.insert(0, str(Path(snakemake.scriptdir).parent))  # this checkout's pairbench, never an installed copy
 
-from pairbench.artifacts import read_artifact  # noqa: E402
 from pairbench.provenance import write_provenance  # noqa: E402
 
-plan = read_artifact(snakemake.input.plan, "plan")
-sha = write_provenance(Path(snakemake.params.run_dir), Path(snakemake.output.provenance), plan["config_sha256"],
+sha = write_provenance(Path(snakemake.params.run_dir), Path(snakemake.output.provenance), snakemake.params.config_sha256,
                        Path(snakemake.input.plan), Path(snakemake.params.root))
 print(f"provenance.json sha256 {sha}", file=sys.stderr)
