@@ -16,9 +16,13 @@ logging.getLogger("pairbench.progress").addHandler(_console)
 
 from pairbench import stages  # noqa: E402
 
-stages.measure_stage(
-    snakemake.output.measure, list(snakemake.output.outputs), snakemake.input.plan, snakemake.input.build,
-    list(snakemake.input.fixtures), list(snakemake.input.prompts), snakemake.params.visit,
-    snakemake.params.arm_dir, snakemake.params.arm_config, snakemake.params.server, snakemake.log.server,
-    snakemake.params.root, attempt=snakemake.resources.attempt, pid_path=snakemake.params.pid_file,
-)
+try:
+    stages.measure_stage(
+        snakemake.output.measure, list(snakemake.output.outputs), snakemake.input.plan, snakemake.input.build,
+        list(snakemake.input.fixtures), list(snakemake.input.prompts), snakemake.params.visit,
+        snakemake.params.arm_dir, snakemake.params.arm_config, snakemake.params.server, snakemake.log.server,
+        snakemake.params.root, attempt=snakemake.resources.attempt, pid_path=snakemake.params.pid_file,
+    )
+except Exception as exc:  # the failing visit, arm, round and length on the console, not only in the log
+    print(f"measure {snakemake.wildcards.visit} FAILED: {exc}", file=sys.__stderr__)
+    raise
