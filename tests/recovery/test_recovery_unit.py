@@ -100,7 +100,7 @@ def test_server_dies_with_the_job_that_launched_it(tmp_path):
 
 def test_watchdog_ends_an_orphaned_job(tmp_path):
     """The 'snakemake' ancestor is SIGKILLed: the job runs its cleanup and exits 75, no artifact."""
-    marker, artifact = tmp_path / "cleaned", tmp_path / "artifact.json"
+    marker, artifact, ready = tmp_path / "cleaned", tmp_path / "artifact.json", tmp_path / "ready"
     ancestor = subprocess.Popen(["sleep", "60"])
     job = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
         import pathlib, psutil, sys, time
@@ -108,11 +108,12 @@ def test_watchdog_ends_an_orphaned_job(tmp_path):
         from pairbench.recovery import SnakemakeWatchdog
         cleanup = lambda: pathlib.Path({str(marker)!r}).write_text('stopped server')
         with SnakemakeWatchdog(cleanup, poll_s=0.05, ancestor=psutil.Process({ancestor.pid})):
+            pathlib.Path({str(ready)!r}).write_text('watching')
             time.sleep(30)
             pathlib.Path({str(artifact)!r}).write_text('{{}}')
     """)], stderr=subprocess.PIPE, text=True)
     try:
-        time.sleep(1.0)
+        wait_for(ready.exists, timeout=30, what="the job's watchdog to start")
         assert job.poll() is None
         ancestor.send_signal(signal.SIGKILL)
         ancestor.wait()

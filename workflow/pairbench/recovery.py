@@ -81,6 +81,20 @@ def _same_process(info: dict) -> psutil.Process | None:
         return None
 
 
+def _wait_gone(proc: psutil.Process, timeout_s: float) -> bool:
+    """Wait until *proc* has exited. A zombie counts as gone: its parent (init, for an orphaned
+    server) reaps it, and only that parent can."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        time.sleep(0.02)
+    return False
+
+
 def kill_stale(path: str | Path, timeout_s: float = 10.0) -> str | None:
     """Kill the server a leftover pid file names (its whole process group), remove the file, and
     say what was done (None when there was nothing to do)."""
@@ -100,12 +114,8 @@ def kill_stale(path: str | Path, timeout_s: float = 10.0) -> str | None:
         os.killpg(int(info.get("pgid", info["pid"])), signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         proc.kill()
-    try:
-        proc.wait(timeout=timeout_s)
-    except psutil.TimeoutExpired:
-        raise RuntimeError(f"stale server pid {proc.pid} from {path} survives SIGKILL") from None
-    except psutil.NoSuchProcess:
-        pass
+    if not _wait_gone(proc, timeout_s):
+        raise RuntimeError(f"stale server pid {proc.pid} from {path} survives SIGKILL")
     forget_server(path)
     return (f"killed stale server pid {info['pid']} (process group {info.get('pgid')}) left by "
             f"{info.get('owner', '?')} (pid {info.get('owner_pid', '?')})")
