@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from pairbench import artifacts, audit, provenance
+from pairbench import artifacts, audit, provenance, source
 
 HERE = Path(__file__).resolve().parent
 REAL_SCHEMAS = HERE.parents[1] / "workflow" / "schemas"
@@ -38,10 +38,14 @@ def run(tmp_path, schema_dir):
     run = tmp_path / "results" / "demo"
     plan_sha = artifacts.write_artifact(run / "plan.json", "demo_plan",
                                         {"config_sha256": "c" * 64, "rounds": 2, "inputs": {}})
-    (run / "src" / "baseline").mkdir(parents=True)
-    (run / "src" / "baseline" / "server.py").write_text("print('engine')\n")
+    tree = run / "src" / "baseline" / "engine"
+    tree.mkdir(parents=True)
+    (tree / "server.py").write_text("print('engine')\n")
+    (tree / "VERSION").write_text("1.0\n")
+    man = source.manifest(tree)
     src_sha = artifacts.write_artifact(run / "source" / "baseline.json", "source", {
-        "manifest": {"server.py": artifacts.sha256_file(run / "src" / "baseline" / "server.py")},
+        "pristine": {"files": 2, "manifest": man, "tree_sha256": source.tree_sha256(man)},
+        "patched": {"files": 2, "changed": [], "tree_sha256": source.tree_sha256(man)},
         "inputs": {"plan": plan_sha}})
     (run / "private" / "outputs").mkdir(parents=True)
     (run / "private" / "outputs" / "r01-baseline-8.json").write_text('{"text": "raw"}\n')
@@ -117,8 +121,12 @@ def test_deleted_field_names_artifact_and_field(run):
 
 
 def test_tampered_source_tree_fails_manifest(run):
-    (run / "src" / "baseline" / "server.py").write_text("print('patched behind our back')\n")
-    assert ("src/baseline/server.py", "manifest") in checks(audit.audit_run(run))
+    (run / "src" / "baseline" / "engine" / "server.py").write_text("print('patched behind our back')\n")
+    (run / "src" / "baseline" / "engine" / "__pycache__").mkdir()
+    (run / "src" / "baseline" / "engine" / "__pycache__" / "server.cpython-311.pyc").write_bytes(b"\0")
+    result = audit.audit_run(run)
+    assert ("src/baseline/engine/server.py", "manifest") in checks(result)
+    assert not any("__pycache__" in f.message for f in result.findings)
 
 
 def test_injected_and_deleted_files(run):

@@ -11,8 +11,8 @@
    (or an ``extra`` file such as a patch or the model) with exactly that content.
 3. **provenance**: every file recorded in ``provenance.json`` still exists with the recorded sha256
    and schema id, and no covered file is missing from it (``unrecorded``).
-4. **manifest**: the sha256 manifests inside artifacts (``source/<arm>.json`` over ``src/<arm>/``,
-   ``publish/MANIFEST.json`` over ``publish/``) still match the files.
+4. **manifest**: the hashes inside artifacts that pin other files still match: ``source/<arm>.json``
+   over the exported tree ``src/<arm>/engine/``, ``publish/MANIFEST.json`` over ``publish/``.
 
 Any failed check is a *finding* that names the culprit file; one finding fails the audit (exit 1).
 A temporary file left by a killed job is a *warning*: it is never mistaken for an artifact.
@@ -108,12 +108,34 @@ def _manifest_entries(data: dict) -> Iterable[tuple[str, str]]:
 
 def _manifest_root(run_dir: Path, rel: str, data: dict) -> Path | None:
     """Which folder an artifact's manifest paths are relative to, or None if it holds none."""
-    kind = parse_schema_id(data["schema"])[0]
-    if kind == "source" and rel.startswith("source/"):
-        return run_dir / "src" / Path(rel).stem
     if rel == "publish/MANIFEST.json":
         return run_dir / "publish"
     return None
+
+
+def _check_source_tree(result: AuditResult, rel: str, data: dict, run_dir: Path) -> None:
+    """``source/<arm>.json`` pins the exported tree ``src/<arm>/engine/`` after its patches:
+    ``patched.tree_sha256`` over every file, ``pristine.manifest`` per file for those no patch changed."""
+    from pairbench.source import manifest, tree_sha256
+
+    patched = data.get("patched") or {}
+    if "tree_sha256" not in patched:
+        return
+    tree = run_dir / "src" / Path(rel).stem / "engine"
+    tree_rel = tree.relative_to(run_dir).as_posix()
+    if not tree.is_dir():
+        result.add(tree_rel, "manifest", f"exported source tree recorded in {rel} is missing")
+        return
+    now = manifest(tree)
+    if tree_sha256(now) == patched["tree_sha256"]:
+        return
+    pristine = (data.get("pristine") or {}).get("manifest") or {}
+    changed = set(patched.get("changed") or [])
+    culprits = sorted(p for p in set(now) | set(pristine)
+                      if p not in changed and now.get(p) != pristine.get(p))
+    named = ", ".join(f"{tree_rel}/{p}" for p in culprits) or f"a file the patches touched ({', '.join(sorted(changed))})"
+    result.add(culprits and f"{tree_rel}/{culprits[0]}" or tree_rel, "manifest",
+               f"exported source differs from {rel} (patched tree_sha256): {named}")
 
 
 def audit_run(run_dir: str | Path, extra_files: Iterable[str | Path] = ()) -> AuditResult:
@@ -180,6 +202,8 @@ def audit_run(run_dir: str | Path, extra_files: Iterable[str | Path] = ()) -> Au
             continue
         result.counts["artifacts"] += 1
         _check_inputs(result, rel, data, by_sha, recorded, path_of_recorded_sha, sha_of)
+        if parse_schema_id(data["schema"])[0] == "source" and rel.startswith("source/"):
+            _check_source_tree(result, rel, data, run_dir)
         root = _manifest_root(run_dir, rel, data)
         if root is not None:
             _check_manifest(result, rel, data, root, run_dir, sha_of)

@@ -2,21 +2,15 @@
 
 ``provenance`` runs once every stage that writes under results/<label>/ (outside private/, src/ and
 publish/) is done, so it covers the whole folder; when a stage is added that writes there, add its
-outputs to ``provenance_inputs``. ``audit`` re-validates every artifact and walks the hash chain
-(pairbench.audit); any finding fails the job, naming the file.
+outputs to the provenance rule's inputs (the audit flags any file provenance did not record).
+``audit`` re-validates every artifact and walks the hash chain (pairbench.audit); any finding fails
+the job, naming the file.
 
 Also the HTML report's landing page (``snakemake --report report.html``): workflow/report/workflow.rst.
 """
 
 
 report: "../report/workflow.rst"
-
-
-def provenance_inputs(res, arms, lengths, visit_ids):
-    per_arm = [f"{res}/{stage}/{arm}.json" for stage in ("source", "build", "warmup") for arm in arms]
-    per_visit = [f"{res}/{stage}/{v}.json" for stage in ("measure", "validate") for v in visit_ids]
-    return [f"{res}/plan.json", *per_arm, *[f"{res}/fixtures/{n}.json" for n in lengths], *per_visit,
-            *rules.stats.output, *rules.plots.output, *rules.landing.output]
 
 
 rule landing:
@@ -36,11 +30,16 @@ rule landing:
 rule provenance:
     input:
         plan=f"{RES}/plan.json",
-        artifacts=provenance_inputs(RES, ARMS, LENGTHS, VISIT_IDS),
+        per_arm=expand(f"{RES}/{{stage}}/{{arm}}.json", stage=["source", "build", "warmup"], arm=ARMS),
+        fixtures=expand(f"{RES}/fixtures/{{length}}.json", length=LENGTHS),
+        per_visit=expand(f"{RES}/{{stage}}/{{visit}}.json", stage=["measure", "validate"], visit=VISIT_IDS),
+        stats=rules.stats.output,
+        plots=rules.plots.output,
+        landing=rules.landing.output,
     output:
         provenance=report(f"{RES}/provenance.json", caption="../report/provenance.rst", category="4 Audit"),
     params:
-        run_dir=RES,
+        run_dir=lambda wc, output: str(Path(output.provenance).parent),
         root=str(ROOT),
         config_sha256=pb_plan.full_config_sha256(CFG),
     log:
@@ -59,7 +58,7 @@ rule audit:
     output:
         audit=report(f"{RES}/audit.json", caption="../report/audit.rst", category="4 Audit"),
     params:
-        run_dir=RES,
+        run_dir=lambda wc, output: str(Path(output.audit).parent),
     log:
         f"{LOGS}/audit.log",
     conda:
