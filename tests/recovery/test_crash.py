@@ -94,7 +94,7 @@ def test_sigkill_snakemake_mid_visit_then_resume(shared):
         "after a SIGKILL the stale lock should have to be removed with --unlock"
     wd.snakemake("--unlock", *CFG, target)
     resumed = wd.snakemake("--cores", "1", *CFG, "--rerun-incomplete", target)
-    assert job_counts(resumed.stdout) == {"measure": 2}, resumed.stdout[-3000:]
+    assert job_counts(resumed.stdout + resumed.stderr) == {"measure": 2}, resumed.stderr[-3000:]
     assert stale.wait(timeout=5) == -signal.SIGKILL
     assert file_has(wd.root / "logs" / "recovery" / "measure" / "r02-candidate.log", "killed stale server pid")
     for v, p in done.items():
@@ -125,7 +125,7 @@ def test_sigkill_engine_server_mid_visit_fails_visit_then_rerun_incomplete(share
     assert not wd.processes_inside()
 
     resumed = wd.snakemake("--cores", "1", *CFG, "--rerun-incomplete", target)
-    assert job_counts(resumed.stdout) == {"measure": 1}
+    assert job_counts(resumed.stdout + resumed.stderr) == {"measure": 1}
     assert read_artifact(measure_path(wd, victim), "measure")["attempt"] == 1
     for v, snap in others.items():
         assert snapshot(measure_path(wd, v).parent)[f"{v}.json"] == snap, f"{v} was rewritten"

@@ -197,8 +197,8 @@ def test_rerun_one_stage(run):
     # One visit by its output path: that visit, the validations reading its outputs, and what follows.
     target = "results/recovery/measure/r01-candidate.json"
     out = wd.snakemake("--cores", "1", CFG, "--forcerun", target)
-    counts = job_counts(out.stdout)
-    assert counts.pop("measure") == 1 and counts.pop("validate") == 1, out.stdout[-3000:]
+    counts = job_counts(out.stdout + out.stderr)
+    assert counts.pop("measure") == 1 and counts.pop("validate") == 1, out.stderr[-3000:]
     assert set(counts) == DOWNSTREAM_OF_STATS
     for v in VISITS:
         same = snapshot(wd.run / "measure")[f"{v}.json"] == visits[v]
@@ -207,16 +207,16 @@ def test_rerun_one_stage(run):
 
     # One validation by its path, dry-run: only it and what follows.
     dry = wd.snakemake("--cores", "1", CFG, "-n", "--forcerun", "results/recovery/validate/r02-baseline.json")
-    assert job_counts(dry.stdout) == {"validate": 1, **{r: 1 for r in DOWNSTREAM_OF_STATS}}
+    assert job_counts(dry.stdout + dry.stderr) == {"validate": 1, **{r: 1 for r in DOWNSTREAM_OF_STATS}}
 
     # A whole rule with -R: every validation and what follows, nothing upstream.
     dry = wd.snakemake("--cores", "1", CFG, "-n", "-R", "validate")
-    assert job_counts(dry.stdout) == {"validate": 4, **{r: 1 for r in DOWNSTREAM_OF_STATS}}
+    assert job_counts(dry.stdout + dry.stderr) == {"validate": 4, **{r: 1 for r in DOWNSTREAM_OF_STATS}}
 
     # Only a statistics parameter changes: statistics and what follows rerun (params trigger).
     visits = {v: snapshot(wd.run / "measure")[f"{v}.json"] for v in VISITS}
     changed = wd.snakemake("--cores", "1", "--configfile=tests/recovery/config/retry_alpha.yaml")
-    assert job_counts(changed.stdout) == {r: 1 for r in DOWNSTREAM_OF_STATS}, changed.stdout[-3000:]
+    assert job_counts(changed.stdout + changed.stderr) == {r: 1 for r in DOWNSTREAM_OF_STATS}, changed.stderr[-3000:]
     assert read_artifact(wd.run / "stats" / "summary.json", "summary")["params"]["alpha"] == 0.1
     assert {v: snapshot(wd.run / "measure")[f"{v}.json"] for v in VISITS} == visits
     assert upstream(wd) == before
