@@ -21,5 +21,5 @@ include: "workflow/rules/audit.smk"
 rule all:
     default_target: True
     input:
-        f"{RES}/publish",
+        f"{RES}/publish/MANIFEST.json",
         f"{RES}/audit.json",

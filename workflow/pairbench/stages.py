@@ -230,8 +230,6 @@ def publish_stage(*, publish_dir: str, private_dir: str, plan_path: str, source_
     from . import envfacts, publish, report
     from . import stats as pb_stats
     from . import tables as pb_tables
-    from .artifacts import dumps
-
     plan = read_artifact(plan_path, "plan")
     sources = {s["arm"]: s for s in (read_artifact(p, "source") for p in source_paths)}
     builds = {b["arm"]: b for b in (read_artifact(p, "build") for p in build_paths)}
@@ -288,5 +286,5 @@ def publish_stage(*, publish_dir: str, private_dir: str, plan_path: str, source_
     result = publish.build_bundle(publish_dir, files, identifiers=identifiers, private_dir=Path(private_dir) / "publish",
                                   patches=patches, clean_source=clean_source, patched_files=patched,
                                   patch_roots=[str(Path(root).resolve())])
-    log.info("published %s: %s", publish_dir, result["report_line"])
-    Path(private_dir, "publish", "result.json").write_text(dumps(result))
+    log.info("published %s: %s (excluded by the allowlist: %s)", publish_dir, result["report_line"],
+             ", ".join(result["excluded"]) or "nothing")

@@ -54,7 +54,7 @@ rule audit:
     input:
         provenance=f"{RES}/provenance.json",
         # the bundle is checked too (publish/MANIFEST.json), so it must be finished first
-        publish=f"{RES}/publish",
+        publish=f"{RES}/publish/MANIFEST.json",
     output:
         audit=report(f"{RES}/audit.json", caption="../report/audit.rst", category="4 Audit"),
     params:
