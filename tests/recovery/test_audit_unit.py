@@ -162,3 +162,13 @@ def test_main_exit_codes_and_artifact(run, capsys):
     assert audit.main([str(run)]) == 1
     captured = capsys.readouterr()
     assert "audit FAILED" in captured.out and "measure/r02-baseline.json" in captured.err
+
+
+def test_pairbench_audit_subcommand(run, capsys):
+    from pairbench.__main__ import main as pairbench_main
+
+    assert pairbench_main(["audit", str(run)]) == 0
+    assert "audit OK" in capsys.readouterr().out
+    (run / "plan.json").write_text("{")
+    assert pairbench_main(["audit", str(run)]) == 1
+    assert "plan.json: [schema] corrupt artifact" in capsys.readouterr().err
