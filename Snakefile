@@ -21,5 +21,9 @@ include: "workflow/rules/audit.smk"
 rule all:
     default_target: True
     input:
-        f"{RES}/publish/MANIFEST.json",
+        # Every artifact is named here, not only the bundle: deleting one (a visit, say) and
+        # running again then redoes it and what depends on it, instead of leaving it missing.
+        all_artifacts(CFG, RES, VISIT_IDS, LENGTHS),
+        f"{RES}/report/landing.rst",
+        f"{RES}/provenance.json",
         f"{RES}/audit.json",

@@ -94,7 +94,7 @@ def warmup_stage(warmup_path: str, plan_path: str, build_path: str, arm: str, ar
     write_artifact(warmup_path, "warmup", body)
 
 
-def measure_stage(measure_path: str, output_paths: list[str], plan_path: str, build_path: str,
+def measure_stage(measure_path: str, output_paths: list[str], marker_path: str, plan_path: str, build_path: str,
                   fixture_paths: list[str], prompt_paths: list[str], visit: dict, arm_dir: str, arm_cfg: dict,
                   server_cfg: dict, server_log: str, root: str, attempt: int = 1,
                   pid_path: str | None = None) -> None:
@@ -125,6 +125,9 @@ def measure_stage(measure_path: str, output_paths: list[str], plan_path: str, bu
         if not rec["ok"]:
             log.warning("%s length %d flagged: %s", visit["id"], rec["length"], "; ".join(rec["flags"]))
     write_artifact(measure_path, "measure", body)
+    # Ordering marker for the next visit (see workflow/rules/common.smk: previous_visit).
+    Path(marker_path).parent.mkdir(parents=True, exist_ok=True)
+    Path(marker_path).write_text(visit["id"] + "\n")
 
 
 def validate_stage(validate_path: str, measure_path: str, output_paths: list[str], fixture_paths: list[str],
@@ -157,13 +160,10 @@ def validate_stage(validate_path: str, measure_path: str, output_paths: list[str
             fixture={"length": n, "output_tokens": fx["output_tokens"], "task": fx["task"]},
             baseline_output={"text": base["text"], "token_ids": base["token_ids"]} if base else None,
             options=options)
-        selected = pb_validate.is_selected(verdicts)
-        records.append({
-            "length": n, "task": fx["task"], "output_sha256": sha256_text(out["text"]), "selected": selected,
-            "excluded_because": [f"{c}: {v['verdict']}: {v['reason']}" for c, v in verdicts.items()
-                                 if v["verdict"] not in ("pass", "skipped")],
-            "verdicts": verdicts,
-        })
+        # A failed request has no output hash in its record; its (empty) private output has one.
+        entry = pb_validate.record_entry({**rec, "output_sha256": sha256_text(out["text"])}, fx, verdicts)
+        records.append(entry)
+        selected = entry["selected"]
         if not selected:
             log.warning("%s length %d not selected: %s", measure["visit"]["id"], n,
                         "; ".join(records[-1]["excluded_because"]))
