@@ -86,3 +86,22 @@ def test_normalized_fills_arm_defaults():
     assert cfg["arms"]["a"] == {"source": "engine", "patches": [], "args": [], "env": {}}
     assert cfg["arms"]["b"]["patches"] == ["p"]
     assert pb_config.baseline_arm(cfg) == "a" and pb_config.candidate_arm(cfg) == "b"
+
+
+def test_gguf_header_reader_matches_the_gguf_package(smollm2_gguf):
+    from gguf import GGUFReader
+
+    meta = pb_config.gguf_metadata(smollm2_gguf)
+    reader = GGUFReader(str(smollm2_gguf))
+    for key in ("general.architecture", "llama.context_length", "llama.embedding_length", "llama.block_count"):
+        field = reader.fields[key]
+        value = field.parts[field.data[0]]
+        expected = bytes(value).decode() if key == "general.architecture" else int(value[0])
+        assert meta[key] == expected, key
+
+
+def test_not_a_gguf_file(tmp_path):
+    bad = tmp_path / "model.gguf"
+    bad.write_bytes(b"GGML" + b"\0" * 20)
+    with pytest.raises(pb_config.ConfigError, match=r"^model: .* is not a GGUF file"):
+        pb_config.gguf_context(bad)

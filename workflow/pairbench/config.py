@@ -93,26 +93,73 @@ def resolve_model(model: str, root: Path) -> dict:
     return {"name": path.stem, "kind": "gguf", "path": str(path)}
 
 
+# GGUF metadata value types (https://github.com/ggml-org/ggml/blob/master/docs/gguf.md): struct
+# format of each fixed-size scalar; 8 = string, 9 = array.
+_GGUF_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+
+
+def gguf_metadata(path: str | Path) -> dict:
+    """Scalar and string metadata from a GGUF header, read directly (arrays are skipped).
+
+    ``gguf.GGUFReader`` maps every tensor too, which takes seconds on a 100 MB model; the config
+    is checked on every snakemake invocation (a no-op rerun included), so only the header is read.
+    """
+    import struct
+
+    def read(fh, fmt):
+        size = struct.calcsize(fmt)
+        data = fh.read(size)
+        if len(data) != size:
+            raise ConfigError(f"model: {path} ends inside its GGUF header")
+        return struct.unpack(fmt, data)[0]
+
+    def read_str(fh):
+        return fh.read(read(fh, "<Q")).decode("utf-8", errors="replace")
+
+    def skip(fh, vtype):
+        if vtype in _GGUF_SCALARS:
+            fh.seek(struct.calcsize(_GGUF_SCALARS[vtype]), 1)
+        elif vtype == 8:
+            fh.seek(read(fh, "<Q"), 1)
+        elif vtype == 9:
+            itype, n = read(fh, "<I"), read(fh, "<Q")
+            if itype in _GGUF_SCALARS:
+                fh.seek(n * struct.calcsize(_GGUF_SCALARS[itype]), 1)
+            else:
+                for _ in range(n):
+                    skip(fh, itype)
+        else:
+            raise ConfigError(f"model: {path} has an unknown GGUF metadata type {vtype}")
+
+    out: dict = {}
+    with open(path, "rb") as fh:
+        if fh.read(4) != b"GGUF":
+            raise ConfigError(f"model: {path} is not a GGUF file (bad magic)")
+        version = read(fh, "<I")
+        if version < 2:
+            raise ConfigError(f"model: {path} is GGUF version {version}; only v2+ is supported")
+        read(fh, "<Q")  # tensor count
+        for _ in range(read(fh, "<Q")):
+            key, vtype = read_str(fh), read(fh, "<I")
+            if vtype in _GGUF_SCALARS:
+                out[key] = read(fh, _GGUF_SCALARS[vtype])
+            elif vtype == 8:
+                out[key] = read_str(fh)
+            else:
+                skip(fh, vtype)
+    return out
+
+
 def gguf_context(path: str | Path) -> int:
     """The trained context length from a GGUF file's metadata (``<arch>.context_length``)."""
-    from gguf import GGUFReader
-
-    reader = GGUFReader(str(path))
-
-    def field(key: str):
-        f = reader.fields.get(key)
-        if f is None:
-            return None
-        return f.parts[f.data[0]]
-
-    arch = field("general.architecture")
+    meta = gguf_metadata(path)
+    arch = meta.get("general.architecture")
     if arch is None:
         raise ConfigError(f"model: {path} has no general.architecture in its GGUF metadata")
-    arch = bytes(arch).decode()
-    ctx = field(f"{arch}.context_length")
+    ctx = meta.get(f"{arch}.context_length")
     if ctx is None:
         raise ConfigError(f"model: {path} has no {arch}.context_length in its GGUF metadata")
-    return int(ctx[0])
+    return int(ctx)
 
 
 def model_context(model: str, root: Path) -> int:
