@@ -15,6 +15,7 @@ include: "workflow/rules/validate.smk"
 include: "workflow/rules/stats.smk"
 include: "workflow/rules/plots.smk"
 include: "workflow/rules/publish.smk"
+include: "workflow/rules/audit.smk"
 
 
 rule all:
@@ -23,3 +24,6 @@ rule all:
         # Every artifact is named here, not only the bundle: deleting one (a visit, say) and
         # running again then redoes it and what depends on it, instead of leaving it missing.
         all_artifacts(CFG, RES, VISIT_IDS, LENGTHS),
+        f"{RES}/report/landing.rst",
+        f"{RES}/provenance.json",
+        f"{RES}/audit.json",

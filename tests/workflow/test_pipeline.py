@@ -108,7 +108,7 @@ def test_deleting_one_visit_redoes_only_it_and_its_dependents(tiny_run):
     snakemake(tiny_run, "--cores", "1", "--configfile", "tests/config/tiny.yaml")
     assert victim.is_file()
     redone = {res / "measure" / "r01-candidate.json", res / "validate" / "r01-candidate.json",
-              res / "stats" / "summary.json",
+              res / "stats" / "summary.json", res / "provenance.json", res / "audit.json",
               *(res / "private" / "outputs").glob("r01-candidate-*.json")}
     for path, (data, mtime) in before.items():
         rel = path.relative_to(res).as_posix()

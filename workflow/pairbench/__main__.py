@@ -4,6 +4,9 @@ Commands:
 
 - ``verify <bundle> [--source <clean source dir>]``: offline check of a publication bundle
   (:func:`pairbench.verify.verify_bundle`); exit status 1 and one line per problem if it fails.
+- ``audit <run dir> [--extra FILE] [--out audit.json]``: re-validate every artifact of
+  ``results/<label>`` and walk its hash chain (:func:`pairbench.audit.audit_run`); exit status 1 and
+  one ``FAIL <file>: [check] ...`` line per finding if anything was tampered with or corrupted.
 - ``scan <dir>``: run the leak gate over a folder with this machine's identifiers
   (:func:`pairbench.leakgate.scan`); prints ``file:line: detector`` per finding, never the values.
 
@@ -55,7 +58,23 @@ def _add_scan(sub) -> None:
     p.set_defaults(func=_scan)
 
 
-COMMANDS: list[Callable] = [_add_verify, _add_scan]
+def _add_audit(sub) -> None:
+    p = sub.add_parser("audit", help="re-validate every artifact of a run folder and walk its hash chain")
+    p.add_argument("run_dir", help="the run folder, results/<label>")
+    p.add_argument("--extra", action="append", default=[],
+                   help="a file outside the run folder that inputs may name (patch, model); repeatable")
+    p.add_argument("--out", help="also write the audit artifact (audit.json) here")
+    p.set_defaults(func=_audit)
+
+
+def _audit(args: argparse.Namespace) -> int:
+    from .audit import main as audit_main
+
+    argv = [args.run_dir, *(f"--extra={e}" for e in args.extra)] + ([f"--out={args.out}"] if args.out else [])
+    return audit_main(argv)
+
+
+COMMANDS: list[Callable] = [_add_verify, _add_scan, _add_audit]
 
 
 def main(argv: list[str] | None = None) -> int:

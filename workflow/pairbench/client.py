@@ -120,8 +120,11 @@ def _absorb(result: StreamResult, chunk: dict, now: float) -> None:
             result.finish_reason = choice["finish_reason"]
 
 
-def stream_chat(url: str, body: dict, timeout: float) -> StreamResult:
+def stream_chat(url: str, body: dict, timeout: float, on_token=None) -> StreamResult:
     """POST a streamed chat completion and time every token's arrival.
+
+    *on_token*, if given, is called with the number of tokens received so far each time it grows
+    (progress reporting; it must be cheap, it runs inside the timed loop).
 
     Raises :class:`ClientError` on a non-200 status, a chunk that is not JSON, a stream that ends
     without ``[DONE]``, or when the whole request takes longer than *timeout* seconds.
@@ -153,7 +156,10 @@ def stream_chat(url: str, body: dict, timeout: float) -> StreamResult:
                     raise ClientError(f"malformed SSE: event {n_events} is not JSON: {data[:80]!r}") from None
                 if not isinstance(chunk, dict):
                     raise ClientError(f"malformed SSE: event {n_events} is not a JSON object")
+                before = len(result.token_times)
                 _absorb(result, chunk, now)
+                if on_token is not None and len(result.token_times) > before:
+                    on_token(len(result.token_times))
     except httpx.TimeoutException:
         raise ClientError(f"request timed out after {timeout:g} s (after {len(result.token_times)} tokens)") from None
     except httpx.HTTPError as exc:

@@ -11,18 +11,46 @@ three gates (docs/contracts.md §2):
 - ``cold_cache``: the engine reports 0 cached prompt tokens, and (where it reports timings)
   ``timings.prompt_n`` equals the planned length, proving it evaluated every prompt token.
 
-A record that fails a gate — or whose request failed outright — is kept with ``ok: false`` and a
-flag per reason; the statistics exclude it and the report counts it.
+A record that fails a gate is kept with ``ok: false`` and a flag per reason; the statistics exclude
+it and the report counts it. An *engine fault* (the server does not start, dies mid-stream, hangs past
+``request_timeout_s``, or sends malformed server-sent events) is not a sample at all: it fails the
+visit with a :class:`VisitError` naming the arm, the round and the length, and the config's
+``retries`` lets Snakemake re-attempt the visit; the ``attempt`` (1 = first) is recorded.
+
+Progress: every steady request logs ``[measure] <visit> arm=… round=… length=…: n/N tokens`` on the
+``pairbench.progress`` logger as tokens stream (at most once a second, plus the first and last token).
 """
 
 from __future__ import annotations
 
+import logging
+import subprocess
 import time
 from pathlib import Path
 
 from .artifacts import sha256_bytes
 from .client import ClientError, StreamResult, get_json, steady_request_body, stream_chat
-from .server_proc import Server
+from .server_proc import Server, ServerError
+
+progress_log = logging.getLogger("pairbench.progress")
+
+
+class VisitError(Exception):
+    """An engine fault failed the visit; the message names the visit, arm, round, length and attempt."""
+
+
+class RequestProgress:
+    """``on_token`` callback that logs tokens-so-far for one request, throttled to *every_s*."""
+
+    def __init__(self, label: str, total: int, every_s: float = 1.0):
+        self.label, self.total, self.every_s = label, total, every_s
+        self.last = 0.0
+
+    def __call__(self, n: int) -> None:
+        now = time.monotonic()
+        if n == 1 or n >= self.total or now - self.last >= self.every_s:
+            self.last = now
+            progress_log.info("[measure] %s: %d/%d tokens", self.label, n, self.total)
 
 FIRST_REQUEST = [{"role": "user", "content": "Write one short sentence about rivers."}]
 FIRST_REQUEST_TOKENS = 8
@@ -139,42 +167,62 @@ def diagnostic_request(url: str, timeout: float, seed: int) -> dict:
 
 def run_visit(*, visit: dict, arm_dir: Path, model_arg: str, plan: dict, prompts: dict[int, dict],
               fixtures: dict[int, dict], server_cfg: dict, arm_cfg: dict, server_log: Path,
-              inputs: dict) -> tuple[dict, dict[int, dict]]:
+              inputs: dict, attempt: int = 1, pid_path: Path | None = None) -> tuple[dict, dict[int, dict]]:
     """Measure one visit. Returns ``(measure_body, {length: {"text", "token_ids"}})``.
 
     *prompts* maps length to the private prompts body; *fixtures* maps length to the fixture body.
+    *attempt* is Snakemake's attempt number (1 = first); *pid_path* the server's pid file (see
+    :mod:`pairbench.recovery`). Raises :class:`VisitError` on an engine fault.
     """
     round_, arm = visit["round"], visit["arm"]
     timeout = server_cfg["request_timeout_s"]
     records, outputs = [], {}
+
+    def where(length) -> str:
+        return f"visit {visit['id']} (arm {arm}, round {round_}, length {length}, attempt {attempt})"
+
     srv = Server(arm_dir, model_arg, plan["max_context"], server_log, threads=server_cfg["threads"],
                  extra_args=arm_cfg["args"], env=arm_cfg["env"], startup_timeout_s=server_cfg["startup_timeout_s"],
-                 stop_timeout_s=server_cfg["stop_timeout_s"])
+                 stop_timeout_s=server_cfg["stop_timeout_s"], pid_path=pid_path, owner=f"measure {visit['id']}")
     t_visit = time.perf_counter()
-    with srv:
-        version = get_json(srv.url, "/version")
-        first = diagnostic_request(srv.url, timeout, plan["seed"])
-        for length in plan["lengths"]:
-            rnd = next(r for r in prompts[length]["rounds"] if r["round"] == round_)
-            fx = next(r for r in fixtures[length]["rounds"] if r["round"] == round_)
-            body = steady_request_body(rnd["messages"], plan["output_tokens"], plan["seed"])
-            result, error = None, None
+    first_length = plan["lengths"][0]
+    try:
+        with srv:
             try:
-                result = stream_chat(srv.url, body, timeout)
+                version = get_json(srv.url, "/version")
             except ClientError as exc:
-                error = str(exc)
-            rec = steady_record(result, error, length=length, output_tokens=plan["output_tokens"], round_=round_,
-                                arm=arm, prompt_sha256=fx["prompt_sha256"])
-            rec.update({"visit_index": visit["index"], "attempt": 0})
-            if result is not None and not srv.alive():
-                rec["flags"].append("server: exited during the request")
-                rec["ok"] = False
-            records.append(rec)
-            outputs[length] = {"text": result.text if result else "", "token_ids": result.token_ids if result else []}
+                raise VisitError(f"{where(first_length)}: GET /version failed: {exc}") from None
+            first = diagnostic_request(srv.url, timeout, plan["seed"])
+            for length in plan["lengths"]:
+                rnd = next(r for r in prompts[length]["rounds"] if r["round"] == round_)
+                fx = next(r for r in fixtures[length]["rounds"] if r["round"] == round_)
+                body = steady_request_body(rnd["messages"], plan["output_tokens"], plan["seed"])
+                label = f"{visit['id']} arm={arm} round={round_} length={length}"
+                progress_log.info("[measure] %s: request sent (attempt %d)", label, attempt)
+                try:
+                    result = stream_chat(srv.url, body, timeout,
+                                         on_token=RequestProgress(label, plan["output_tokens"]))
+                except ClientError as exc:
+                    try:  # a crashed server may take a moment to be reaped
+                        code = srv.proc.wait(timeout=1.0)
+                    except subprocess.TimeoutExpired:
+                        code = None
+                    state = "" if code is None else f"; the server exited with status {code}"
+                    raise VisitError(f"{where(length)}: engine fault: {exc}{state}") from None
+                rec = steady_record(result, None, length=length, output_tokens=plan["output_tokens"], round_=round_,
+                                    arm=arm, prompt_sha256=fx["prompt_sha256"])
+                rec.update({"visit_index": visit["index"], "attempt": attempt})
+                if result is not None and not srv.alive():
+                    rec["flags"].append("server: exited during the request")
+                    rec["ok"] = False
+                records.append(rec)
+                outputs[length] = {"text": result.text if result else "", "token_ids": result.token_ids if result else []}
+    except ServerError as exc:
+        raise VisitError(f"{where(first_length)}: the engine failed to start: {exc}") from None
     facts = srv.facts
     body = {
         "visit": {k: visit[k] for k in ("index", "round", "arm", "position", "id")},
-        "attempt": 0,
+        "attempt": attempt,
         "server": {"ready_s": facts.get("ready_s"), "exit_code": facts.get("exit_code"), "stop": facts.get("stop"),
                    "argv": facts.get("argv")},
         "native_version": version.get("native"),

@@ -61,7 +61,25 @@ def round_salt(seed: int, round_: int) -> str:
     return hashlib.sha256(f"pairbench-salt:{seed}:{round_}".encode()).hexdigest()[:8]
 
 
+# Config sections that do not shape the measurement. They reach their own stages as params, so
+# changing one reruns that stage and what follows (Snakemake's params trigger), never the plan and
+# so never a visit.
+NOT_PLANNED = ("stats", "validate", "retries")
+
+
+def measurement_config(config: dict) -> dict:
+    """The part of the config the plan (and so every visit) depends on."""
+    return {k: v for k, v in normalized(config).items() if k not in NOT_PLANNED}
+
+
 def config_sha256(config: dict) -> str:
+    """sha256 of the measurement config (see :data:`NOT_PLANNED`); provenance.json records the
+    hash of the whole config."""
+    text = json.dumps(measurement_config(config), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def full_config_sha256(config: dict) -> str:
     text = json.dumps(normalized(config), sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()
 

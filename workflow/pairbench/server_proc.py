@@ -3,10 +3,16 @@
 The server runs in its own process group (so SIGTERM/SIGKILL reach anything it spawns), on a free
 port, with stdout and stderr going to a log file under ``private/``. :class:`Server` is a context
 manager: leaving the block always stops the server (SIGTERM, then SIGKILL after a grace period).
+
+Crash hygiene (see :mod:`pairbench.recovery`): with a ``pid_path`` the server is recorded in a pid
+file while it runs and whatever live server a previous, killed job left in that file is killed
+before launching; every server gets a parent-death signal, so it dies with the job that launched it
+(launch servers from the main thread: the signal fires when the launching *thread* ends).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import socket
@@ -17,7 +23,10 @@ from pathlib import Path
 
 import httpx
 
+from . import recovery
 from .client import base_url, http
+
+log = logging.getLogger(__name__)
 
 
 class ServerError(Exception):
@@ -52,7 +61,8 @@ class Server:
 
     def __init__(self, cwd: str | Path, model_arg: str, max_context: int, log_path: str | Path,
                  threads: int | None = None, extra_args: list[str] = (), env: dict | None = None,
-                 startup_timeout_s: float = 120.0, stop_timeout_s: float = 10.0):
+                 startup_timeout_s: float = 120.0, stop_timeout_s: float = 10.0,
+                 pid_path: str | Path | None = None, owner: str = ""):
         self.cwd = Path(cwd)
         self.model_arg = model_arg
         self.max_context = max_context
@@ -62,6 +72,8 @@ class Server:
         self.log_path = Path(log_path)
         self.startup_timeout_s = startup_timeout_s
         self.stop_timeout_s = stop_timeout_s
+        self.pid_path = Path(pid_path) if pid_path is not None else None
+        self.owner = owner
         self.proc: subprocess.Popen | None = None
         self.port: int | None = None
         self.facts: dict = {}
@@ -76,12 +88,19 @@ class Server:
         env = {**os.environ, **self.env, "PYTHONUNBUFFERED": "1"}
         # The engine under test must come from src/<arm>/ (the cwd), never from an installed copy.
         env.pop("PYTHONPATH", None)
+        if self.pid_path is not None:
+            note = recovery.kill_stale(self.pid_path)
+            if note:
+                log.warning("%s", note)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        log = open(self.log_path, "ab")
+        logfile = open(self.log_path, "ab")
         t0 = time.perf_counter()
-        self.proc = subprocess.Popen(cmd, cwd=self.cwd, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, start_new_session=True)
-        log.close()
+        self.proc = subprocess.Popen(cmd, cwd=self.cwd, env=env, stdout=logfile, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, start_new_session=True,
+                                     preexec_fn=recovery.die_with_parent)
+        logfile.close()
+        if self.pid_path is not None:
+            recovery.record_server(self.pid_path, self.proc.pid, cmd, self.owner)
         self.facts = {"argv": ["python", *cmd[1:]], "port_kind": "ephemeral"}
         self.wait_healthy(t0)
 
@@ -119,6 +138,7 @@ class Server:
             self.facts.setdefault("exit_code", self.proc.returncode)
             self.facts.setdefault("stop", "already-exited")
             self._reap_group(signal.SIGKILL)
+            self._forget()
             return self.facts
         t0 = time.perf_counter()
         self._reap_group(signal.SIGTERM)
@@ -131,7 +151,12 @@ class Server:
             how = "sigkill"
         self._reap_group(signal.SIGKILL)  # stragglers left in the group
         self.facts.update({"exit_code": self.proc.returncode, "stop": how, "stop_s": time.perf_counter() - t0})
+        self._forget()
         return self.facts
+
+    def _forget(self) -> None:
+        if self.pid_path is not None:
+            recovery.forget_server(self.pid_path)
 
     def _reap_group(self, sig: int) -> None:
         try:

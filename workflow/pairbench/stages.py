@@ -96,16 +96,28 @@ def warmup_stage(warmup_path: str, plan_path: str, build_path: str, arm: str, ar
 
 def measure_stage(measure_path: str, output_paths: list[str], marker_path: str, plan_path: str, build_path: str,
                   fixture_paths: list[str], prompt_paths: list[str], visit: dict, arm_dir: str, arm_cfg: dict,
-                  server_cfg: dict, server_log: str, root: str) -> None:
+                  server_cfg: dict, server_log: str, root: str, attempt: int = 1,
+                  pid_path: str | None = None) -> None:
+    """One visit. *attempt* is Snakemake's (1 = first); *pid_path* the visits' shared server pid file.
+
+    A watchdog ends the job, after killing its server, if the Snakemake that started it is killed, so
+    the orphaned job never goes on measuring beside the rerun (see pairbench.recovery).
+    """
+    from . import recovery
+
     plan = read_artifact(plan_path, "plan")
     build = read_artifact(build_path, "build")
     fixtures = {f["length"]: f for f in (read_artifact(p, "fixture") for p in fixture_paths)}
     prompts = {p["length"]: p for p in (read_artifact(p, "prompts") for p in prompt_paths)}
     inputs = {"plan": sha256_file(plan_path), "build": sha256_file(build_path),
               **{f"fixture.{n}": sha256_file(p) for n, p in zip(plan["lengths"], fixture_paths)}}
-    body, outputs = pb_measure.run_visit(visit=visit, arm_dir=Path(arm_dir), model_arg=pb_build.model_arg(build, root),
-                                         plan=plan, prompts=prompts, fixtures=fixtures, server_cfg=server_cfg,
-                                         arm_cfg=arm_cfg, server_log=Path(server_log), inputs=inputs)
+    orphaned = (lambda: recovery.kill_stale(pid_path)) if pid_path else (lambda: None)
+    with recovery.SnakemakeWatchdog(orphaned):
+        body, outputs = pb_measure.run_visit(
+            visit=visit, arm_dir=Path(arm_dir), model_arg=pb_build.model_arg(build, root), plan=plan,
+            prompts=prompts, fixtures=fixtures, server_cfg=server_cfg, arm_cfg=arm_cfg,
+            server_log=Path(server_log), inputs=inputs, attempt=attempt,
+            pid_path=Path(pid_path) if pid_path else None)
     for length, path in zip(plan["lengths"], output_paths):
         write_artifact(path, "output", {"visit": visit["id"], "length": length, **outputs[length],
                                         "inputs": {"plan": inputs["plan"]}})

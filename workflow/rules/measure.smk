@@ -23,6 +23,12 @@ rule measure:
         arm_config=lambda wc: CFG["arms"][visit_by_id(VISITS, wc.visit)["arm"]],
         server=CFG["server"],
         root=str(ROOT),
+        pid_file=f"{RES}/private/servers/measure.json",
+    resources:
+        # Snakemake's attempt number (1 = first), recorded in the artifact; see `retries` below.
+        attempt=lambda wc, attempt: attempt,
+    # An engine fault fails the visit; Snakemake re-attempts it this many times (config `retries`).
+    retries: CFG["retries"]
     log:
         job=f"{LOGS}/measure/{{visit}}.log",
         server=f"{RES}/private/logs/measure/{{visit}}.log",

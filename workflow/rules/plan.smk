@@ -5,7 +5,8 @@ rule plan:
     output:
         plan=f"{RES}/plan.json",
     params:
-        config=CFG,
+        # Only the measurement config: a stats/validate/retries change must not re-plan (re-measure).
+        config=pb_plan.measurement_config(CFG),
         root=str(ROOT),
     log:
         f"{LOGS}/plan.log",

@@ -6,8 +6,8 @@ rule plots:
         summary=f"{RES}/stats/summary.json",
         measurements=f"{RES}/tables/measurements.csv",
     output:
-        ratios=f"{RES}/plots/ratios.png",
-        drift=f"{RES}/plots/drift.png",
+        ratios=report(f"{RES}/plots/ratios.png", caption="../report/plots.rst", category="3 Plots"),
+        drift=report(f"{RES}/plots/drift.png", caption="../report/drift.rst", category="3 Plots"),
     log:
         f"{LOGS}/plots.log",
     conda:

@@ -8,9 +8,9 @@ rule stats:
         validations=expand(f"{RES}/validate/{{visit}}.json", visit=VISIT_IDS),
     output:
         summary=f"{RES}/stats/summary.json",
-        measurements=f"{RES}/tables/measurements.csv",
-        summary_csv=f"{RES}/tables/summary.csv",
-        paired_csv=f"{RES}/tables/paired.csv",
+        measurements=report(f"{RES}/tables/measurements.csv", caption="../report/measurements.rst", category="2 Measurements"),
+        summary_csv=report(f"{RES}/tables/summary.csv", caption="../report/summary.rst", category="1 Summary"),
+        paired_csv=report(f"{RES}/tables/paired.csv", caption="../report/paired.rst", category="1 Summary"),
         ratios_csv=f"{RES}/tables/ratios.csv",
         timing_csv=f"{RES}/tables/timing_agreement.csv",
     params:

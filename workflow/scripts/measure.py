@@ -9,12 +9,20 @@ from pathlib import Path  # noqa: E402
 sys.path.insert(0, str(Path(snakemake.scriptdir).parent))  # this checkout's pairbench, never an installed copy
 logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
 logging.getLogger("httpx").setLevel(logging.WARNING)
+# Per-request progress also goes to the console Snakemake runs in, so a long run visibly moves.
+_console = logging.StreamHandler(sys.__stderr__)
+_console.setFormatter(logging.Formatter("%(message)s"))
+logging.getLogger("pairbench.progress").addHandler(_console)
 
 from pairbench import stages  # noqa: E402
 
-stages.measure_stage(
-    snakemake.output.measure, list(snakemake.output.outputs), snakemake.output.marker, snakemake.input.plan, snakemake.input.build,
-    list(snakemake.input.fixtures), list(snakemake.input.prompts), snakemake.params.visit,
-    snakemake.params.arm_dir, snakemake.params.arm_config, snakemake.params.server, snakemake.log.server,
-    snakemake.params.root,
-)
+try:
+    stages.measure_stage(
+        snakemake.output.measure, list(snakemake.output.outputs), snakemake.output.marker, snakemake.input.plan,
+        snakemake.input.build, list(snakemake.input.fixtures), list(snakemake.input.prompts), snakemake.params.visit,
+        snakemake.params.arm_dir, snakemake.params.arm_config, snakemake.params.server, snakemake.log.server,
+        snakemake.params.root, attempt=snakemake.resources.attempt, pid_path=snakemake.params.pid_file,
+    )
+except Exception as exc:  # the failing visit, arm, round and length on the console, not only in the log
+    print(f"measure {snakemake.wildcards.visit} FAILED: {exc}", file=sys.__stderr__)
+    raise

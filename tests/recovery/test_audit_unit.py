@@ -1,0 +1,174 @@
+"""Unit tests of pairbench.provenance and pairbench.audit on a small synthetic run folder.
+
+The run folder is built with test-only artifact kinds (schemas in fixtures/schemas/), so these tests
+do not depend on the pipeline's own schemas; tests/recovery/test_audit_pipeline.py runs the same
+checks on a real pipeline run.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from pairbench import artifacts, audit, provenance, source
+
+HERE = Path(__file__).resolve().parent
+REAL_SCHEMAS = HERE.parents[1] / "workflow" / "schemas"
+
+
+@pytest.fixture
+def schema_dir(tmp_path, monkeypatch):
+    d = tmp_path / "schemas"
+    shutil.copytree(HERE / "fixtures" / "schemas", d)
+    for kind in ("provenance", "audit"):
+        shutil.copy(REAL_SCHEMAS / f"{kind}.schema.json", d)
+    monkeypatch.setattr(artifacts, "SCHEMA_DIR", d)
+    artifacts.load_schema.cache_clear()
+    yield d
+    artifacts.load_schema.cache_clear()
+
+
+@pytest.fixture
+def run(tmp_path, schema_dir):
+    """results/demo with plan -> source(+src tree) -> two chained visits, a CSV, private raw output,
+    and provenance.json over it all."""
+    run = tmp_path / "results" / "demo"
+    plan_sha = artifacts.write_artifact(run / "plan.json", "demo_plan",
+                                        {"config_sha256": "c" * 64, "rounds": 2, "inputs": {}})
+    tree = run / "src" / "baseline" / "engine"
+    tree.mkdir(parents=True)
+    (tree / "server.py").write_text("print('engine')\n")
+    (tree / "VERSION").write_text("1.0\n")
+    man = source.manifest(tree)
+    src_sha = artifacts.write_artifact(run / "source" / "baseline.json", "source", {
+        "pristine": {"files": 2, "manifest": man, "tree_sha256": source.tree_sha256(man)},
+        "patched": {"files": 2, "changed": [], "tree_sha256": source.tree_sha256(man)},
+        "inputs": {"plan": plan_sha}})
+    (run / "private" / "outputs").mkdir(parents=True)
+    (run / "private" / "outputs" / "r01-baseline-8.json").write_text('{"text": "raw"}\n')
+    (run / "private" / "server.pid").write_text("12345\n")
+    raw_sha = artifacts.sha256_file(run / "private" / "outputs" / "r01-baseline-8.json")
+    m1 = artifacts.write_artifact(run / "measure" / "r01-baseline.json", "demo_measure", {
+        "round": 1, "arm": "baseline", "ttft_ms": 12.5,
+        "inputs": {"plan": plan_sha, "source": src_sha, "outputs": [raw_sha], "previous": None}})
+    artifacts.write_artifact(run / "measure" / "r02-baseline.json", "demo_measure", {
+        "round": 2, "arm": "baseline", "ttft_ms": 13.0,
+        "inputs": {"plan": plan_sha, "source": src_sha, "previous": m1}})
+    (run / "tables").mkdir()
+    (run / "tables" / "summary.csv").write_text("arm,length,verdict\nbaseline,8,inconclusive\n")
+    provenance.write_provenance(run, run / "provenance.json", "c" * 64, run / "plan.json", HERE)
+    return run
+
+
+def checks(result):
+    return {(f.path, f.check) for f in result.findings}
+
+
+def test_clean_run_passes_and_counts(run):
+    result = audit.audit_run(run)
+    assert result.ok, [str(f) for f in result.findings]
+    assert result.counts["artifacts"] == 5  # plan, source, 2 visits, provenance
+    assert result.counts["input_links"] == 9
+    prov = json.loads((run / "provenance.json").read_text())
+    paths = [a["path"] for a in prov["artifacts"]]
+    assert paths == sorted(paths)
+    assert "tables/summary.csv" in paths and "measure/r01-baseline.json" in paths
+    assert not any(p.startswith(("private/", "src/")) for p in paths)
+    entry = next(a for a in prov["artifacts"] if a["path"] == "measure/r02-baseline.json")
+    assert entry["schema"] == "pairbench.demo_measure/v1"
+    assert entry["sha256"] == artifacts.sha256_file(run / "measure" / "r02-baseline.json")
+    assert set(prov["versions"]) >= {"python", "snakemake", "torch"}
+    assert prov["pairbench"]["commit"] is None or len(prov["pairbench"]["commit"]) == 40
+
+
+def test_flipped_byte_names_the_artifact(run):
+    path = run / "measure" / "r01-baseline.json"
+    data = bytearray(path.read_bytes())
+    i = data.index(b"12.5") + 1          # "12.5" -> "13.5": still valid JSON, still schema-valid
+    data[i] ^= 0x01
+    path.write_bytes(bytes(data))
+    result = audit.audit_run(run)
+    assert not result.ok
+    found = checks(result)
+    assert ("measure/r01-baseline.json", "provenance") in found
+    # the next visit's recorded input no longer resolves, and the message names the culprit
+    link = [f for f in result.findings if f.path == "measure/r02-baseline.json"]
+    assert link and "measure/r01-baseline.json was modified" in link[0].message
+
+
+def test_flipped_byte_breaking_json_is_a_schema_finding(run):
+    path = run / "source" / "baseline.json"
+    data = bytearray(path.read_bytes())
+    data[0] ^= 0xFF
+    path.write_bytes(bytes(data))
+    found = checks(audit.audit_run(run))
+    assert ("source/baseline.json", "schema") in found
+    assert ("source/baseline.json", "provenance") in found
+
+
+def test_deleted_field_names_artifact_and_field(run):
+    path = run / "measure" / "r02-baseline.json"
+    data = json.loads(path.read_text())
+    del data["ttft_ms"]
+    path.write_text(json.dumps(data))
+    result = audit.audit_run(run)
+    schema_findings = [f for f in result.findings if f.check == "schema"]
+    assert [f.path for f in schema_findings] == ["measure/r02-baseline.json"]
+    assert "ttft_ms" in schema_findings[0].message
+
+
+def test_tampered_source_tree_fails_manifest(run):
+    (run / "src" / "baseline" / "engine" / "server.py").write_text("print('patched behind our back')\n")
+    (run / "src" / "baseline" / "engine" / "__pycache__").mkdir()
+    (run / "src" / "baseline" / "engine" / "__pycache__" / "server.cpython-311.pyc").write_bytes(b"\0")
+    result = audit.audit_run(run)
+    assert ("src/baseline/engine/server.py", "manifest") in checks(result)
+    assert not any("__pycache__" in f.message for f in result.findings)
+
+
+def test_injected_and_deleted_files(run):
+    (run / "tables" / "extra.csv").write_text("x\n1\n")
+    (run / "tables" / "summary.csv").unlink()
+    found = checks(audit.audit_run(run))
+    assert ("tables/extra.csv", "unrecorded") in found
+    assert ("tables/summary.csv", "provenance") in found
+
+
+def test_provenance_edit_is_caught(run):
+    path = run / "provenance.json"
+    data = json.loads(path.read_text())
+    data["artifacts"][0]["sha256"] = "0" * 64
+    path.write_text(json.dumps(data))
+    assert (data["artifacts"][0]["path"], "provenance") in checks(audit.audit_run(run))
+
+
+def test_stray_temporary_file_is_a_warning_not_an_artifact(run):
+    (run / "measure" / ".r03-baseline.json.abc123.tmp").write_text('{"half": ')
+    result = audit.audit_run(run)
+    assert result.ok
+    assert any(".r03-baseline.json.abc123.tmp" in w for w in result.warnings)
+
+
+def test_main_exit_codes_and_artifact(run, capsys):
+    out = run / "audit.json"
+    assert audit.main([str(run), "--out", str(out)]) == 0
+    assert "audit OK" in capsys.readouterr().out
+    written = artifacts.read_artifact(out, "audit")
+    assert written["ok"] is True and written["inputs"]["provenance"] == artifacts.sha256_file(run / "provenance.json")
+    (run / "measure" / "r02-baseline.json").write_text("{}")
+    assert audit.main([str(run)]) == 1
+    captured = capsys.readouterr()
+    assert "audit FAILED" in captured.out and "measure/r02-baseline.json" in captured.err
+
+
+def test_pairbench_audit_subcommand(run, capsys):
+    from pairbench.__main__ import main as pairbench_main
+
+    assert pairbench_main(["audit", str(run)]) == 0
+    assert "audit OK" in capsys.readouterr().out
+    (run / "plan.json").write_text("{")
+    assert pairbench_main(["audit", str(run)]) == 1
+    assert "plan.json: [schema] corrupt artifact" in capsys.readouterr().err
