@@ -1,0 +1,532 @@
+"""Engine profiles: how pairbench launches, probes, drives and cross-checks each kind of server.
+
+An arm names an engine profile (``engine: llama-cpp-python``; default ``embedded``). A profile is a
+YAML file in ``config/engines/<name>.yaml`` validated against
+``workflow/schemas/engine_profile.schema.json``. It says, for that engine:
+
+- the launch command template (``{port}``, ``{model}``, ``{threads}``, ``{ctx}``, ``{python}``,
+  ``{src}``, ``{host}``), its environment, the health probe and the readiness timeout;
+- the fields added to every measured request (prefix cache off, output length forced);
+- how a cold cache is proven from the server's own reply (:func:`cold_cache_evidence`), and
+  where native token counts and timings come from;
+- how the server's tokenizer is reached (:meth:`EngineProfile.tokenize_request`).
+
+Opt-in: a profile marked ``external`` (code from outside this repository) or an arm whose source is
+a git repository is never launched or contacted unless the config sets ``allow_external: true``
+(:func:`check_opt_in`). The plan is shown instead (:func:`describe_plan`).
+
+The process itself is started and stopped (SIGTERM, then SIGKILL, to its process group) by
+``pairbench.server_proc``; this module only says *what* to run.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import json
+import os
+import re
+import string
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import yaml
+
+__all__ = [
+    "EngineError", "ExternalEngineNotAllowed", "EngineProfile", "LaunchSpec", "PLACEHOLDERS",
+    "PROFILE_DIR", "available_profiles", "load_profile", "render", "launch_spec", "arm_engine",
+    "is_external", "external_arms", "describe_plan", "check_opt_in", "get_path",
+    "cold_cache_evidence", "native_counts", "count_log_prefix_hits", "render_chat_prompt",
+]
+
+REPO = Path(__file__).resolve().parents[2]
+PROFILE_DIR = REPO / "config" / "engines"
+SCHEMA = Path(__file__).resolve().parent.parent / "schemas" / "engine_profile.schema.json"
+
+# Placeholders a launch/build/version template may use. A value of None drops the element and, if
+# the element before it is a bare flag (starts with '-'), that flag too: "--threads {threads}" with
+# no threads configured leaves the server's own default.
+PLACEHOLDERS = ("port", "model", "threads", "ctx", "python", "src", "host", "output_tokens")
+
+DEFAULT_ENGINE = "embedded"
+
+
+class EngineError(ValueError):
+    """A profile or an arm's engine settings are invalid. The message names the file or key."""
+
+
+class ExternalEngineNotAllowed(EngineError):
+    """The config targets an external engine without ``allow_external: true``. Carries the plan."""
+
+
+@functools.lru_cache(maxsize=1)
+def _schema() -> dict:
+    schema = json.loads(SCHEMA.read_text())
+    jsonschema.Draft202012Validator.check_schema(schema)
+    return schema
+
+
+def available_profiles(root: str | os.PathLike | None = None) -> list[str]:
+    root = Path(root) if root else PROFILE_DIR
+    return sorted(p.stem for p in root.glob("*.yaml"))
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """Everything needed to start one arm's server and know when it is ready."""
+
+    argv: list[str]
+    env: dict[str, str]  # additions to the inherited environment
+    cwd: str
+    health_path: str
+    ready_timeout_s: float
+    interval_s: float
+    port: int
+    host: str = "127.0.0.1"
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def health_url(self) -> str:
+        return self.url + self.health_path
+
+    def public(self) -> dict:
+        """argv/env with this machine's paths replaced by their roles (for artifacts)."""
+        return {"argv": [_basename_paths(a) for a in self.argv],
+                "env_keys": sorted(self.env), "health_path": self.health_path,
+                "ready_timeout_s": self.ready_timeout_s}
+
+
+def _basename_paths(arg: str) -> str:
+    return os.path.basename(arg) if os.path.isabs(arg) else arg
+
+
+@dataclass(frozen=True)
+class EngineProfile:
+    """A validated profile. ``data`` is the YAML as loaded; helpers read it, never mutate it."""
+
+    name: str
+    data: dict = field(repr=False)
+    path: str = ""
+
+    # ---- facts ---------------------------------------------------------------------------
+    @property
+    def external(self) -> bool:
+        return bool(self.data["external"])
+
+    @property
+    def api_mode(self) -> str:
+        return self.data["api"]["mode"]
+
+    @property
+    def stream_usage(self) -> bool:
+        return bool(self.data["api"].get("stream_usage", True))
+
+    @property
+    def generate_path(self) -> str:
+        api = self.data["api"]
+        if self.api_mode == "chat":
+            return api.get("chat_path", "/v1/chat/completions")
+        return api.get("completions_path", "/v1/completions")
+
+    @property
+    def cold_cache_proof(self) -> str:
+        """'strong' (evaluated-token count), 'weak' (cached-token count, may be absent) or 'none'."""
+        return {"evaluated_tokens": "strong", "cached_tokens": "weak", "none": "none"}[
+            self.data["cold_cache"]["proof"]]
+
+    def summary(self) -> dict:
+        """The profile facts a run artifact records (and the report shows) for an arm."""
+        cc = self.data["cold_cache"]
+        return {
+            "engine": self.name,
+            "external": self.external,
+            "api_mode": self.api_mode,
+            "cold_cache_proof": self.cold_cache_proof,
+            "cold_cache_how": cc["how"].strip(),
+            "prefix_cache_disabled_by": self.data["prefix_cache"]["how_disabled"].strip(),
+            "output_length_forced_by": self.data["request"]["output_length"]["how"].strip(),
+            "engine_timings": self.data["timings"]["field"] is not None,
+            "tested": self.data.get("tested", ""),
+        }
+
+    # ---- requests ------------------------------------------------------------------------
+    def request_fields(self, output_tokens: int) -> dict:
+        """Fields merged into every generation request: cache off + output length forced."""
+        req = self.data["request"]
+        fields = {**req["fields"], **req["output_length"]["fields"]}
+        return render(fields, {"output_tokens": output_tokens}, where=f"{self.name}.request")
+
+    def generation_body(self, *, messages: list[dict] | None = None, prompt: str | None = None,
+                        max_tokens: int, seed: int, stream: bool = True) -> tuple[str, dict]:
+        """``(path, body)`` of one measured request in this engine's dialect."""
+        body: dict[str, Any] = {"max_tokens": max_tokens, "temperature": 0, "seed": seed, "stream": stream}
+        if self.api_mode == "chat":
+            if messages is None:
+                raise EngineError(f"engine {self.name}: chat mode needs messages")
+            body["messages"] = messages
+        else:
+            if prompt is None:
+                raise EngineError(f"engine {self.name}: completions mode needs the rendered prompt text")
+            body["prompt"] = prompt
+        if stream and self.stream_usage:
+            body["stream_options"] = {"include_usage": True}
+        body.update(self.request_fields(max_tokens))
+        return self.generate_path, body
+
+    def tokenize_request(self, *, text: str | None = None, messages: list[dict] | None = None) -> tuple[str, dict]:
+        """``(path, body)`` asking the server's own tokenizer for the prompt's tokens."""
+        tok = self.data["tokenize"]
+        want = tok.get("input", "text")
+        if want == "messages" and messages is None:
+            raise EngineError(f"engine {self.name}: tokenize takes messages")
+        if want == "text" and text is None:
+            raise EngineError(f"engine {self.name}: tokenize takes the rendered prompt text")
+        body = _render_obj(copy.deepcopy(tok["body"]), {"text": text, "messages": messages})
+        return tok["path"], body
+
+    def token_count(self, reply: dict) -> int:
+        """The prompt token count in a tokenize reply (the list's length, cross-checked with count)."""
+        tok = self.data["tokenize"]
+        ids = reply.get(tok.get("tokens_field", "tokens"))
+        if not isinstance(ids, list):
+            raise EngineError(f"engine {self.name}: tokenize reply has no "
+                              f"{tok.get('tokens_field', 'tokens')!r} list: {str(reply)[:200]}")
+        cf = tok.get("count_field")
+        if cf and reply.get(cf) is not None and reply[cf] != len(ids):
+            raise EngineError(f"engine {self.name}: tokenize reply says count {reply[cf]} "
+                              f"but lists {len(ids)} tokens")
+        return len(ids)
+
+
+def load_profile(name: str, root: str | os.PathLike | None = None) -> EngineProfile:
+    """Load and validate ``config/engines/<name>.yaml``; errors name the file and the field."""
+    root = Path(root) if root else PROFILE_DIR
+    path = root / f"{name}.yaml"
+    if not path.is_file():
+        raise EngineError(f"engine: no profile {name!r} (looked for {path}; "
+                          f"available: {', '.join(available_profiles(root)) or 'none'})")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise EngineError(f"{path}: not valid YAML: {exc}") from None
+    validator = jsonschema.Draft202012Validator(_schema())
+    errors = sorted(validator.iter_errors(data), key=lambda e: list(e.absolute_path))
+    if errors:
+        err = errors[0]
+        where = ".".join(str(p) for p in err.absolute_path) or "<root>"
+        raise EngineError(f"{path}: field {where!r}: {err.message}")
+    if data["name"] != name:
+        raise EngineError(f"{path}: field 'name' is {data['name']!r}, expected the file stem {name!r}")
+    _check_consistency(data, path)
+    return EngineProfile(name=name, data=data, path=str(path))
+
+
+def _check_consistency(data: dict, path: Path) -> None:
+    """Rules a schema cannot say: placeholders known, cache-off fields really sent, modes agree."""
+    for key in ("argv",):
+        for i, item in enumerate(data["launch"][key]):
+            _check_placeholders(item, f"{path}: launch.argv[{i}]")
+    for k, v in data["launch"].get("env", {}).items():
+        _check_placeholders(v, f"{path}: launch.env.{k}")
+    for section in ("build", "version"):
+        cmd = (data.get(section) or {}).get("command")
+        for i, item in enumerate(cmd or []):
+            _check_placeholders(item, f"{path}: {section}.command[{i}]")
+    sent = {**data["request"]["fields"], **data["request"]["output_length"]["fields"]}
+    for k, v in (data["prefix_cache"].get("request_fields") or {}).items():
+        if sent.get(k) != v:
+            raise EngineError(f"{path}: prefix_cache.request_fields.{k} = {v!r} is not sent "
+                              f"(request.fields.{k} is {sent.get(k)!r})")
+    argv = data["launch"]["argv"]
+    for flag in data["prefix_cache"].get("launch_flags") or []:
+        if flag not in argv:
+            raise EngineError(f"{path}: prefix_cache.launch_flags: {flag!r} is not in launch.argv")
+    cc = data["cold_cache"]
+    for flag in cc.get("requires_flags") or []:
+        if flag not in argv:
+            raise EngineError(f"{path}: cold_cache.requires_flags: {flag!r} is not in launch.argv")
+    if cc["proof"] == "evaluated_tokens" and not cc.get("evaluated_field"):
+        raise EngineError(f"{path}: cold_cache.proof evaluated_tokens needs cold_cache.evaluated_field")
+    if cc["proof"] == "cached_tokens" and not cc.get("cached_field"):
+        raise EngineError(f"{path}: cold_cache.proof cached_tokens needs cold_cache.cached_field")
+    if data["tokenize"].get("input", "text") == "text" and data["api"]["mode"] == "chat":
+        raise EngineError(f"{path}: tokenize.input is text but api.mode is chat: the verified text "
+                          "would not be what the server tokenizes; use api.mode: completions")
+
+
+def _check_placeholders(template: str, where: str) -> None:
+    for _, name, _, _ in string.Formatter().parse(template):
+        if name is not None and name not in PLACEHOLDERS:
+            raise EngineError(f"{where}: unknown placeholder {{{name}}} in {template!r} "
+                              f"(known: {', '.join('{%s}' % p for p in PLACEHOLDERS)})")
+
+
+def render(obj: Any, values: dict, where: str = "template") -> Any:
+    """Fill placeholders in every string of *obj* (str, list, dict).
+
+    A string that is exactly one placeholder keeps the value's type (``"{output_tokens}"`` → 64).
+    In a list, an element whose placeholder value is None is dropped with its preceding bare flag.
+    """
+    if isinstance(obj, dict):
+        return {k: render(v, values, f"{where}.{k}") for k, v in obj.items()}
+    if isinstance(obj, list):
+        out: list = []
+        for i, item in enumerate(obj):
+            if isinstance(item, str) and _is_none_placeholder(item, values):
+                if out and isinstance(out[-1], str) and out[-1].startswith("-") and i > 0 \
+                        and isinstance(obj[i - 1], str) and not _fields(obj[i - 1]):
+                    out.pop()
+                continue
+            out.append(render(item, values, f"{where}[{i}]"))
+        return out
+    if isinstance(obj, str):
+        names = _fields(obj)
+        for n in names:
+            if n not in values:
+                raise EngineError(f"{where}: placeholder {{{n}}} has no value here "
+                                  f"(given: {', '.join(sorted(values))})")
+        if len(names) == 1 and obj == "{%s}" % names[0]:
+            return values[names[0]]
+        return obj.format_map({k: ("" if v is None else v) for k, v in values.items()}) if names else obj
+    return obj
+
+
+def _fields(s: str) -> list[str]:
+    return [n for _, n, _, _ in string.Formatter().parse(s) if n is not None]
+
+
+def _is_none_placeholder(s: str, values: dict) -> bool:
+    names = _fields(s)
+    return bool(names) and any(n in values and values[n] is None for n in names)
+
+
+def _render_obj(obj: Any, values: dict) -> Any:
+    """Like :func:`render` for request bodies: ``"{messages}"`` becomes the list itself."""
+    if isinstance(obj, dict):
+        return {k: _render_obj(v, values) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_render_obj(v, values) for v in obj]
+    if isinstance(obj, str):
+        m = re.fullmatch(r"\{(\w+)\}", obj)
+        if m and m.group(1) in values:
+            return values[m.group(1)]
+    return obj
+
+
+# ---- arms ---------------------------------------------------------------------------------
+
+def arm_engine(arm: dict) -> str:
+    return arm.get("engine") or DEFAULT_ENGINE
+
+
+def is_external(arm: dict, profile: EngineProfile | None = None) -> bool:
+    """An arm is external if its engine profile is, or its source is a git repository."""
+    profile = profile or load_profile(arm_engine(arm))
+    src = arm.get("source")
+    return profile.external or (isinstance(src, dict) and "git" in src)
+
+
+def launch_spec(profile: EngineProfile, arm: dict, *, port: int, model: str, ctx: int,
+                src_dir: str | os.PathLike, repo_root: str | os.PathLike = REPO,
+                python: str = sys.executable, host: str = "127.0.0.1") -> LaunchSpec:
+    """The concrete argv/env/cwd/health of one arm's server.
+
+    The arm may replace the argv template (``launch: [...]``), append to it (``launch_args``),
+    set ``threads`` and add ``env`` (which wins over the profile's). Arms that differ only in
+    these are a valid A/B (e.g. ``threads: 1`` vs ``threads: 2`` with no patches).
+    """
+    values = {"port": port, "model": model, "threads": arm.get("threads"), "ctx": ctx,
+              "python": python, "src": str(Path(src_dir).resolve()), "host": host}
+    argv_t = arm.get("launch") or profile.data["launch"]["argv"]
+    for i, item in enumerate(argv_t):
+        _check_placeholders(item, f"arm launch[{i}]")
+    argv = [str(a) for a in render(list(argv_t) + list(arm.get("launch_args") or []), values, "launch")]
+    env_t = {**profile.data["launch"].get("env", {}), **{k: str(v) for k, v in (arm.get("env") or {}).items()}}
+    env = {}
+    for k, v in env_t.items():
+        if _is_none_placeholder(v, values):
+            continue  # e.g. OMP_NUM_THREADS={threads} with no threads set: leave it unset
+        env[k] = str(render(v, values, f"env.{k}"))
+    for flag in profile.data["prefix_cache"].get("launch_flags") or []:
+        if flag not in argv:
+            raise EngineError(f"arm launch: engine {profile.name} needs {flag!r} in its command line "
+                              "to keep prefix caching off")
+    cwd = str(Path(src_dir).resolve()) if profile.data["launch"].get("cwd", "src") == "src" else str(repo_root)
+    h = profile.data["health"]
+    return LaunchSpec(argv=argv, env=env, cwd=cwd, health_path=h["path"],
+                      ready_timeout_s=float(h["ready_timeout_s"]), interval_s=float(h.get("interval_s", 0.1)),
+                      port=port, host=host)
+
+
+def external_arms(config: dict) -> list[str]:
+    return [name for name, arm in config["arms"].items() if is_external(arm or {})]
+
+
+def describe_plan(config: dict) -> str:
+    """What a run would launch and contact, arm by arm (shown when opt-in is missing)."""
+    lines = [f"pairbench plan for label {config.get('label', 'default')!r}:"]
+    for name, arm in config["arms"].items():
+        arm = arm or {}
+        profile = load_profile(arm_engine(arm))
+        src = arm.get("source", "engine")
+        if isinstance(src, dict) and "git" in src:
+            src_s = f"git {src['git']} at tag {src.get('tag')}"
+        elif isinstance(src, dict):
+            src_s = f"path {src.get('path')}"
+        else:
+            src_s = f"path {src}"
+        spec = launch_spec(profile, arm, port="<port>", model=str(config.get("model")), ctx="<ctx>",
+                           src_dir=f"results/{config.get('label', 'default')}/src/{name}")
+        build = arm.get("build", (profile.data.get("build") or {}).get("command"))
+        lines.append(f"  arm {name}: engine {profile.name}"
+                     f"{' (EXTERNAL)' if is_external(arm, profile) else ''}; source {src_s}; "
+                     f"{len(arm.get('patches') or [])} patch(es)")
+        if build:
+            lines.append(f"    build: {' '.join(build) if isinstance(build, list) else build}")
+        lines.append(f"    launch: {' '.join(spec.argv)}")
+        if spec.env:
+            lines.append(f"    env: {' '.join(f'{k}={v}' for k, v in sorted(spec.env.items()))}")
+        lines.append(f"    requests to 127.0.0.1 ({spec.health_path}, {profile.generate_path}, "
+                     f"{profile.data['tokenize']['path']}); cold-cache proof: {profile.cold_cache_proof}")
+    lines.append(f"  {config.get('rounds')} rounds x lengths {config.get('lengths')} x "
+                 f"{config.get('output_tokens')} output tokens")
+    return "\n".join(lines)
+
+
+def check_opt_in(config: dict) -> list[str]:
+    """Raise :class:`ExternalEngineNotAllowed` (with the plan) unless external arms are allowed.
+
+    Returns the external arm names (empty for an all-embedded config).
+    """
+    ext = external_arms(config)
+    if ext and not config.get("allow_external", False):
+        raise ExternalEngineNotAllowed(
+            f"allow_external: arm(s) {', '.join(ext)} run an external engine, which pairbench "
+            "neither builds, launches nor sends a request to without consent. Review the plan, "
+            "then rerun with --config allow_external=true (or set allow_external: true).\n"
+            + describe_plan(config))
+    return ext
+
+
+# ---- replies ------------------------------------------------------------------------------
+
+def get_path(obj: Any, dotted: str) -> Any:
+    """``get_path(reply, "usage.prompt_tokens_details.cached_tokens")``; None where missing."""
+    cur = obj
+    for part in dotted.split("."):
+        if not isinstance(cur, dict) or part not in cur:
+            return None
+        cur = cur[part]
+    return cur
+
+
+def cold_cache_evidence(profile: EngineProfile, reply: dict, prompt_tokens: int) -> dict:
+    """Judge one request's cold-cache gate from the server's own reply fields.
+
+    *reply* holds the final reply's top-level fields (``usage``, ``timings``, ``tokens_cached``...).
+    Returns ``{"proof": strong|weak|none, "cold": True|False|None, "evaluated_tokens",
+    "cached_tokens", "flag"}``: ``cold`` None means unproven (never counted as a pass silently).
+    """
+    cc = profile.data["cold_cache"]
+    out = {"proof": profile.cold_cache_proof, "cold": None, "evaluated_tokens": None,
+           "cached_tokens": None, "flag": None}
+    cached = get_path(reply, cc["cached_field"]) if cc.get("cached_field") else None
+    if cached is None and cc.get("missing_means_zero") and cc["proof"] == "cached_tokens":
+        cached = 0
+    out["cached_tokens"] = cached
+    if cc["proof"] == "evaluated_tokens":
+        ev = get_path(reply, cc["evaluated_field"])
+        out["evaluated_tokens"] = ev
+        if not isinstance(ev, int):
+            out["flag"] = f"cold_cache: reply lacks {cc['evaluated_field']}"
+            return out
+        out["cold"] = ev == prompt_tokens and (cached in (None, 0))
+        if not out["cold"]:
+            out["flag"] = (f"cold_cache: evaluated {ev} of {prompt_tokens} prompt tokens"
+                           + (f", {cached} cached" if cached else ""))
+        return out
+    if cc["proof"] == "cached_tokens":
+        if not isinstance(cached, int):
+            out["flag"] = f"cold_cache: {cc['cached_field']} is not a count ({cached!r})"
+            return out
+        out["cold"] = cached == 0
+        if cached:
+            out["flag"] = f"cold_cache: {cached} of {prompt_tokens} prompt tokens served from cache"
+        return out
+    out["flag"] = f"cold_cache: unproven (engine {profile.name} reports no cache evidence)"
+    return out
+
+
+def native_counts(profile: EngineProfile, reply: dict, *, tokenize_count: int | None = None,
+                  streamed_tokens: int | None = None) -> tuple[int | None, int | None]:
+    """``(prompt_tokens, completion_tokens)`` from where this engine reports them."""
+    t = profile.data["tokens"]
+    prompt = tokenize_count if t["prompt"] == "tokenize" else get_path(reply, t["prompt"])
+    completion = streamed_tokens if t["completion"] == "stream_chunks" else get_path(reply, t["completion"])
+    return prompt, completion
+
+
+def count_log_prefix_hits(profile: EngineProfile, log_text: str) -> list[int] | None:
+    """Reused-prefix token counts the server logged (``cold_cache.log_pattern``); None if no pattern."""
+    pat = profile.data["cold_cache"].get("log_pattern")
+    if not pat:
+        return None
+    return [int(m.group(1)) for m in re.finditer(pat, log_text)]
+
+
+# ---- prompt text for completions-mode engines ----------------------------------------------
+
+@functools.lru_cache(maxsize=4)
+def _gguf_chat(path: str) -> tuple[str, str, str]:
+    from gguf import GGUFReader
+
+    reader = GGUFReader(path)
+
+    def value(key: str):
+        f = reader.fields.get(key)
+        if f is None:
+            return None
+        return f.contents() if hasattr(f, "contents") else f.parts[f.data[0]]
+
+    tmpl = value("tokenizer.chat_template")
+    if tmpl is None:
+        raise EngineError(f"model: {path} has no tokenizer.chat_template in its GGUF metadata")
+    if not isinstance(tmpl, str):
+        tmpl = bytes(tmpl).decode()
+    tokens = reader.fields["tokenizer.ggml.tokens"]
+
+    def token(id_key: str) -> str:
+        f = reader.fields.get(id_key)
+        if f is None:
+            return ""
+        idx = int(f.parts[f.data[0]][0])
+        return bytes(tokens.parts[tokens.data[idx]]).decode()
+
+    return tmpl, token("tokenizer.ggml.bos_token_id"), token("tokenizer.ggml.eos_token_id")
+
+
+def render_chat_prompt(model_path: str | os.PathLike, messages: list[dict]) -> str:
+    """The model's own chat template (from GGUF metadata) applied to *messages*, generation prompt
+    added: the exact text a completions-mode engine is sent and whose token count is verified.
+
+    Rendered like Hugging Face ``apply_chat_template`` (sandboxed jinja2, trim/lstrip blocks).
+    """
+    import jinja2
+    import jinja2.sandbox
+
+    tmpl, bos, eos = _gguf_chat(str(model_path))
+
+    def raise_exception(message: str):
+        raise jinja2.exceptions.TemplateError(message)
+
+    env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.globals["raise_exception"] = raise_exception
+    env.filters["tojson"] = lambda x, indent=None: json.dumps(x, ensure_ascii=False, indent=indent)
+    return env.from_string(tmpl).render(messages=messages, add_generation_prompt=True,
+                                        bos_token=bos, eos_token=eos)
