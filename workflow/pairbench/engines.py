@@ -357,6 +357,10 @@ def launch_spec(profile: EngineProfile, arm: dict, *, port: int, model: str, ctx
         if flag not in argv:
             raise EngineError(f"arm launch: engine {profile.name} needs {flag!r} in its command line "
                               "to keep prefix caching off")
+    for flag in profile.data["cold_cache"].get("requires_flags") or []:
+        if flag not in argv:
+            raise EngineError(f"arm launch: engine {profile.name} needs {flag!r} in its command line, "
+                              "else it never reports cached tokens and a cold cache cannot be shown")
     cwd = str(Path(src_dir).resolve()) if profile.data["launch"].get("cwd", "src") == "src" else str(repo_root)
     h = profile.data["health"]
     return LaunchSpec(argv=argv, env=env, cwd=cwd, health_path=h["path"],
