@@ -1,0 +1,82 @@
+"""Generation as small pure functions over a loaded model (after gpt-fast's generate.py).
+
+prefill -> logits of the last prompt token; decode_one -> logits of the next token; sample -> an id.
+The KV cache lives in the model (``Transformer.setup_cache``); callers say which positions they
+write, which is how the server reuses a cached common prefix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+
+from .model import Transformer
+
+
+@torch.inference_mode()
+def prefill(model: Transformer, token_ids: list[int], start: int = 0) -> torch.Tensor:
+    """Run ``token_ids`` at positions start.. through the model; (vocab,) float32 logits of the last one."""
+    tokens = torch.tensor([token_ids], dtype=torch.long)  # (1, T)
+    return model(tokens, start)
+
+
+@torch.inference_mode()
+def decode_one(model: Transformer, token_id: int, pos: int) -> torch.Tensor:
+    """Feed one token at position ``pos``; (vocab,) float32 logits for position pos + 1."""
+    return model(torch.tensor([[token_id]], dtype=torch.long), pos)
+
+
+def sample(logits: torch.Tensor, temperature: float = 0.0, generator: torch.Generator | None = None) -> int:
+    """Greedy (argmax, deterministic) at temperature 0, else a draw from softmax(logits / T)."""
+    if temperature <= 0:
+        return int(torch.argmax(logits))
+    probs = torch.softmax(logits / temperature, dim=-1)
+    return int(torch.multinomial(probs, 1, generator=generator))
+
+
+def token_limit(prompt_len: int, max_tokens: int, max_context: int) -> int:
+    """How many tokens ``generate`` may yield: the first comes from the prefill logits, each later
+    one needs the previous token's KV at positions prompt_len.. < max_context."""
+    return max(0, min(max_tokens, max_context - prompt_len + 1))
+
+
+def generate(model: Transformer, prompt_ids: list[int], max_tokens: int, *, stop_ids=frozenset(),
+             temperature: float = 0.0, seed: int | None = None, ignore_eos: bool = False,
+             start: int = 0) -> Iterator[int]:
+    """Yield up to ``token_limit(...)`` generated ids. Positions < ``start`` must already hold this
+    prompt's KV (a reused prefix). Stops early at a stop id (not yielded) unless ``ignore_eos``.
+
+    Afterwards the cache holds the prompt plus every yielded token except the last one when the
+    limit was reached (it was never fed back); after a stop id it holds all yielded tokens."""
+    if not 0 <= start < len(prompt_ids):
+        raise ValueError(f"start {start} must lie inside the prompt of {len(prompt_ids)} tokens")
+    if len(prompt_ids) > model.max_context:
+        raise ValueError(f"prompt of {len(prompt_ids)} tokens exceeds max_context {model.max_context}")
+    generator = None
+    if temperature > 0:
+        generator = torch.Generator().manual_seed(seed if seed is not None else torch.seed())
+    limit = token_limit(len(prompt_ids), max_tokens, model.max_context)
+    logits = prefill(model, prompt_ids[start:], start)  # even for limit 0: it fills the cache, as llama.cpp does
+    pos = len(prompt_ids)
+    for i in range(limit):
+        token = sample(logits, temperature, generator)
+        if token in stop_ids and not ignore_eos:
+            return
+        yield token
+        if i + 1 == limit:
+            return
+        logits = decode_one(model, token, pos)
+        pos += 1
+
+
+def forward_logits(loaded, token_ids: list[int]) -> torch.Tensor:
+    """(T, vocab) float32 logits of a full causal forward over ``token_ids`` (overwrites the cache)."""
+    with torch.inference_mode():
+        return loaded.model(torch.tensor([token_ids], dtype=torch.long), 0, all_logits=True)
+
+
+def greedy(loaded, token_ids: list[int], max_tokens: int, ignore_eos: bool = True) -> list[int]:
+    """Greedy continuation of ``token_ids`` (fresh cache, no prefix reuse)."""
+    return list(generate(loaded.model, token_ids, max_tokens, stop_ids=loaded.tokenizer.stop_ids,
+                         ignore_eos=ignore_eos))
