@@ -196,11 +196,14 @@ def collect_engine(engine_version: str | None = None) -> dict[str, Any]:
     return {"engine_version": engine_version}
 
 
-def collect_host() -> dict[str, Any]:
+def collect_host(
+    gethostname: Callable[[], str] = socket.gethostname,
+    getfqdn: Callable[[], str] = socket.getfqdn,
+) -> dict[str, Any]:
     hostname = fqdn = None
     try:
-        hostname = socket.gethostname() or platform.node() or None
-        fqdn = socket.getfqdn() or None
+        hostname = gethostname() or platform.node() or None
+        fqdn = getfqdn() or None
     except OSError:
         pass
     domain = None
@@ -280,6 +283,8 @@ def collect(
     if_addrs: Mapping[str, Sequence[Any]] | None = None,
     engine_version: str | None = None,
     torch: bool = True,
+    gethostname: Callable[[], str] = socket.gethostname,
+    getfqdn: Callable[[], str] = socket.getfqdn,
 ) -> dict[str, Any]:
     """Every fact in :data:`FACTS`, private ones included. Missing sources give ``None``/``[]``."""
     facts: dict[str, Any] = {}
@@ -290,7 +295,7 @@ def collect(
     facts.update(collect_torch() if torch else {"torch_version": None, "torch_cuda_version": None})
     facts.update(collect_gpus(run))
     facts.update(collect_engine(engine_version))
-    facts.update(collect_host())
+    facts.update(collect_host(gethostname, getfqdn))
     facts.update(collect_user(environ))
     facts.update(collect_network(if_addrs))
     facts.update(collect_git(run))
@@ -330,10 +335,14 @@ def identifiers(facts: Mapping[str, Any]) -> dict[str, list[str]]:
     def many(key: str) -> list[str]:
         return [v for v in facts.get(key) or [] if isinstance(v, str) and v]
 
+    fqdn = one("fqdn")
+    host, domain = facts.get("hostname"), facts.get("domain")
+    if fqdn and host and domain and fqdn[0].lower() == f"{host}.{domain}".lower():
+        fqdn = []  # host and domain are replaced one by one: "host-1.domain-1", one pseudonym per name
     out = {
         "username": one("username"),
         "hostname": one("hostname"),
-        "fqdn": one("fqdn"),
+        "fqdn": fqdn,
         "domain": one("domain"),
         "home": one("home"),
         "email": one("git_user_email"),

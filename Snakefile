@@ -1,0 +1,19 @@
+"""pairbench: paired A/B benchmark of two engine arms. Run: snakemake --cores 1 (see README.md)."""
+
+
+configfile: "config/config.yaml"
+
+
+include: "workflow/rules/common.smk"
+include: "workflow/rules/plan.smk"
+include: "workflow/rules/source.smk"
+include: "workflow/rules/build.smk"
+include: "workflow/rules/fixtures.smk"
+include: "workflow/rules/warmup.smk"
+include: "workflow/rules/measure.smk"
+
+
+rule all:
+    default_target: True
+    input:
+        expand(f"{RES}/measure/{{visit}}.json", visit=VISIT_IDS),

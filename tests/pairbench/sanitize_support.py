@@ -1,0 +1,127 @@
+"""Shared helpers for the sanitize/publish/verify tests: the planted identity and a planted run.
+
+Everything here is synthetic and comes from tests/data/sanitize/ (identity.json, nvidia-smi output,
+server log, model output, patches, a clean source tree). Nothing reads this machine's identity: the
+fact collectors get planted environment, command output, interface table and host-name functions.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import struct
+import zlib
+from pathlib import Path
+from types import SimpleNamespace
+
+from pairbench import artifacts, envfacts, publish
+
+DATA = Path(__file__).resolve().parent.parent / "data" / "sanitize"
+REAL_SCHEMAS = artifacts.SCHEMA_DIR
+
+
+def identity() -> dict:
+    return json.loads((DATA / "identity.json").read_text())
+
+
+def planted_runner(ident: dict):
+    query = (DATA / "nvidia-smi-query.csv").read_text()
+    banner = (DATA / "nvidia-smi.txt").read_text()
+
+    def run(argv):
+        argv = tuple(argv)
+        if argv == envfacts.NVIDIA_QUERY:
+            return query
+        if argv == ("nvidia-smi",):
+            return banner
+        if argv[:3] == ("git", "config", "--get"):
+            return ident["git"].get(argv[3], "") + "\n"
+        return None
+
+    return run
+
+
+def planted_if_addrs(ident: dict) -> dict:
+    return {name: [SimpleNamespace(address=a) for a in addrs] for name, addrs in ident["if_addrs"].items()}
+
+
+def planted_facts(engine_version: str = "pairbench-engine 0.1.0 (built by zq_alice@zq-devbox-07)") -> dict:
+    ident = identity()
+    return envfacts.collect(
+        environ=ident["environ"],
+        run=planted_runner(ident),
+        if_addrs=planted_if_addrs(ident),
+        engine_version=engine_version,
+        torch=False,
+        gethostname=lambda: ident["hostname"],
+        getfqdn=lambda: ident["fqdn"],
+    )
+
+
+def planted_strings() -> list[str]:
+    """Every planted identifier, as it was planted (for 'none reaches the bundle' assertions)."""
+    ident = identity()
+    out = [ident["hostname"], ident["fqdn"], *ident["git"].values(), *ident["also_planted"]]
+    out += [v for k, v in ident["environ"].items() if k not in ("PATH", "LANG")]
+    out += ["zq-fileserver", "benchshare", "corp.zqexample.net", "bo.zq"]
+    return out
+
+
+def use_test_schemas(monkeypatch, tmp_path: Path) -> Path:
+    """Point the artifact layer at the real schemas plus the test-only ones (verdicts)."""
+    d = tmp_path / "schemas"
+    shutil.copytree(REAL_SCHEMAS, d)
+    for p in (DATA / "schemas").glob("*.json"):
+        shutil.copy(p, d / p.name)
+    monkeypatch.setattr(artifacts, "SCHEMA_DIR", d)
+    artifacts.load_schema.cache_clear()
+    return d
+
+
+def png(text_chunks: dict[str, str] | None = None, pixel: bytes = b"\x00\x00\x00") -> bytes:
+    """A 1x1 RGB PNG, optionally with tEXt chunks (as matplotlib writes 'Software', 'Author')."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+    out = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", 1, 1, 8, 2, 0, 0, 0))
+    for k, v in (text_chunks or {}).items():
+        out += chunk(b"tEXt", k.encode() + b"\x00" + v.encode())
+    out += chunk(b"IDAT", zlib.compress(b"\x00" + pixel)) + chunk(b"IEND", b"")
+    return out
+
+
+def planted_run(tmp_path: Path, facts: dict) -> dict:
+    """The inputs the pipeline would hand to build_bundle, with identifiers planted everywhere."""
+    run = tmp_path / "run"
+    run.mkdir()
+    env = artifacts.write_artifact(run / "environment.json", "environment", envfacts.public(facts))
+    assert env
+    fixtures = publish.fixture_manifest([
+        {"length": 256, "prompt_tokens": 256,
+         "messages": [{"role": "system", "content": "You are a terse assistant."},
+                      {"role": "user", "content": "Summarise the frozen paragraph about river deltas."}],
+         "text": "<|im_start|>system\nYou are a terse assistant.<|im_end|>\n"},
+    ])
+    artifacts.write_artifact(run / "fixtures.json", "fixture_manifest", fixtures)
+    (run / "plot.png").write_bytes(png({"Software": "matplotlib", "Author": "zq_alice on zq-devbox-07"}))
+    files = {
+        "README.md": str(DATA / "README.md"),
+        "config.resolved.yaml": DATA / "config.resolved.yaml",
+        "tables/measurements.csv": str(DATA / "tables" / "measurements.csv"),
+        "tables/verdicts.json": str(DATA / "tables" / "verdicts.json"),
+        "environment.json": str(run / "environment.json"),
+        "fixtures.json": str(run / "fixtures.json"),
+        "plots/decode_tok_s.png": str(run / "plot.png"),
+        "scripts/replot.py": str(DATA / "scripts" / "replot.py"),
+        # private material the pipeline might hand over by mistake: never copied
+        "logs/server.log": str(DATA / "server.log"),
+        "outputs/r01-candidate-256.json": str(DATA / "model_output.json"),
+    }
+    return {
+        "files": files,
+        "patches": {"0001-int8-path": DATA / "0001-int8-path.patch",
+                    "0002-version-tag.patch": DATA / "0002-version-tag.patch"},
+        "patched_files": json.loads((DATA / "patched_files.json").read_text()),
+        "clean_source": DATA / "clean_source",
+        "patch_roots": ["/home/zq_alice/pb/src"],
+    }

@@ -1,0 +1,71 @@
+"""pairbench command line: ``python -m pairbench <command> ...``.
+
+Commands:
+
+- ``verify <bundle> [--source <clean source dir>]``: offline check of a publication bundle
+  (:func:`pairbench.verify.verify_bundle`); exit status 1 and one line per problem if it fails.
+- ``scan <dir>``: run the leak gate over a folder with this machine's identifiers
+  (:func:`pairbench.leakgate.scan`); prints ``file:line: detector`` per finding, never the values.
+
+Other stages add their subcommands to :data:`COMMANDS`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Callable
+
+
+def _verify(args: argparse.Namespace) -> int:
+    from .verify import verify_bundle
+
+    problems = verify_bundle(args.bundle, clean_source=args.source)
+    for p in problems:
+        print(p)
+    if problems:
+        print(f"FAILED: {len(problems)} problem(s) in {args.bundle}", file=sys.stderr)
+        return 1
+    checked = "MANIFEST hashes, schemas, fixture hashes, scripts" + (", patches and patched-file hashes" if args.source else "")
+    print(f"OK: {args.bundle} verified ({checked})")
+    return 0
+
+
+def _scan(args: argparse.Namespace) -> int:
+    from . import envfacts, leakgate
+
+    ids = envfacts.identifiers(envfacts.collect(torch=False))
+    findings = leakgate.scan(args.dir, ids)
+    for f in findings:
+        print(f)
+    print(leakgate.report_line(len(findings), len(leakgate.detector_names(ids)), len(leakgate.bundle_files(args.dir))))
+    return 1 if findings else 0
+
+
+def _add_verify(sub) -> None:
+    p = sub.add_parser("verify", help="verify a publication bundle offline")
+    p.add_argument("bundle", help="the bundle folder (results/<label>/publish)")
+    p.add_argument("--source", default=None, help="clean source tree at the measured tag; re-applies the patches")
+    p.set_defaults(func=_verify)
+
+
+def _add_scan(sub) -> None:
+    p = sub.add_parser("scan", help="run the leak gate over a folder with this machine's identifiers")
+    p.add_argument("dir")
+    p.set_defaults(func=_scan)
+
+
+COMMANDS: list[Callable] = [_add_verify, _add_scan]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m pairbench", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    for add in COMMANDS:
+        add(sub)
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

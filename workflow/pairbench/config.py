@@ -1,0 +1,176 @@
+"""Run configuration: the checks a JSON Schema cannot express, and resolved views of the config.
+
+The schema (workflow/schemas/config.schema.yaml, applied by ``snakemake.utils.validate`` in
+workflow/rules/common.smk) catches unknown keys, wrong types and out-of-range numbers. What needs
+the filesystem or the model lives here, in plain functions that take the config as an argument:
+fewer than two arms, a patch or source path that does not exist, a length that does not fit in the
+model's context. Every error is a :class:`ConfigError` whose message starts with the config key.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+# The named models. "tiny" is the embedded engine's deterministic random-weight test model; its
+# context is fixed by engine/ (keep in step with engine's tiny config).
+MODEL_FILES = {"smollm2-135m": "resources/SmolLM2-135M-Instruct.Q4_1.gguf"}
+NAMED_CONTEXT = {"tiny": 2048}
+
+ARM_DEFAULTS = {"source": "engine", "patches": [], "args": [], "env": {}}
+SERVER_DEFAULTS = {"threads": None, "startup_timeout_s": 120, "request_timeout_s": 300, "stop_timeout_s": 10}
+VALIDATE_DEFAULTS = {"cases": ["token_counts", "done_marker", "python_function", "matches_baseline"], "timeout_s": 5, "agreement": 1.0, "retries": 0}
+STATS_DEFAULTS = {
+    "metrics": ["decode_tok_s", "prefill_tok_s", "ttft_ms", "e2e_ms"],
+    "trim": None,
+    "alpha": 0.05,
+    "noise": 0.01,
+}
+# Headroom above the longest prompt + output for the server's KV cache (the first-request
+# diagnostic and the smoke request are short, so they always fit).
+CONTEXT_MARGIN = 16
+
+
+class ConfigError(ValueError):
+    """A config that cannot run. The message starts with the offending key."""
+
+
+def normalized(config: dict) -> dict:
+    """A deep copy of *config* with every optional section filled with its defaults.
+
+    ``snakemake.utils.validate`` fills top-level defaults but not those inside each arm (a schema
+    under ``additionalProperties``), so every consumer reads the config through this.
+    """
+    cfg = copy.deepcopy(dict(config))
+    cfg["arms"] = {
+        name: {**copy.deepcopy(ARM_DEFAULTS), **(arm or {})} for name, arm in cfg.get("arms", {}).items()
+    }
+    cfg["server"] = {**SERVER_DEFAULTS, **(cfg.get("server") or {})}
+    cfg["validate"] = {**copy.deepcopy(VALIDATE_DEFAULTS), **(cfg.get("validate") or {})}
+    cfg["stats"] = {**copy.deepcopy(STATS_DEFAULTS), **(cfg.get("stats") or {})}
+    cfg.setdefault("order", "abba")
+    cfg.setdefault("baseline", None)
+    cfg.setdefault("candidate", None)
+    return cfg
+
+
+def arm_names(config: dict) -> list[str]:
+    """Arms in config order."""
+    return list(config["arms"])
+
+
+def baseline_arm(config: dict) -> str:
+    return config.get("baseline") or arm_names(config)[0]
+
+
+def candidate_arm(config: dict) -> str:
+    if config.get("candidate"):
+        return config["candidate"]
+    base = baseline_arm(config)
+    return next(a for a in arm_names(config) if a != base)
+
+
+def resolve_model(model: str, root: Path) -> dict:
+    """``{"name", "kind": "named"|"gguf", "path"}`` for a config ``model`` value.
+
+    Named models are picked by explicit name, never by sniffing a path string; anything that is not
+    a known name must be a path to a .gguf file.
+    """
+    root = Path(root)
+    if model in NAMED_CONTEXT:
+        return {"name": model, "kind": "named", "path": None}
+    if model in MODEL_FILES:
+        return {"name": model, "kind": "gguf", "path": str(root / MODEL_FILES[model])}
+    path = Path(model)
+    if not path.is_absolute():
+        path = root / path
+    if path.suffix != ".gguf":
+        raise ConfigError(
+            f"model: {model!r} is neither a known model ({', '.join(sorted([*NAMED_CONTEXT, *MODEL_FILES]))}) "
+            "nor a path to a .gguf file"
+        )
+    return {"name": path.stem, "kind": "gguf", "path": str(path)}
+
+
+def gguf_context(path: str | Path) -> int:
+    """The trained context length from a GGUF file's metadata (``<arch>.context_length``)."""
+    from gguf import GGUFReader
+
+    reader = GGUFReader(str(path))
+
+    def field(key: str):
+        f = reader.fields.get(key)
+        if f is None:
+            return None
+        return f.parts[f.data[0]]
+
+    arch = field("general.architecture")
+    if arch is None:
+        raise ConfigError(f"model: {path} has no general.architecture in its GGUF metadata")
+    arch = bytes(arch).decode()
+    ctx = field(f"{arch}.context_length")
+    if ctx is None:
+        raise ConfigError(f"model: {path} has no {arch}.context_length in its GGUF metadata")
+    return int(ctx[0])
+
+
+def model_context(model: str, root: Path) -> int:
+    info = resolve_model(model, root)
+    if info["kind"] == "named":
+        return NAMED_CONTEXT[info["name"]]
+    path = Path(info["path"])
+    if not path.is_file():
+        hint = " (run ./install.sh)" if model in MODEL_FILES else ""
+        raise ConfigError(f"model: file {path} does not exist{hint}")
+    return gguf_context(path)
+
+
+def serve_context(config: dict) -> int:
+    """The ``--max-context`` every server gets: the longest request plus a small margin."""
+    return max(config["lengths"]) + config["output_tokens"] + CONTEXT_MARGIN
+
+
+def check_config(config: dict, root: Path) -> None:
+    """Raise :class:`ConfigError` naming the key if *config* (already schema-valid) cannot run."""
+    root = Path(root)
+    cfg = normalized(config)
+    arms = arm_names(cfg)
+    if len(arms) < 2:
+        raise ConfigError(f"arms: a paired benchmark needs at least two arms, got {len(arms)} ({', '.join(arms) or 'none'})")
+    for key in ("baseline", "candidate"):
+        if cfg.get(key) is not None and cfg[key] not in cfg["arms"]:
+            raise ConfigError(f"{key}: {cfg[key]!r} is not one of the arms ({', '.join(arms)})")
+    if baseline_arm(cfg) == candidate_arm(cfg):
+        raise ConfigError(f"candidate: the candidate arm must differ from the baseline ({baseline_arm(cfg)!r})")
+    for name, arm in cfg["arms"].items():
+        src = root / arm["source"]
+        if not src.is_dir():
+            raise ConfigError(f"arms.{name}.source: directory {arm['source']} does not exist")
+        if not (src / "VERSION").is_file():
+            raise ConfigError(f"arms.{name}.source: {arm['source']} has no VERSION file")
+        for i, patch in enumerate(arm["patches"]):
+            if not (root / patch).is_file():
+                raise ConfigError(f"arms.{name}.patches[{i}]: patch file {patch} does not exist")
+    context = model_context(cfg["model"], root)
+    for i, length in enumerate(cfg["lengths"]):
+        if length + cfg["output_tokens"] + CONTEXT_MARGIN > context:
+            raise ConfigError(
+                f"lengths[{i}]: {length} input + {cfg['output_tokens']} output tokens "
+                f"(+{CONTEXT_MARGIN} margin) exceed the context of model {cfg['model']!r} ({context})"
+            )
+    trim = cfg["stats"]["trim"]
+    if trim is not None and 2 * trim >= cfg["rounds"]:
+        raise ConfigError(f"stats.trim: trimming {trim} from each end leaves nothing of {cfg['rounds']} rounds")
+
+
+def format_schema_error(error: Any) -> str:
+    """A jsonschema ValidationError as ``config key 'a.b': message``."""
+    path = ".".join(str(p) for p in error.absolute_path)
+    if error.validator == "additionalProperties" and isinstance(error.instance, dict):
+        allowed = set(error.schema.get("properties", {}))
+        unknown = sorted(k for k in error.instance if k not in allowed)
+        if error.schema.get("properties"):
+            where = f"{path}." if path else ""
+            return f"config key '{where}{unknown[0]}': unknown key (allowed: {', '.join(sorted(allowed))})"
+    return f"config key '{path or '<root>'}': {error.message}"

@@ -1,0 +1,228 @@
+"""One visit (and one warmup): launch the arm, first request, steady requests, gates, stop.
+
+A *visit* (``measure/r<NN>-<arm>.json``) launches the arm's server from ``src/<arm>/``, sends a
+short first request (kept apart as a first-request diagnostic: it pays for lazy initialisation and
+is never a steady sample), then one steady streamed request per fixture length, then stops the
+server. Every steady request is greedy, ``ignore_eos``, ``cache_prompt: false``, and passes through
+three gates (docs/contracts.md §2):
+
+- ``prompt_tokens``: the engine's ``usage.prompt_tokens`` equals the planned length;
+- ``completion_tokens``: ``usage.completion_tokens`` (and the tokens streamed) equal ``output_tokens``;
+- ``cold_cache``: the engine reports 0 cached prompt tokens, and (where it reports timings)
+  ``timings.prompt_n`` equals the planned length, proving it evaluated every prompt token.
+
+A record that fails a gate — or whose request failed outright — is kept with ``ok: false`` and a
+flag per reason; the statistics exclude it and the report counts it.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from .artifacts import sha256_bytes
+from .client import ClientError, StreamResult, get_json, steady_request_body, stream_chat
+from .server_proc import Server
+
+FIRST_REQUEST = [{"role": "user", "content": "Write one short sentence about rivers."}]
+FIRST_REQUEST_TOKENS = 8
+
+
+def cached_tokens(result: StreamResult) -> int | None:
+    """Prompt tokens the engine says it reused, from whichever field it reports."""
+    if result.tokens_cached is not None:
+        return int(result.tokens_cached)
+    details = (result.usage or {}).get("prompt_tokens_details") or {}
+    if details.get("cached_tokens") is not None:
+        return int(details["cached_tokens"])
+    if (result.timings or {}).get("cache_n") is not None:
+        return int(result.timings["cache_n"])
+    return None
+
+
+def engine_timings(timings: dict | None) -> dict | None:
+    if not timings or timings.get("predicted_ms") is None:
+        return None
+    t = timings
+
+    def rate(n, ms):
+        return n / ms * 1e3 if n and ms else None
+
+    return {"prompt_n": t.get("prompt_n"), "prompt_ms": t.get("prompt_ms"), "predicted_n": t.get("predicted_n"),
+            "predicted_ms": t.get("predicted_ms"), "prefill_tok_s": rate(t.get("prompt_n"), t.get("prompt_ms")),
+            "decode_tok_s": rate(t.get("predicted_n"), t.get("predicted_ms"))}
+
+
+def gate(result: StreamResult, length: int, output_tokens: int) -> tuple[dict, list[str]]:
+    """The three gates for one steady request: ``({gate: bool}, [reason, ...])``."""
+    usage = result.usage or {}
+    flags = []
+    prompt = usage.get("prompt_tokens")
+    g_prompt = prompt == length
+    if not g_prompt:
+        flags.append(f"prompt_tokens: got {prompt}, planned {length}" if prompt is not None
+                     else "prompt_tokens: the engine reported no usage.prompt_tokens")
+    completion = usage.get("completion_tokens")
+    streamed = len(result.token_times)
+    g_completion = completion == output_tokens and streamed == output_tokens
+    if completion != output_tokens:
+        flags.append(f"completion_tokens: got {completion}, planned {output_tokens}" if completion is not None
+                     else "completion_tokens: the engine reported no usage.completion_tokens")
+    elif streamed != output_tokens:
+        flags.append(f"completion_tokens: {streamed} tokens streamed, planned {output_tokens}")
+    cached = cached_tokens(result)
+    prompt_n = (result.timings or {}).get("prompt_n")
+    g_cold = cached == 0 and (prompt_n is None or prompt_n == length)
+    if cached is None:
+        flags.append("cold_cache: the engine reported no cached-token count, so a warm cache cannot be ruled out")
+    elif cached != 0:
+        flags.append(f"cold_cache: {cached} prompt tokens came from the cache (cache_prompt was false)")
+    elif prompt_n is not None and prompt_n != length:
+        flags.append(f"cold_cache: timings.prompt_n is {prompt_n}, planned {length} (not every prompt token was evaluated)")
+    return {"prompt_tokens": g_prompt, "completion_tokens": g_completion, "cold_cache": g_cold}, flags
+
+
+def client_timings(result: StreamResult, prompt_tokens: int) -> dict:
+    """Client-side timings from token arrival times (see docs/contracts.md §2)."""
+    times = result.token_times
+    ttft = times[0] if times else None
+    decode = None
+    if len(times) >= 2 and times[-1] > times[0]:
+        decode = (len(times) - 1) / (times[-1] - times[0])
+    return {"ttft_ms": ttft * 1e3 if ttft is not None else None, "e2e_ms": result.e2e_s * 1e3,
+            "prefill_tok_s": prompt_tokens / ttft if ttft else None, "decode_tok_s": decode}
+
+
+def steady_record(result: StreamResult | None, error: str | None, *, length: int, output_tokens: int,
+                  round_: int, arm: str, prompt_sha256: str) -> dict:
+    """One steady record (docs/contracts.md §2), gated; a failed request becomes a flagged record."""
+    rec = {"length": length, "round": round_, "arm": arm, "kind": "steady", "prompt_sha256": prompt_sha256}
+    if result is None:
+        rec.update({"output_sha256": None, "prompt_tokens": None, "completion_tokens": None, "tokens_cached": None,
+                    "ttft_ms": None, "e2e_ms": None, "prefill_tok_s": None, "decode_tok_s": None, "engine": None,
+                    "kv_bytes": None, "peak_rss_bytes": None,
+                    "gates": {"prompt_tokens": False, "completion_tokens": False, "cold_cache": False},
+                    "flags": [f"request: {error}"], "ok": False})
+        return rec
+    gates, flags = gate(result, length, output_tokens)
+    usage = result.usage or {}
+    mem = result.memory or {}
+    rec.update({
+        "output_sha256": sha256_bytes(result.text.encode()),
+        "prompt_tokens": usage.get("prompt_tokens"),
+        "completion_tokens": usage.get("completion_tokens"),
+        "tokens_cached": cached_tokens(result),
+        **client_timings(result, length),
+        "engine": engine_timings(result.timings),
+        "kv_bytes": mem.get("kv_bytes"),
+        "peak_rss_bytes": mem.get("peak_rss_bytes"),
+        "gates": gates,
+        "flags": flags,
+        "ok": all(gates.values()),
+    })
+    return rec
+
+
+def diagnostic_request(url: str, timeout: float, seed: int) -> dict:
+    """The first request of a launch: timed, recorded apart, never a steady sample."""
+    body = steady_request_body(FIRST_REQUEST, FIRST_REQUEST_TOKENS, seed)
+    try:
+        r = stream_chat(url, body, timeout)
+    except ClientError as exc:
+        return {"ok": False, "error": str(exc), "ttft_ms": None, "e2e_ms": None, "completion_tokens": None,
+                "prompt_tokens": None, "tokens_cached": None}
+    usage = r.usage or {}
+    return {"ok": bool(r.token_times), "error": None, "ttft_ms": r.ttft_s * 1e3 if r.ttft_s is not None else None,
+            "e2e_ms": r.e2e_s * 1e3, "completion_tokens": usage.get("completion_tokens"),
+            "prompt_tokens": usage.get("prompt_tokens"), "tokens_cached": cached_tokens(r)}
+
+
+def run_visit(*, visit: dict, arm_dir: Path, model_arg: str, plan: dict, prompts: dict[int, dict],
+              fixtures: dict[int, dict], server_cfg: dict, arm_cfg: dict, server_log: Path,
+              inputs: dict) -> tuple[dict, dict[int, dict]]:
+    """Measure one visit. Returns ``(measure_body, {length: {"text", "token_ids"}})``.
+
+    *prompts* maps length to the private prompts body; *fixtures* maps length to the fixture body.
+    """
+    round_, arm = visit["round"], visit["arm"]
+    timeout = server_cfg["request_timeout_s"]
+    records, outputs = [], {}
+    srv = Server(arm_dir, model_arg, plan["max_context"], server_log, threads=server_cfg["threads"],
+                 extra_args=arm_cfg["args"], env=arm_cfg["env"], startup_timeout_s=server_cfg["startup_timeout_s"],
+                 stop_timeout_s=server_cfg["stop_timeout_s"])
+    t_visit = time.perf_counter()
+    with srv:
+        version = get_json(srv.url, "/version")
+        first = diagnostic_request(srv.url, timeout, plan["seed"])
+        for length in plan["lengths"]:
+            rnd = next(r for r in prompts[length]["rounds"] if r["round"] == round_)
+            fx = next(r for r in fixtures[length]["rounds"] if r["round"] == round_)
+            body = steady_request_body(rnd["messages"], plan["output_tokens"], plan["seed"])
+            result, error = None, None
+            try:
+                result = stream_chat(srv.url, body, timeout)
+            except ClientError as exc:
+                error = str(exc)
+            rec = steady_record(result, error, length=length, output_tokens=plan["output_tokens"], round_=round_,
+                                arm=arm, prompt_sha256=fx["prompt_sha256"])
+            rec.update({"visit_index": visit["index"], "attempt": 0})
+            if result is not None and not srv.alive():
+                rec["flags"].append("server: exited during the request")
+                rec["ok"] = False
+            records.append(rec)
+            outputs[length] = {"text": result.text if result else "", "token_ids": result.token_ids if result else []}
+    facts = srv.facts
+    body = {
+        "visit": {k: visit[k] for k in ("index", "round", "arm", "position", "id")},
+        "attempt": 0,
+        "server": {"ready_s": facts.get("ready_s"), "exit_code": facts.get("exit_code"), "stop": facts.get("stop"),
+                   "argv": facts.get("argv")},
+        "native_version": version.get("native"),
+        "first_request": first,
+        "records": records,
+        "complete": all(r["prompt_tokens"] is not None for r in records),
+        "duration_s": time.perf_counter() - t_visit,
+        "inputs": inputs,
+    }
+    return body, outputs
+
+
+def run_warmup(*, arm: str, arm_dir: Path, model_arg: str, plan: dict, server_cfg: dict, arm_cfg: dict,
+               server_log: Path, inputs: dict) -> dict:
+    """Launch the arm once: health, version, a first-request diagnostic and a smoke check.
+
+    The smoke check sends the same short request twice with ``cache_prompt: false`` and checks the
+    engine generated exactly what was asked and reused nothing the second time.
+    """
+    timeout = server_cfg["request_timeout_s"]
+    srv = Server(arm_dir, model_arg, plan["max_context"], server_log, threads=server_cfg["threads"],
+                 extra_args=arm_cfg["args"], env=arm_cfg["env"], startup_timeout_s=server_cfg["startup_timeout_s"],
+                 stop_timeout_s=server_cfg["stop_timeout_s"])
+    with srv:
+        health = get_json(srv.url, "/health")
+        version = get_json(srv.url, "/version")
+        first = diagnostic_request(srv.url, timeout, plan["seed"])
+        smoke = []
+        for _ in range(2):
+            d = diagnostic_request(srv.url, timeout, plan["seed"])
+            smoke.append(d)
+    problems = []
+    for i, d in enumerate(smoke, start=1):
+        if not d["ok"]:
+            problems.append(f"smoke request {i} failed: {d['error'] or 'no tokens'}")
+        elif d["completion_tokens"] != FIRST_REQUEST_TOKENS:
+            problems.append(f"smoke request {i}: completion_tokens {d['completion_tokens']}, asked {FIRST_REQUEST_TOKENS}")
+        elif d["tokens_cached"] not in (0, None):
+            problems.append(f"smoke request {i}: {d['tokens_cached']} cached tokens with cache_prompt false")
+    return {
+        "arm": arm,
+        "health": health.get("status"),
+        "native_version": version.get("native"),
+        "server": {"ready_s": srv.facts.get("ready_s"), "exit_code": srv.facts.get("exit_code"),
+                   "stop": srv.facts.get("stop")},
+        "first_request": first,
+        "smoke": smoke,
+        "smoke_ok": not problems,
+        "problems": problems,
+        "inputs": inputs,
+    }

@@ -1,0 +1,115 @@
+"""One function per pipeline stage: read input artifacts, call the library, write output artifacts.
+
+The Snakemake scripts in workflow/scripts are thin wrappers over these (they only unpack
+``snakemake.input/output/params``), so every stage can be run and tested without Snakemake.
+Every artifact is read with ``read_artifact`` (schema-checked) and written with ``write_artifact``
+(schema-checked, atomic), and records the sha256 of what it was derived from under ``inputs``.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from . import build as pb_build
+from . import config as pb_config
+from . import fixtures as pb_fixtures
+from . import measure as pb_measure
+from . import plan as pb_plan
+from . import source as pb_source
+from .artifacts import read_artifact, sha256_file, write_artifact
+from .client import tokenize_messages
+from .server_proc import Server
+
+log = logging.getLogger("pairbench")
+
+
+def plan_stage(plan_path: str, config: dict, root: str) -> None:
+    write_artifact(plan_path, "plan", pb_plan.make_plan(config, Path(root)))
+
+
+def source_stage(source_path: str, tree_dir: str, arm: str, plan_path: str, root: str) -> None:
+    plan = read_artifact(plan_path, "plan")
+    arm_cfg = plan["arms"][arm]
+    body = pb_source.export_source(arm, arm_cfg["source"], arm_cfg["patches"], tree_dir, root,
+                                   plan_sha256=sha256_file(plan_path))
+    log.info("exported %s@%s to %s; %d patch(es) applied, %d file(s) changed", arm_cfg["source"], body["version"],
+             tree_dir, len(body["patches"]), len(body["patched"]["changed"]))
+    write_artifact(source_path, "source", body)
+
+
+def build_stage(build_path: str, source_path: str, arm: str, arm_dir: str, model: str, cache_dir: str,
+                build_log: str, root: str) -> None:
+    source = read_artifact(source_path, "source")
+    info = pb_config.resolve_model(model, Path(root))
+    body = pb_build.build_arm(arm, arm_dir, source, info, Path(root) / cache_dir, build_log,
+                              source_sha256=sha256_file(source_path), root=root)
+    write_artifact(build_path, "build", body)
+
+
+def _server(arm_dir: str, build: dict, plan: dict, server_cfg: dict, arm_cfg: dict, server_log: str, root: str) -> Server:
+    return Server(arm_dir, pb_build.model_arg(build, root), plan["max_context"], server_log,
+                  threads=server_cfg["threads"], extra_args=arm_cfg["args"], env=arm_cfg["env"],
+                  startup_timeout_s=server_cfg["startup_timeout_s"], stop_timeout_s=server_cfg["stop_timeout_s"])
+
+
+def fixtures_stage(fixture_paths: list[str], prompt_paths: list[str], plan_path: str, build_paths: list[str],
+                   arms: list[str], arm_dirs: list[str], server_cfg: dict, arm_cfgs: dict, server_log: str,
+                   root: str) -> None:
+    """Fit every length's fixture with the first arm's tokenizer, then re-check with every arm's."""
+    plan = read_artifact(plan_path, "plan")
+    builds = {arm: read_artifact(p, "build") for arm, p in zip(arms, build_paths)}
+    inputs = {"plan": sha256_file(plan_path), **{f"build.{a}": sha256_file(p) for a, p in zip(arms, build_paths)}}
+    # The first arm's server fits every fixture; each other arm's server then re-tokenizes the
+    # finished messages and must agree token for token. One server at a time.
+    results = {}
+    first = arms[0]
+    with _server(arm_dirs[0], builds[first], plan, server_cfg, arm_cfgs[first], server_log, root) as srv:
+        for length in plan["lengths"]:
+            results[length] = pb_fixtures.build_fixture(length, plan["output_tokens"], plan["seed"], plan["salts"],
+                                                        first, lambda m: tokenize_messages(srv.url, m))
+            log.info("fixture %d: fitted %d round(s) with %s's tokenizer", length, plan["rounds"], first)
+    for arm, arm_dir in zip(arms[1:], arm_dirs[1:]):
+        with _server(arm_dir, builds[arm], plan, server_cfg, arm_cfgs[arm], server_log, root) as srv:
+            for length in plan["lengths"]:
+                pb_fixtures.check_tokenizer(*results[length], arm, lambda m: tokenize_messages(srv.url, m))
+                log.info("fixture %d: %s agrees token for token", length, arm)
+    for length, fpath, ppath in zip(plan["lengths"], fixture_paths, prompt_paths):
+        fixture, prompts = results[length]
+        prompts["inputs"] = dict(inputs)
+        psha = write_artifact(ppath, "prompts", prompts)
+        fixture["inputs"] = {**inputs, "prompts": psha}
+        write_artifact(fpath, "fixture", fixture)
+
+
+def warmup_stage(warmup_path: str, plan_path: str, build_path: str, arm: str, arm_dir: str, arm_cfg: dict,
+                 server_cfg: dict, server_log: str, root: str) -> None:
+    plan = read_artifact(plan_path, "plan")
+    build = read_artifact(build_path, "build")
+    body = pb_measure.run_warmup(arm=arm, arm_dir=Path(arm_dir), model_arg=pb_build.model_arg(build, root),
+                                 plan=plan, server_cfg=server_cfg, arm_cfg=arm_cfg, server_log=Path(server_log),
+                                 inputs={"plan": sha256_file(plan_path), "build": sha256_file(build_path)})
+    if not body["smoke_ok"]:
+        log.warning("warmup of %s: %s", arm, "; ".join(body["problems"]))
+    write_artifact(warmup_path, "warmup", body)
+
+
+def measure_stage(measure_path: str, output_paths: list[str], plan_path: str, build_path: str,
+                  fixture_paths: list[str], prompt_paths: list[str], visit: dict, arm_dir: str, arm_cfg: dict,
+                  server_cfg: dict, server_log: str, root: str) -> None:
+    plan = read_artifact(plan_path, "plan")
+    build = read_artifact(build_path, "build")
+    fixtures = {f["length"]: f for f in (read_artifact(p, "fixture") for p in fixture_paths)}
+    prompts = {p["length"]: p for p in (read_artifact(p, "prompts") for p in prompt_paths)}
+    inputs = {"plan": sha256_file(plan_path), "build": sha256_file(build_path),
+              **{f"fixture.{n}": sha256_file(p) for n, p in zip(plan["lengths"], fixture_paths)}}
+    body, outputs = pb_measure.run_visit(visit=visit, arm_dir=Path(arm_dir), model_arg=pb_build.model_arg(build, root),
+                                         plan=plan, prompts=prompts, fixtures=fixtures, server_cfg=server_cfg,
+                                         arm_cfg=arm_cfg, server_log=Path(server_log), inputs=inputs)
+    for length, path in zip(plan["lengths"], output_paths):
+        write_artifact(path, "output", {"visit": visit["id"], "length": length, **outputs[length],
+                                        "inputs": {"plan": inputs["plan"]}})
+    for rec in body["records"]:
+        if not rec["ok"]:
+            log.warning("%s length %d flagged: %s", visit["id"], rec["length"], "; ".join(rec["flags"]))
+    write_artifact(measure_path, "measure", body)

@@ -1,0 +1,19 @@
+"""Stage 2: build — byte-compile, cached model conversion, native version string."""
+
+
+rule build:
+    input:
+        source=f"{RES}/source/{{arm}}.json",
+        model=model_inputs(CFG, ROOT),
+    output:
+        build=f"{RES}/build/{{arm}}.json",
+    params:
+        arm_dir=f"{RES}/src/{{arm}}",
+        model=CFG["model"],
+        cache_dir="resources/cache/converted",
+        root=str(ROOT),
+    log:
+        job=f"{LOGS}/build/{{arm}}.log",
+        steps=f"{LOGS}/build/{{arm}}.steps.log",
+    script:
+        "../scripts/build.py"

@@ -1,0 +1,106 @@
+"""Config validation, paths and input helpers shared by every stage.
+
+Helpers take ``config`` as an argument (never a hidden global). The config is validated here, at
+parse time, so an invalid one fails before any job runs, with an error that names the key.
+"""
+
+import sys
+from pathlib import Path
+
+# Import pairbench from THIS checkout's workflow/ (never a copy installed from another checkout).
+sys.path.insert(0, str(Path(workflow.basedir) / "workflow"))
+
+from snakemake.exceptions import WorkflowError
+from snakemake.utils import validate
+
+from pairbench import config as pb_config
+from pairbench import plan as pb_plan
+
+
+def own_config(config, config_settings):
+    """With --configfile, that file (plus any --config) IS the config: config/config.yaml is dropped.
+
+    Snakemake would otherwise deep-merge the two, so a test or A/A config naming other arms would
+    silently inherit the default arms and their patches.
+    """
+    if config_settings.configfiles:
+        config.clear()
+        config.update(config_settings.overwrite_config)
+    return config
+
+
+def validate_config(config, schema):
+    """Schema check (defaults filled in place), then the checks a schema cannot express."""
+    try:
+        validate(config, schema)
+    except WorkflowError as exc:
+        cause = next((a for a in exc.args if hasattr(a, "absolute_path")), None)
+        if cause is None:
+            raise
+        raise pb_config.ConfigError(pb_config.format_schema_error(cause)) from None
+    pb_config.check_config(config, Path(workflow.basedir))
+    return pb_config.normalized(config)
+
+
+CFG = validate_config(own_config(config, workflow.config_settings), "../schemas/config.schema.yaml")
+ROOT = Path(workflow.basedir)
+RES = f"results/{CFG['label']}"
+LOGS = f"logs/{CFG['label']}"
+ARMS = pb_config.arm_names(CFG)
+LENGTHS = [str(n) for n in CFG["lengths"]]
+VISITS = pb_plan.visits(CFG)
+VISIT_IDS = [v["id"] for v in VISITS]
+BASELINE = pb_config.baseline_arm(CFG)
+
+
+wildcard_constraints:
+    arm="|".join(ARMS),
+    length="|".join(LENGTHS),
+    visit="|".join(VISIT_IDS),
+
+
+def arm_patches(cfg, arm):
+    return list(cfg["arms"][arm]["patches"])
+
+
+def arm_source_files(cfg, arm, root):
+    """Every file of the arm's source tree, so editing the source re-exports it."""
+    from pairbench.source import source_files
+
+    src = Path(cfg["arms"][arm]["source"])
+    return [str(src / f) for f in source_files(root / src)]
+
+
+def model_inputs(cfg, root):
+    info = pb_config.resolve_model(cfg["model"], root)
+    return [info["path"]] if info["kind"] == "gguf" else []
+
+
+def visit_by_id(visits, visit_id):
+    return next(v for v in visits if v["id"] == visit_id)
+
+
+def previous_visit(visits, visit_id, res):
+    """The visit before this one in plan order, as an ordering-only input.
+
+    ``ancient()``: the previous visit must *finish* first (so no two visits ever overlap, whatever
+    --cores is), but re-measuring it must not make this visit out of date.
+    """
+    v = visit_by_id(visits, visit_id)
+    if v["index"] == 1:
+        return []
+    return [ancient(f"{res}/measure/{visits[v['index'] - 2]['id']}.json")]
+
+
+def previous_warmup(arms, arm, res):
+    """Warmups run one after another (ordering only), after the fixtures job's servers are gone."""
+    i = arms.index(arm)
+    return [ancient(f"{res}/warmup/{arms[i - 1]}.json")] if i else []
+
+
+def baseline_outputs(visits, visit_id, baseline, lengths, res):
+    """The baseline arm's outputs in the same round (for the matches_baseline case)."""
+    v = visit_by_id(visits, visit_id)
+    if v["arm"] == baseline:
+        return []
+    return [f"{res}/private/outputs/r{v['round']:02d}-{baseline}-{n}.json" for n in lengths]

@@ -1,0 +1,21 @@
+"""Stage 3b: warmup — launch, health, first-request diagnostic and smoke check, one arm at a time."""
+
+
+rule warmup:
+    input:
+        plan=f"{RES}/plan.json",
+        build=f"{RES}/build/{{arm}}.json",
+        fixtures=ancient(expand(f"{RES}/fixtures/{{length}}.json", length=LENGTHS)),
+        previous=lambda wc: previous_warmup(ARMS, wc.arm, RES),
+    output:
+        warmup=f"{RES}/warmup/{{arm}}.json",
+    params:
+        arm_dir=f"{RES}/src/{{arm}}",
+        arm_config=lambda wc: CFG["arms"][wc.arm],
+        server=CFG["server"],
+        root=str(ROOT),
+    log:
+        job=f"{LOGS}/warmup/{{arm}}.log",
+        server=f"{RES}/private/logs/warmup/{{arm}}.log",
+    script:
+        "../scripts/warmup.py"
