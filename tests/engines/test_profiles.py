@@ -94,7 +94,7 @@ def test_launch_threads_and_env():
 
 def test_launch_override_and_extra_args():
     p = E.load_profile("llama-server")
-    spec = E.launch_spec(p, {"threads": 2, "launch_args": ["--flash-attn", "on"]}, port=5, model="m.gguf",
+    spec = E.launch_spec(p, {"threads": 2, "args": ["--flash-attn", "on"]}, port=5, model="m.gguf",
                          ctx=512, src_dir="/tmp/tree")
     assert spec.argv[0] == "/tmp/tree/build/bin/llama-server" and spec.argv[-2:] == ["--flash-attn", "on"]
     assert spec.cwd == "/tmp/tree"

@@ -40,6 +40,7 @@ __all__ = [
     "PROFILE_DIR", "available_profiles", "load_profile", "render", "launch_spec", "arm_engine",
     "is_external", "external_arms", "describe_plan", "check_opt_in", "get_path",
     "cold_cache_evidence", "native_counts", "count_log_prefix_hits", "render_chat_prompt",
+    "ArmEngine", "arm_adapter", "build_external", "plan_opt_in",
 ]
 
 REPO = Path(__file__).resolve().parents[2]
@@ -337,7 +338,7 @@ def launch_spec(profile: EngineProfile, arm: dict, *, port: int, model: str, ctx
                 python: str = sys.executable, host: str = "127.0.0.1") -> LaunchSpec:
     """The concrete argv/env/cwd/health of one arm's server.
 
-    The arm may replace the argv template (``launch: [...]``), append to it (``launch_args``),
+    The arm may replace the argv template (``launch: [...]``), append to it (``args``),
     set ``threads`` and add ``env`` (which wins over the profile's). Arms that differ only in
     these are a valid A/B (e.g. ``threads: 1`` vs ``threads: 2`` with no patches).
     """
@@ -346,7 +347,7 @@ def launch_spec(profile: EngineProfile, arm: dict, *, port: int, model: str, ctx
     argv_t = arm.get("launch") or profile.data["launch"]["argv"]
     for i, item in enumerate(argv_t):
         _check_placeholders(item, f"arm launch[{i}]")
-    argv = [str(a) for a in render(list(argv_t) + list(arm.get("launch_args") or []), values, "launch")]
+    argv = [str(a) for a in render(list(argv_t) + list(arm.get("args") or []), values, "launch")]
     env_t = {**profile.data["launch"].get("env", {}), **{k: str(v) for k, v in (arm.get("env") or {}).items()}}
     env = {}
     for k, v in env_t.items():
@@ -534,3 +535,166 @@ def render_chat_prompt(model_path: str | os.PathLike, messages: list[dict]) -> s
     env.filters["tojson"] = lambda x, indent=None: json.dumps(x, ensure_ascii=False, indent=indent)
     return env.from_string(tmpl).render(messages=messages, add_generation_prompt=True,
                                         bos_token=bos, eos_token=eos)
+
+
+# ---- the per-arm adapter the pipeline stages use --------------------------------------------
+
+class ArmEngine:
+    """One arm's engine, as the stages see it: launch, request dialect, tokenizer and gates.
+
+    ``arm`` is the arm's normalized config (``engine``, ``threads``, ``args``, ``env``, ``launch``);
+    ``model_path`` is the GGUF (or model directory) handed to the server as ``{model}``.
+    """
+
+    def __init__(self, profile: EngineProfile, arm: dict, *, model: str, model_path: str | None, ctx: int,
+                 src_dir: str | os.PathLike, repo_root: str | os.PathLike = REPO):
+        self.profile = profile
+        self.arm = arm
+        self.model = model
+        self.model_path = model_path
+        self.ctx = ctx
+        self.src_dir = Path(src_dir)
+        self.repo_root = Path(repo_root)
+
+    @property
+    def name(self) -> str:
+        return self.profile.name
+
+    def launch(self, port: int) -> LaunchSpec:
+        return launch_spec(self.profile, self.arm, port=port, model=self.model, ctx=self.ctx,
+                           src_dir=self.src_dir, repo_root=self.repo_root)
+
+    # What the server is sent, and how its tokenizer is asked. -----------------------------
+    def prompt_text(self, messages: list[dict]) -> str | None:
+        """The rendered prompt for completions-mode engines (None in chat mode)."""
+        if self.profile.api_mode == "chat":
+            return None
+        if not self.model_path:
+            raise EngineError(f"engine {self.name}: completions mode needs a GGUF model to render its chat template")
+        return render_chat_prompt(self.model_path, messages)
+
+    def request(self, messages: list[dict], max_tokens: int, seed: int) -> tuple[str, dict]:
+        return self.profile.generation_body(messages=messages, prompt=self.prompt_text(messages),
+                                            max_tokens=max_tokens, seed=seed)
+
+    def tokenize(self, http, url: str, messages: list[dict]) -> list[int]:
+        """The server's own token ids for *messages* as this engine will be sent them."""
+        tok = self.profile.data["tokenize"]
+        if tok.get("input", "text") == "messages":
+            path, body = self.profile.tokenize_request(messages=messages)
+        else:
+            path, body = self.profile.tokenize_request(text=self.prompt_text(messages))
+        resp = http.post(url + path, json=body, timeout=60.0)
+        if resp.status_code != 200:
+            raise EngineError(f"engine {self.name}: POST {path}: HTTP {resp.status_code}: {resp.text[:200]}")
+        reply = resp.json()
+        self.profile.token_count(reply)  # cross-checks count against the list
+        return list(reply[tok.get("tokens_field", "tokens")])
+
+    def version(self, http, url: str) -> str | None:
+        path = (self.profile.data.get("version") or {}).get("path")
+        if not path:
+            return None
+        try:
+            resp = http.get(url + path, timeout=10.0)
+            if resp.status_code != 200:
+                return None
+            body = resp.json()
+        except Exception:  # noqa: BLE001 - a version string is a nicety, never a failure
+            return None
+        return body.get("native") or (f"{self.name} {body['version']}" if body.get("version") else None)
+
+    # Gates from the reply. -----------------------------------------------------------------
+    def gates(self, reply: dict, *, length: int, output_tokens: int, streamed_tokens: int,
+              tokenize_count: int | None) -> tuple[dict, list[str], dict]:
+        """``({gate: bool|None}, [flag], facts)`` for one steady request.
+
+        ``cold_cache`` is None when this engine cannot prove it (flagged, never a silent pass).
+        facts: ``prompt_tokens``, ``completion_tokens``, ``tokens_cached``, ``cold_cache_proof``.
+        """
+        prompt, completion = native_counts(self.profile, reply, tokenize_count=tokenize_count,
+                                           streamed_tokens=streamed_tokens)
+        flags = []
+        g_prompt = prompt == length
+        if not g_prompt:
+            flags.append(f"prompt_tokens: got {prompt}, planned {length}" if prompt is not None
+                         else f"prompt_tokens: engine {self.name} reported no prompt token count")
+        g_completion = completion == output_tokens and streamed_tokens == output_tokens
+        if completion != output_tokens:
+            flags.append(f"completion_tokens: got {completion}, planned {output_tokens}" if completion is not None
+                         else f"completion_tokens: engine {self.name} reported no completion token count")
+        elif streamed_tokens != output_tokens:
+            flags.append(f"completion_tokens: {streamed_tokens} tokens streamed, planned {output_tokens}")
+        ev = cold_cache_evidence(self.profile, reply, length)
+        if ev["flag"]:
+            flags.append(ev["flag"])
+        facts = {"prompt_tokens": prompt, "completion_tokens": completion, "tokens_cached": ev["cached_tokens"],
+                 "cold_cache_proof": ev["proof"]}
+        return {"prompt_tokens": g_prompt, "completion_tokens": g_completion, "cold_cache": ev["cold"]}, flags, facts
+
+
+def arm_adapter(arm: dict, *, model: str, model_path: str | None, ctx: int, src_dir: str | os.PathLike,
+                repo_root: str | os.PathLike = REPO) -> ArmEngine | None:
+    """The adapter for a non-embedded arm; None for the embedded engine (the stages' own path)."""
+    profile = load_profile(arm_engine(arm))
+    if profile.name == DEFAULT_ENGINE:
+        return None
+    return ArmEngine(profile, arm, model=model, model_path=model_path, ctx=ctx, src_dir=src_dir,
+                     repo_root=repo_root)
+
+
+def plan_opt_in(plan: dict) -> list[str]:
+    """:func:`check_opt_in` over a ``plan.json`` body (which records arms and allow_external)."""
+    cfg = {"label": plan.get("label"), "model": (plan.get("model") or {}).get("name"),
+           "rounds": plan.get("rounds"), "lengths": plan.get("lengths"),
+           "output_tokens": plan.get("output_tokens"), "arms": plan["arms"],
+           "allow_external": plan.get("allow_external", False)}
+    return check_opt_in(cfg)
+
+
+def build_external(arm_name: str, arm: dict, arm_dir: str | os.PathLike, log: str | os.PathLike,
+                   timeout_s: float | None = None, python: str = sys.executable) -> dict:
+    """Run a non-embedded arm's build command (arm ``build`` or the profile's) in its exported tree,
+    then its version command. Returns ``{"steps": [...], "native_version": str|None, "profile": {...}}``.
+
+    Each step's output is appended to *log*; a non-zero exit raises :class:`EngineError` naming the
+    arm, the step, the status and the log.
+    """
+    import subprocess
+    import time
+
+    profile = load_profile(arm_engine(arm))
+    arm_dir, log = Path(arm_dir).resolve(), Path(log)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    values = {"python": python, "src": str(arm_dir), "threads": arm.get("threads"), "port": None,
+              "model": None, "ctx": None, "host": "127.0.0.1"}
+    build_t = arm["build"] if "build" in arm and arm["build"] is not None else (profile.data.get("build") or {}).get("command")
+    timeout_s = timeout_s or (profile.data.get("build") or {}).get("timeout_s") or 3600
+    steps, native = [], None
+
+    def run(step: str, argv: list[str]) -> str:
+        t0 = time.perf_counter()
+        with open(log, "a") as fh:
+            fh.write(f"$ {' '.join(argv)}\n")
+            fh.flush()
+            try:
+                proc = subprocess.run(argv, cwd=arm_dir, stdout=subprocess.PIPE, stderr=fh, text=True,
+                                      timeout=timeout_s)
+            except FileNotFoundError as exc:
+                raise EngineError(f"arm {arm_name}: build step {step!r}: {exc.filename} not found") from None
+            except subprocess.TimeoutExpired:
+                raise EngineError(f"arm {arm_name}: build step {step!r} exceeded {timeout_s:g} s; see {log}") from None
+            fh.write(proc.stdout)
+        steps.append({"step": step, "argv": [os.path.basename(a) if os.path.isabs(a) else a for a in argv],
+                      "exit_code": proc.returncode, "duration_s": time.perf_counter() - t0})
+        if proc.returncode != 0:
+            raise EngineError(f"arm {arm_name}: build step {step!r} exited with status {proc.returncode}; see {log}")
+        return proc.stdout
+
+    if build_t:
+        run("build", [str(a) for a in render(list(build_t), values, f"arms.{arm_name}.build")])
+    ver_t = (profile.data.get("version") or {}).get("command")
+    if ver_t:
+        native = (run("version", [str(a) for a in render(list(ver_t), values, "version")]).strip().splitlines()
+                  or [None])[0]
+    return {"steps": steps, "native_version": native, "profile": profile.summary()}
