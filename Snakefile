@@ -11,9 +11,11 @@ include: "workflow/rules/build.smk"
 include: "workflow/rules/fixtures.smk"
 include: "workflow/rules/warmup.smk"
 include: "workflow/rules/measure.smk"
+include: "workflow/rules/validate.smk"
+include: "workflow/rules/stats.smk"
 
 
 rule all:
     default_target: True
     input:
-        expand(f"{RES}/measure/{{visit}}.json", visit=VISIT_IDS),
+        f"{RES}/stats/summary.json",

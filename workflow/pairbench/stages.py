@@ -113,3 +113,85 @@ def measure_stage(measure_path: str, output_paths: list[str], plan_path: str, bu
         if not rec["ok"]:
             log.warning("%s length %d flagged: %s", visit["id"], rec["length"], "; ".join(rec["flags"]))
     write_artifact(measure_path, "measure", body)
+
+
+def validate_stage(validate_path: str, measure_path: str, output_paths: list[str], fixture_paths: list[str],
+                   baseline_output_paths: list[str], cases: list[str], options: dict) -> None:
+    """Run the configured functional cases on every steady record of one visit."""
+    from . import validate as pb_validate
+
+    measure = read_artifact(measure_path, "measure")
+    inputs = {"measure": sha256_file(measure_path)}
+
+    def load(paths: list[str], kind: str, role: str) -> dict[int, dict]:
+        out = {}
+        for p in paths:
+            body = read_artifact(p, kind)
+            out[body["length"]] = body
+            inputs[f"{role}.{body['length']}"] = sha256_file(p)
+        return out
+
+    fixtures = load(fixture_paths, "fixture", "fixture")
+    outputs = load(output_paths, "output", "output")
+    base_outputs = load(baseline_output_paths, "output", "baseline_output")
+    records = []
+    for rec in measure["records"]:
+        n = rec["length"]
+        fx = fixtures[n]
+        out = {"text": outputs[n]["text"], "token_ids": outputs[n]["token_ids"]}
+        base = base_outputs.get(n)
+        verdicts = pb_validate.run_cases(
+            cases, record=rec, output=out,
+            fixture={"length": n, "output_tokens": fx["output_tokens"], "task": fx["task"]},
+            baseline_output={"text": base["text"], "token_ids": base["token_ids"]} if base else None,
+            options=options)
+        selected = pb_validate.is_selected(verdicts)
+        records.append({
+            "length": n, "task": fx["task"], "output_sha256": sha256_text(out["text"]), "selected": selected,
+            "excluded_because": [f"{c}: {v['verdict']}: {v['reason']}" for c, v in verdicts.items()
+                                 if v["verdict"] not in ("pass", "skipped")],
+            "verdicts": verdicts,
+        })
+        if not selected:
+            log.warning("%s length %d not selected: %s", measure["visit"]["id"], n,
+                        "; ".join(records[-1]["excluded_because"]))
+    write_artifact(validate_path, "validate", {
+        "round": measure["visit"]["round"], "arm": measure["visit"]["arm"], "attempt": measure["attempt"],
+        "cases": list(cases), "options": options, "records": records, "inputs": inputs})
+
+
+def sha256_text(text: str) -> str:
+    from .artifacts import sha256_bytes
+
+    return sha256_bytes(text.encode("utf-8"))
+
+
+def stats_stage(summary_path: str, measurements_csv: str, summary_csv: str, paired_csv: str, ratios_csv: str,
+                timing_csv: str, plan_path: str, measure_paths: list[str], validate_paths: list[str],
+                stats_cfg: dict) -> None:
+    """measurements.csv from the visits and their verdicts, then the summary and its flat tables."""
+    from . import stats as pb_stats
+    from . import tables
+
+    plan = read_artifact(plan_path, "plan")
+    measures = [read_artifact(p, "measure") for p in measure_paths]
+    validations = {}
+    for p in validate_paths:
+        v = read_artifact(p, "validate")
+        validations[f"r{v['round']:02d}-{v['arm']}"] = v
+    df = tables.measurements_frame(measures, validations)
+    from .artifacts import atomic_write_text
+
+    atomic_write_text(measurements_csv, df.to_csv(index=False))
+    summary = pb_stats.summarize(df, baseline=plan["baseline"], candidate=plan["candidate"],
+                                 metrics=stats_cfg["metrics"], trim=stats_cfg["trim"], alpha=stats_cfg["alpha"],
+                                 noise=stats_cfg["noise"], seed=plan["seed"])
+    summary["inputs"] = {"plan": sha256_file(plan_path),
+                         **{f"measure.{m['visit']['id']}": sha256_file(p) for m, p in zip(measures, measure_paths)},
+                         **{f"validate.{vid}": sha256_file(p) for vid, p in zip(validations, validate_paths)}}
+    write_artifact(summary_path, "summary", summary)
+    flat = pb_stats.summary_tables(summary)
+    atomic_write_text(summary_csv, flat["summary"].to_csv(index=False))
+    atomic_write_text(paired_csv, flat["paired"].to_csv(index=False))
+    atomic_write_text(ratios_csv, flat["ratios"].to_csv(index=False))
+    atomic_write_text(timing_csv, tables.timing_agreement(df).to_csv(index=False))

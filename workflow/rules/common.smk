@@ -104,3 +104,9 @@ def baseline_outputs(visits, visit_id, baseline, lengths, res):
     if v["arm"] == baseline:
         return []
     return [f"{res}/private/outputs/r{v['round']:02d}-{baseline}-{n}.json" for n in lengths]
+
+
+def validate_options(cfg):
+    """The validation options handed to pairbench.validate.run_cases."""
+    v = cfg["validate"]
+    return {"min_agreement": v["agreement"], "timeout_s": v["timeout_s"]}

@@ -9,7 +9,11 @@ any difference between them is noise, which is exactly what an A/A fixture must 
 visited in ABBA order like the real pipeline. Columns follow docs/contracts.md §2; the ``engine_*``
 columns time the compute alone, the client columns include the per-token emit overhead.
 
-    python3 tests/data/stats/record_aa.py tests/data/stats/aa_recorded.csv
+    OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 python3 tests/data/stats/record_aa.py tests/data/stats/aa_quiet.csv
+
+``aa_quiet.csv`` was recorded that way (single-threaded BLAS, D = 512) on a shared 2-core machine;
+``aa_contended.csv`` with D = 1024 and multi-threaded BLAS while five other jobs competed for the
+same cores, which is why its run-to-run spread is several times wider. Both are real timings.
 """
 
 import csv

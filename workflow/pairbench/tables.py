@@ -1,0 +1,74 @@
+"""``tables/measurements.csv``: one row per steady record, joined with its validation verdicts.
+
+The statistics read this table (docs/contracts.md §2). A row is ``selected`` only when its record
+passed every gate (``ok``) *and* every configured validation case; ``reason`` says, in a short
+publishable label, why a row was not selected (the full reasons stay in the artifacts and report).
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+COLUMNS = ["round", "arm", "length", "visit_index", "attempt", "ok", "selected", "reason", "ttft_ms", "e2e_ms",
+           "prefill_tok_s", "decode_tok_s", "engine_prefill_tok_s", "engine_decode_tok_s", "prompt_tokens",
+           "completion_tokens", "tokens_cached", "kv_bytes", "peak_rss_bytes"]
+REASON_MAX = 64
+
+
+def short_reason(record: dict, validation: dict | None) -> str:
+    """A short label (letters, digits, ``_ :+-``), e.g. ``gate prompt_tokens + case done_marker fail``."""
+    parts = []
+    if not record["ok"]:
+        failed = [g for g, passed in record["gates"].items() if not passed]
+        if any(f.startswith("request:") for f in record["flags"]):
+            parts.append("request failed")
+        elif failed:
+            parts.append("gate " + " ".join(failed))
+        else:
+            parts.append("flagged")
+    if validation is not None and not validation["selected"]:
+        for case, v in validation["verdicts"].items():
+            if v["verdict"] not in ("pass", "skipped"):
+                parts.append(f"case {case} {v['verdict']}")
+    text = " + ".join(parts)
+    return text if len(text) <= REASON_MAX else text[: REASON_MAX - 3] + "..."
+
+
+def measurements_frame(measures: list[dict], validations: dict[str, dict]) -> pd.DataFrame:
+    """Rows for every steady record of every visit; *validations* maps visit id to its validate body."""
+    rows = []
+    for m in measures:
+        val = validations.get(m["visit"]["id"])
+        by_length = {r["length"]: r for r in val["records"]} if val else {}
+        for rec in m["records"]:
+            v = by_length.get(rec["length"])
+            selected = bool(rec["ok"] and v is not None and v["selected"])
+            eng = rec["engine"] or {}
+            rows.append({
+                "round": rec["round"], "arm": rec["arm"], "length": rec["length"],
+                "visit_index": rec["visit_index"], "attempt": rec["attempt"], "ok": rec["ok"],
+                "selected": selected, "reason": "" if selected else (short_reason(rec, v) or "not validated"),
+                "ttft_ms": rec["ttft_ms"], "e2e_ms": rec["e2e_ms"], "prefill_tok_s": rec["prefill_tok_s"],
+                "decode_tok_s": rec["decode_tok_s"], "engine_prefill_tok_s": eng.get("prefill_tok_s"),
+                "engine_decode_tok_s": eng.get("decode_tok_s"), "prompt_tokens": rec["prompt_tokens"],
+                "completion_tokens": rec["completion_tokens"], "tokens_cached": rec["tokens_cached"],
+                "kv_bytes": rec["kv_bytes"], "peak_rss_bytes": rec["peak_rss_bytes"],
+            })
+    df = pd.DataFrame(rows, columns=COLUMNS)
+    return df.sort_values(["visit_index", "length"], kind="stable").reset_index(drop=True)
+
+
+def timing_agreement(df: pd.DataFrame) -> pd.DataFrame:
+    """Per arm × length: median client vs engine decode and prefill tok/s, and how far they disagree."""
+    ok = df[df["ok"].astype(bool)]
+    rows = []
+    for (arm, length), g in ok.groupby(["arm", "length"], sort=True):
+        row = {"arm": arm, "length": int(length)}
+        for kind in ("decode", "prefill"):
+            client = pd.to_numeric(g[f"{kind}_tok_s"], errors="coerce").median()
+            engine = pd.to_numeric(g[f"engine_{kind}_tok_s"], errors="coerce").median()
+            row[f"client_{kind}_tok_s"] = client
+            row[f"engine_{kind}_tok_s"] = engine
+            row[f"{kind}_disagreement"] = (client / engine - 1.0) if engine and engine == engine else None
+        rows.append(row)
+    return pd.DataFrame(rows)

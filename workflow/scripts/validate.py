@@ -1,0 +1,18 @@
+"""Snakemake entry point for the `validate` rule: the functional cases on one visit's records (the logic lives in pairbench.stages)."""
+import sys
+
+sys.stderr = open(snakemake.log[0], "w")
+
+import logging  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+sys.path.insert(0, str(Path(snakemake.scriptdir).parent))  # this checkout's pairbench, never an installed copy
+logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+logging.getLogger("httpx").setLevel(logging.WARNING)
+
+from pairbench import stages  # noqa: E402
+
+stages.validate_stage(
+    snakemake.output.validate, snakemake.input.measure, list(snakemake.input.outputs), list(snakemake.input.fixtures),
+    list(snakemake.input.baseline_outputs), snakemake.params.cases, snakemake.params.options,
+)
