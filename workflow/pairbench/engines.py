@@ -672,7 +672,7 @@ def build_external(arm_name: str, arm: dict, arm_dir: str | os.PathLike, log: st
     timeout_s = timeout_s or (profile.data.get("build") or {}).get("timeout_s") or 3600
     steps, native = [], None
 
-    def run(step: str, argv: list[str]) -> str:
+    def run(step: str, argv: list[str], optional: bool = False) -> str | None:
         t0 = time.perf_counter()
         with open(log, "a") as fh:
             fh.write(f"$ {' '.join(argv)}\n")
@@ -681,6 +681,11 @@ def build_external(arm_name: str, arm: dict, arm_dir: str | os.PathLike, log: st
                 proc = subprocess.run(argv, cwd=arm_dir, stdout=subprocess.PIPE, stderr=fh, text=True,
                                       timeout=timeout_s)
             except FileNotFoundError as exc:
+                if optional:  # e.g. `vllm --version` where only the server's /version can tell
+                    fh.write(f"{exc.filename}: not found; the version is left unknown\n")
+                    steps.append({"step": step, "argv": argv[:1], "exit_code": 127,
+                                  "duration_s": time.perf_counter() - t0})
+                    return None
                 raise EngineError(f"arm {arm_name}: build step {step!r}: {exc.filename} not found") from None
             except subprocess.TimeoutExpired:
                 raise EngineError(f"arm {arm_name}: build step {step!r} exceeded {timeout_s:g} s; see {log}") from None
@@ -695,6 +700,6 @@ def build_external(arm_name: str, arm: dict, arm_dir: str | os.PathLike, log: st
         run("build", [str(a) for a in render(list(build_t), values, f"arms.{arm_name}.build")])
     ver_t = (profile.data.get("version") or {}).get("command")
     if ver_t:
-        native = (run("version", [str(a) for a in render(list(ver_t), values, "version")]).strip().splitlines()
-                  or [None])[0]
+        out = run("version", [str(a) for a in render(list(ver_t), values, "version")], optional=True)
+        native = (out or "").strip().splitlines()[0] if (out or "").strip() else None
     return {"steps": steps, "native_version": native, "profile": profile.summary()}

@@ -1,0 +1,59 @@
+"""The whole pipeline with non-embedded arms (fake vLLM): opt-in, dry run, then a full run."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from pairbench.artifacts import read_artifact
+
+from .pipeline_support import copy_checkout, snakemake
+
+pytestmark = pytest.mark.slow
+CONFIG = "tests/engines/fake_vllm.yaml"
+
+
+@pytest.fixture(scope="module")
+def checkout(tmp_path_factory, smollm2_gguf):
+    return copy_checkout(tmp_path_factory.mktemp("checkout"))
+
+
+def test_without_opt_in_nothing_external_runs_and_the_plan_is_shown(checkout):
+    dry = snakemake(checkout, "-n", "--configfile", CONFIG)
+    assert dry.returncode == 0, dry.stderr[-2000:]
+    run = snakemake(checkout, "--configfile", CONFIG)
+    assert run.returncode != 0
+    res = checkout / "results" / "fake-vllm"
+    logs = "".join(p.read_text() for p in (checkout / "logs" / "fake-vllm").rglob("*.log"))
+    assert "allow_external" in logs and "arm one: engine vllm (EXTERNAL)" in logs
+    assert "--flavor vllm serve" in logs and "OMP_NUM_THREADS=2" in logs
+    # Nothing was built, launched or contacted: no build artifact, no server log.
+    assert not (res / "build").exists() or not any((res / "build").iterdir())
+    assert not (res / "private" / "logs").exists() or not any((res / "private" / "logs").iterdir())
+
+
+def test_with_opt_in_the_whole_pipeline_runs(checkout):
+    run = snakemake(checkout, "--configfile", CONFIG, "--config", "allow_external=true")
+    assert run.returncode == 0, run.stderr[-3000:]
+    res = checkout / "results" / "fake-vllm"
+    plan = read_artifact(res / "plan.json", "plan")
+    assert plan["allow_external"] is True and plan["arms"]["one"]["engine"] == "vllm"
+    build = read_artifact(res / "build" / "two.json", "build")
+    assert build["engine"]["cold_cache_proof"] == "weak" and build["native_version"] == "unknown"
+    for fx in plan["lengths"]:
+        fixture = read_artifact(res / "fixtures" / f"{fx}.json", "fixture")
+        assert fixture["checked_by"] == ["one", "two"]  # verified through each arm's /tokenize
+    for v in plan["visits"]:
+        m = read_artifact(res / "measure" / f"{v['id']}.json", "measure")
+        assert m["server"]["engine"] == "vllm" and m["server"]["cold_cache_proof"] == "weak"
+        assert m["server"]["log_prefix_hits"] is None
+        for rec in m["records"]:
+            assert rec["ok"] and rec["flags"] == [], rec["flags"]
+            assert rec["gates"] == {"prompt_tokens": True, "completion_tokens": True, "cold_cache": True}
+            assert rec["prompt_tokens"] == rec["length"] and rec["completion_tokens"] == 8
+            assert rec["engine"] is None  # vLLM reports no engine timings: client-side only
+    summary = json.loads((res / "stats" / "summary.json").read_text())
+    assert summary["schema"].startswith("pairbench.summary/")
+    again = snakemake(checkout, "-n", "--configfile", CONFIG, "--config", "allow_external=true")
+    assert again.returncode == 0 and "Nothing to be done" in again.stdout + again.stderr
