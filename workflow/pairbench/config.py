@@ -53,7 +53,7 @@ def normalized(config: dict) -> dict:
             arm["source"] = None
         if isinstance(arm["source"], dict) and set(arm["source"]) == {"path"}:
             arm["source"] = arm["source"]["path"]
-    cfg.setdefault("allow_external", False)
+    cfg["allow_external"] = cfg.get("allow_external", False) in (True, "true")
     cfg["server"] = {**SERVER_DEFAULTS, **(cfg.get("server") or {})}
     cfg["validate"] = {**copy.deepcopy(VALIDATE_DEFAULTS), **(cfg.get("validate") or {})}
     cfg["stats"] = {**copy.deepcopy(STATS_DEFAULTS), **(cfg.get("stats") or {})}
