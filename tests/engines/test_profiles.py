@@ -24,7 +24,7 @@ def test_every_shipped_profile_loads():
 def test_proof_strength_per_engine():
     proof = {n: E.load_profile(n).cold_cache_proof for n in PROFILES}
     assert proof == {"embedded": "strong", "llama-server": "strong", "vllm": "weak",
-                     "sglang": "weak", "llama-cpp-python": "none"}
+                     "sglang": "weak", "llama-cpp-python": "strong"}
     assert not E.load_profile("embedded").external
     assert all(E.load_profile(n).external for n in PROFILES if n != "embedded")
 
@@ -151,8 +151,33 @@ def test_cold_cache_evidence():
     assert E.cold_cache_evidence(v, {"usage": {"prompt_tokens": 256}}, 256)["cold"] is True  # absent = miss
     hit = E.cold_cache_evidence(v, {"usage": {"prompt_tokens_details": {"cached_tokens": 240}}}, 256)
     assert hit["cold"] is False and "240 of 256" in hit["flag"]
-    lcp = E.cold_cache_evidence(E.load_profile("llama-cpp-python"), {"usage": {}}, 256)
-    assert lcp["cold"] is None and lcp["proof"] == "none" and "unproven" in lcp["flag"]
+
+
+
+def test_cold_cache_evidence_from_the_server_log():
+    """llama-cpp-python: the per-request log is the evidence (llama_perf_context_print + prefix hits)."""
+    p = E.load_profile("llama-cpp-python")
+    perf = "llama_perf_context_print: prompt eval time =      40.12 ms /   {n:>3} tokens (    0.16 ms per token)\n"
+    cold = E.cold_cache_evidence(p, {"usage": None}, 256, log_text=perf.format(n=256))
+    assert cold == {"proof": "strong", "cold": True, "evaluated_tokens": 256, "cached_tokens": 0, "flag": None}
+    hit = "Llama.generate: 30 prefix-match hit, remaining 226 prompt tokens to eval\n" + perf.format(n=226)
+    warm = E.cold_cache_evidence(p, {}, 256, log_text=hit)
+    assert warm["cold"] is False and warm["cached_tokens"] == 30 and "evaluated 226 of 256" in warm["flag"]
+    two = E.cold_cache_evidence(p, {}, 256, log_text=perf.format(n=256) * 2)
+    assert two["cold"] is None and "2 prompt-evaluation lines" in two["flag"]
+    assert E.cold_cache_evidence(p, {}, 256)["cold"] is None  # no log: unproven, not passed
+    unproven = E.cold_cache_evidence(E.load_profile("vllm"), {"usage": {"prompt_tokens_details": "x"}}, 9)
+    assert unproven["cold"] is None
+
+
+def test_profile_without_any_evidence_is_unproven(tmp_path):
+    def strip(d):
+        d["cold_cache"] = {"proof": "none", "how": "nothing"}
+        d["launch"]["argv"] = [a for a in d["launch"]["argv"]]
+    root = _copy_profile(tmp_path, "llama-cpp-python", strip)
+    p = E.load_profile("llama-cpp-python", root)
+    ev = E.cold_cache_evidence(p, {"usage": {}}, 256, log_text="")
+    assert ev["cold"] is None and ev["proof"] == "none" and "unproven" in ev["flag"]
 
 
 def test_native_counts_sources():
@@ -179,7 +204,7 @@ def test_opt_in_blocks_external_and_shows_plan():
         E.check_opt_in(cfg)
     msg = str(err.value)
     assert "allow_external" in msg and "arm one: engine llama-cpp-python (EXTERNAL)" in msg
-    assert "--n_threads 1" in msg and "--n_threads 2" in msg and "cold-cache proof: none" in msg
+    assert "--n_threads 1" in msg and "--n_threads 2" in msg and "cold-cache proof: strong" in msg
     assert E.check_opt_in({**cfg, "allow_external": True}) == ["one", "two"]
 
 

@@ -252,8 +252,16 @@ def _check_consistency(data: dict, path: Path) -> None:
     for flag in cc.get("requires_flags") or []:
         if flag not in argv:
             raise EngineError(f"{path}: cold_cache.requires_flags: {flag!r} is not in launch.argv")
-    if cc["proof"] == "evaluated_tokens" and not cc.get("evaluated_field"):
-        raise EngineError(f"{path}: cold_cache.proof evaluated_tokens needs cold_cache.evaluated_field")
+    if cc["proof"] == "evaluated_tokens" and not (cc.get("evaluated_field") or cc.get("log_evaluated_pattern")):
+        raise EngineError(f"{path}: cold_cache.proof evaluated_tokens needs cold_cache.evaluated_field "
+                          "or cold_cache.log_evaluated_pattern")
+    for key in ("log_pattern", "log_evaluated_pattern"):
+        if cc.get(key):
+            try:
+                if re.compile(cc[key]).groups < 1:
+                    raise EngineError(f"{path}: cold_cache.{key} needs one capturing group (the count)")
+            except re.error as exc:
+                raise EngineError(f"{path}: cold_cache.{key} is not a valid regex: {exc}") from None
     if cc["proof"] == "cached_tokens" and not cc.get("cached_field"):
         raise EngineError(f"{path}: cold_cache.proof cached_tokens needs cold_cache.cached_field")
     if data["tokenize"].get("input", "text") == "text" and data["api"]["mode"] == "chat":
@@ -431,10 +439,25 @@ def get_path(obj: Any, dotted: str) -> Any:
     return cur
 
 
-def cold_cache_evidence(profile: EngineProfile, reply: dict, prompt_tokens: int) -> dict:
-    """Judge one request's cold-cache gate from the server's own reply fields.
+def _absent(obj: Any, dotted: str) -> bool:
+    """True when *dotted* is missing because some dict on the way lacks the key (or holds null)."""
+    cur = obj
+    for part in dotted.split("."):
+        if cur is None:
+            return True
+        if not isinstance(cur, dict):
+            return False
+        if part not in cur:
+            return True
+        cur = cur[part]
+    return cur is None
 
-    *reply* holds the final reply's top-level fields (``usage``, ``timings``, ``tokens_cached``...).
+
+def cold_cache_evidence(profile: EngineProfile, reply: dict, prompt_tokens: int, log_text: str | None = None) -> dict:
+    """Judge one request's cold-cache gate from the server's own reply fields (or its log).
+
+    *reply* holds the final reply's top-level fields (``usage``, ``timings``, ``tokens_cached``...);
+    *log_text* is what the server logged during this one request (engines with log evidence).
     Returns ``{"proof": strong|weak|none, "cold": True|False|None, "evaluated_tokens",
     "cached_tokens", "flag"}``: ``cold`` None means unproven (never counted as a pass silently).
     """
@@ -442,14 +465,26 @@ def cold_cache_evidence(profile: EngineProfile, reply: dict, prompt_tokens: int)
     out = {"proof": profile.cold_cache_proof, "cold": None, "evaluated_tokens": None,
            "cached_tokens": None, "flag": None}
     cached = get_path(reply, cc["cached_field"]) if cc.get("cached_field") else None
-    if cached is None and cc.get("missing_means_zero") and cc["proof"] == "cached_tokens":
-        cached = 0
+    if cached is None and cc.get("missing_means_zero") and cc["proof"] == "cached_tokens" \
+            and _absent(reply, cc["cached_field"]):
+        cached = 0  # omitted on a miss (only a well-formed absence counts, never a malformed field)
     out["cached_tokens"] = cached
     if cc["proof"] == "evaluated_tokens":
-        ev = get_path(reply, cc["evaluated_field"])
+        if cc.get("evaluated_field"):
+            ev, where = get_path(reply, cc["evaluated_field"]), f"reply lacks {cc['evaluated_field']}"
+        else:
+            found = [int(m.group(1)) for m in re.finditer(cc["log_evaluated_pattern"], log_text or "")]
+            ev = found[-1] if len(found) == 1 else None
+            where = (f"server log has {len(found)} prompt-evaluation lines for this request, expected 1"
+                     if log_text is not None else "no server log to read the evaluated count from")
+            hits = count_log_prefix_hits(profile, log_text or "")
+            if hits:
+                cached = out["cached_tokens"] = sum(hits)
+            elif log_text is not None and cc.get("log_pattern"):
+                cached = out["cached_tokens"] = 0
         out["evaluated_tokens"] = ev
         if not isinstance(ev, int):
-            out["flag"] = f"cold_cache: reply lacks {cc['evaluated_field']}"
+            out["flag"] = f"cold_cache: {where}"
             return out
         out["cold"] = ev == prompt_tokens and (cached in (None, 0))
         if not out["cold"]:
@@ -573,6 +608,21 @@ class ArmEngine:
             raise EngineError(f"engine {self.name}: completions mode needs a GGUF model to render its chat template")
         return render_chat_prompt(self.model_path, messages)
 
+    @property
+    def needs_log(self) -> bool:
+        """Whether the cold-cache evidence is read from the server log, request by request."""
+        cc = self.profile.data["cold_cache"]
+        return cc["proof"] == "evaluated_tokens" and not cc.get("evaluated_field")
+
+    def flush(self, http, url: str) -> None:
+        """Send the profile's unmeasured flush request (if any) so the next prompt shares no prefix."""
+        fl = self.profile.data["request"].get("flush")
+        if not fl:
+            return
+        resp = http.post(url + fl["path"], json=fl["body"], timeout=60.0)
+        if resp.status_code != 200:
+            raise EngineError(f"engine {self.name}: flush request {fl['path']}: HTTP {resp.status_code}: {resp.text[:200]}")
+
     def request(self, messages: list[dict], max_tokens: int, seed: int) -> tuple[str, dict]:
         return self.profile.generation_body(messages=messages, prompt=self.prompt_text(messages),
                                             max_tokens=max_tokens, seed=seed)
@@ -606,7 +656,7 @@ class ArmEngine:
 
     # Gates from the reply. -----------------------------------------------------------------
     def gates(self, reply: dict, *, length: int, output_tokens: int, streamed_tokens: int,
-              tokenize_count: int | None) -> tuple[dict, list[str], dict]:
+              tokenize_count: int | None, log_text: str | None = None) -> tuple[dict, list[str], dict]:
         """``({gate: bool|None}, [flag], facts)`` for one steady request.
 
         ``cold_cache`` is None when this engine cannot prove it (flagged, never a silent pass).
@@ -625,7 +675,7 @@ class ArmEngine:
                          else f"completion_tokens: engine {self.name} reported no completion token count")
         elif streamed_tokens != output_tokens:
             flags.append(f"completion_tokens: {streamed_tokens} tokens streamed, planned {output_tokens}")
-        ev = cold_cache_evidence(self.profile, reply, length)
+        ev = cold_cache_evidence(self.profile, reply, length, log_text=log_text)
         if ev["flag"]:
             flags.append(ev["flag"])
         facts = {"prompt_tokens": prompt, "completion_tokens": completion, "tokens_cached": ev["cached_tokens"],
