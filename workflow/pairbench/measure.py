@@ -22,6 +22,7 @@ from pathlib import Path
 
 from .artifacts import sha256_bytes
 from .client import ClientError, StreamResult, get_json, http, steady_request_body, stream_chat
+from .engines import EngineError
 from .server_proc import Server
 
 FIRST_REQUEST = [{"role": "user", "content": "Write one short sentence about rivers."}]
@@ -189,14 +190,21 @@ def run_visit(*, visit: dict, arm_dir: Path, model_arg: str, plan: dict, prompts
                     path, body = engine.request(rnd["messages"], plan["output_tokens"], plan["seed"])
                     if engine.profile.data["tokens"]["prompt"] == "tokenize":  # its only prompt count
                         n_tok = len(engine.tokenize(http(), srv.url, rnd["messages"]))
+                    engine.flush(http(), srv.url)  # unmeasured; only for engines that need it
+                    req_log = server_log.stat().st_size
                 result = stream_chat(srv.url, body, timeout, path=path)
-            except ClientError as exc:
+            except (ClientError, EngineError) as exc:
                 error = str(exc)
             if result is not None and engine is not None:
+                log_text = None
+                if engine.needs_log:  # what the server logged during this one request
+                    with open(server_log, "rb") as fh:
+                        fh.seek(req_log)
+                        log_text = fh.read().decode(errors="replace")
                 gated = engine.gates({"usage": result.usage, "timings": result.timings,
                                       "tokens_cached": result.tokens_cached}, length=length,
                                      output_tokens=plan["output_tokens"], streamed_tokens=len(result.token_times),
-                                     tokenize_count=n_tok)
+                                     tokenize_count=n_tok, log_text=log_text)
             rec = steady_record(result, error, length=length, output_tokens=plan["output_tokens"], round_=round_,
                                 arm=arm, prompt_sha256=fx["prompt_sha256"], gated=gated)
             rec.update({"visit_index": visit["index"], "attempt": 0})
