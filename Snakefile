@@ -13,9 +13,11 @@ include: "workflow/rules/warmup.smk"
 include: "workflow/rules/measure.smk"
 include: "workflow/rules/validate.smk"
 include: "workflow/rules/stats.smk"
+include: "workflow/rules/plots.smk"
+include: "workflow/rules/publish.smk"
 
 
 rule all:
     default_target: True
     input:
-        f"{RES}/stats/summary.json",
+        f"{RES}/publish",

@@ -126,6 +126,18 @@ class KVCache(nn.Module):
 # --------------------------------------------------------------------------------------------------
 
 
+class Embedding(nn.Module):
+    """Token embedding table. Not ``nn.Embedding``: its random init on the meta device imports
+    torch._dynamo, which costs seconds at every server start."""
+
+    def __init__(self, vocab_size: int, dim: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(vocab_size, dim), requires_grad=False)  # (V, dim)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return F.embedding(tokens, self.weight)
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):
         super().__init__()
@@ -215,8 +227,7 @@ class Transformer(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.config = cfg
-        self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.dim)
-        self.tok_embeddings.weight.requires_grad_(False)
+        self.tok_embeddings = Embedding(cfg.vocab_size, cfg.dim)
         self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.output = Linear(cfg.dim, cfg.vocab_size,

@@ -7,6 +7,7 @@ fact collectors get planted environment, command output, interface table and hos
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 import struct
@@ -74,19 +75,23 @@ def use_test_schemas(monkeypatch, tmp_path: Path) -> Path:
     for p in (DATA / "schemas").glob("*.json"):
         shutil.copy(p, d / p.name)
     monkeypatch.setattr(artifacts, "SCHEMA_DIR", d)
-    artifacts.load_schema.cache_clear()
+    # a fresh cache for the test, so the session-wide one never holds the test-only schemas
+    monkeypatch.setattr(artifacts, "load_schema", functools.lru_cache(maxsize=None)(artifacts.load_schema.__wrapped__))
     return d
 
 
-def png(text_chunks: dict[str, str] | None = None, pixel: bytes = b"\x00\x00\x00") -> bytes:
-    """A 1x1 RGB PNG, optionally with tEXt chunks (as matplotlib writes 'Software', 'Author')."""
+def png(text_chunks: dict[str, str] | None = None, extra: dict[bytes, bytes] | None = None) -> bytes:
+    """A 1x1 RGB PNG, optionally with tEXt chunks (as matplotlib writes 'Software', 'Author') and
+    other ancillary chunks (*extra*: type -> raw data), which the scrubber cannot rewrite."""
     def chunk(kind: bytes, data: bytes) -> bytes:
         return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
 
     out = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", 1, 1, 8, 2, 0, 0, 0))
     for k, v in (text_chunks or {}).items():
         out += chunk(b"tEXt", k.encode() + b"\x00" + v.encode())
-    out += chunk(b"IDAT", zlib.compress(b"\x00" + pixel)) + chunk(b"IEND", b"")
+    for k, v in (extra or {}).items():
+        out += chunk(k, v)
+    out += chunk(b"IDAT", zlib.compress(b"\x00\x00\x00\x00")) + chunk(b"IEND", b"")
     return out
 
 

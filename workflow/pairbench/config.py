@@ -188,9 +188,29 @@ def check_config(config: dict, root: Path) -> None:
         raise ConfigError(f"stats.trim: trimming {trim} from each end leaves nothing of {cfg['rounds']} rounds")
 
 
+def schema_check(config: dict, schema_path: str | Path) -> None:
+    """Raise :class:`ConfigError` naming the key of the first schema violation (JSON Schema 2020-12).
+
+    ``snakemake.utils.validate`` (run afterwards, to fill defaults) reports the same problems, but
+    as a dump of the schema; this names the key first.
+    """
+    import jsonschema
+    import yaml
+
+    schema = yaml.safe_load(Path(schema_path).read_text())
+    errors = sorted(jsonschema.Draft202012Validator(schema).iter_errors(config),
+                    key=lambda e: (len(e.absolute_path), list(map(str, e.absolute_path))))
+    if errors:
+        raise ConfigError(format_schema_error(errors[0]))
+
+
 def format_schema_error(error: Any) -> str:
     """A jsonschema ValidationError as ``config key 'a.b': message``."""
     path = ".".join(str(p) for p in error.absolute_path)
+    if path == "arms" and error.validator == "minProperties":
+        arms = list(error.instance)
+        return (f"config key 'arms': a paired benchmark needs at least two arms, got {len(arms)} "
+                f"({', '.join(arms) or 'none'})")
     if error.validator == "additionalProperties" and isinstance(error.instance, dict):
         allowed = set(error.schema.get("properties", {}))
         unknown = sorted(k for k in error.instance if k not in allowed)

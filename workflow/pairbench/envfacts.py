@@ -196,6 +196,9 @@ def collect_engine(engine_version: str | None = None) -> dict[str, Any]:
     return {"engine_version": engine_version}
 
 
+_LOCAL_NAMES = {"localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback", "localhost6"}
+
+
 def collect_host(
     gethostname: Callable[[], str] = socket.gethostname,
     getfqdn: Callable[[], str] = socket.getfqdn,
@@ -206,13 +209,18 @@ def collect_host(
         fqdn = getfqdn() or None
     except OSError:
         pass
+    # localhost names identify no machine; as literals they would only rewrite "localhost:8080".
+    if hostname and hostname.lower() in _LOCAL_NAMES:
+        hostname = None
+    if fqdn and fqdn.lower() in _LOCAL_NAMES:
+        fqdn = None
     domain = None
     if fqdn and hostname and fqdn.lower().startswith(hostname.lower() + "."):
         domain = fqdn[len(hostname) + 1:]
     elif fqdn and "." in fqdn:
         domain = fqdn.split(".", 1)[1]
-    if fqdn in ("localhost", "localhost.localdomain") or (domain or "").startswith("localdomain"):
-        domain = None
+    if (domain or "").lower() in ("localdomain", "local", "lan", "home"):
+        domain = None  # generic suffixes: replacing them would only mangle ordinary words
     return {"hostname": hostname, "fqdn": fqdn if fqdn != hostname else None, "domain": domain}
 
 

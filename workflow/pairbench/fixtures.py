@@ -58,7 +58,9 @@ def make_messages(salt: str, filler: str, task_text: str) -> list[dict]:
 
 
 def messages_sha256(messages: list[dict]) -> str:
-    return hashlib.sha256(json.dumps(messages, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    """sha256 of the canonical JSON of the messages (sorted keys, no spaces, UTF-8), as verify computes it."""
+    text = json.dumps(messages, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 def token_ids_sha256(ids: list[int]) -> str:

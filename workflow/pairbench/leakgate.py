@@ -13,7 +13,7 @@ Three kinds of detector run over every file of the bundle:
 
 Hash policy: detect-secrets' "Hex High Entropy String" plugin fires on sha256 digests, which our
 JSON is full of (``"sha256": ...``, ``"prompt_sha256": ...``, ``"inputs": {"plan": ...}``). In a
-``.json`` file, a hit is accepted as a digest only when the value is exactly 64 lowercase hex digits
+``.json`` or ``.yaml`` file, a hit is accepted as a digest only when the value is exactly 64 lowercase hex digits
 *every* occurrence of it in the file is a whole JSON string (``"<hex>"``, as a field value or an
 array item), never part of a longer string. Anything else is a finding. Literal secrets are still matched exactly by the literal
 detectors, so a known secret cannot hide in a digest field.
@@ -95,7 +95,7 @@ def _scan_detect_secrets(root: Path, rel_paths: list[str]) -> list[Finding]:
             secrets.scan_file(rel)  # in-process: no multiprocessing pool inside a Snakemake job
         for filename, secret in secrets:
             value = secret.secret_value or ""
-            if secret.type == "Hex High Entropy String" and filename.endswith(".json"):
+            if secret.type == "Hex High Entropy String" and filename.endswith((".json", ".yaml", ".yml")):
                 if _is_digest_only((root / filename).read_text(errors="replace"), value):
                     continue
             findings.append(Finding(Path(filename).as_posix(), secret.line_number, f"detect-secrets:{secret.type}", value))

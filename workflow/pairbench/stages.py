@@ -234,3 +234,86 @@ def stats_stage(summary_path: str, measurements_csv: str, summary_csv: str, pair
     atomic_write_text(paired_csv, flat["paired"].to_csv(index=False))
     atomic_write_text(ratios_csv, flat["ratios"].to_csv(index=False))
     atomic_write_text(timing_csv, tables.timing_agreement(df).to_csv(index=False))
+
+
+def plots_stage(ratios_png: str, drift_png: str, summary_path: str, measurements_csv: str) -> None:
+    import pandas as pd
+
+    from . import plots
+
+    summary = read_artifact(summary_path, "summary")
+    plots.plot_ratios(summary, ratios_png)
+    plots.plot_drift(pd.read_csv(measurements_csv), drift_png)
+
+
+def publish_stage(*, publish_dir: str, private_dir: str, plan_path: str, source_paths: list[str],
+                  build_paths: list[str], fixture_paths: list[str], prompt_paths: list[str], warmup_paths: list[str],
+                  measure_paths: list[str], validate_paths: list[str], summary_path: str, tables: dict[str, str],
+                  plots: dict[str, str], res_dir: str, root: str) -> None:
+    """The report and the allowlisted, scrubbed, leak-gated bundle (pairbench.publish.build_bundle)."""
+    import pandas as pd
+    import yaml
+
+    from . import envfacts, publish, report
+    from . import stats as pb_stats
+    from . import tables as pb_tables
+    from .artifacts import dumps
+
+    plan = read_artifact(plan_path, "plan")
+    sources = {s["arm"]: s for s in (read_artifact(p, "source") for p in source_paths)}
+    builds = {b["arm"]: b for b in (read_artifact(p, "build") for p in build_paths)}
+    fixtures = {f["length"]: f for f in (read_artifact(p, "fixture") for p in fixture_paths)}
+    prompts = {p["length"]: p for p in (read_artifact(p, "prompts") for p in prompt_paths)}
+    warmups = {w["arm"]: w for w in (read_artifact(p, "warmup") for p in warmup_paths)}
+    measures = [read_artifact(p, "measure") for p in measure_paths]
+    validations = {}
+    for p in validate_paths:
+        v = read_artifact(p, "validate")
+        validations[f"r{v['round']:02d}-{v['arm']}"] = v
+    summary = read_artifact(summary_path, "summary")
+    df = pd.read_csv(tables["measurements"])
+    agreement = pb_tables.timing_agreement(df)
+
+    facts = envfacts.collect(engine_version=builds[plan["baseline"]]["native_version"])
+    identifiers = envfacts.identifiers(facts)
+    # Absolute paths of this checkout are private too (they name users and machines).
+    identifiers.setdefault("path", [])
+    identifiers["path"] = sorted({*identifiers["path"], str(Path(root).resolve())})
+    env_path = Path(private_dir) / "environment.json"
+    write_artifact(env_path, "environment", envfacts.public(facts, inputs={"plan": sha256_file(plan_path)}))
+    first_round = min(int(r) for r in plan["salts"])
+    fx_manifest = publish.fixture_manifest(
+        [{"length": n, "messages": next(r for r in prompts[n]["rounds"] if r["round"] == first_round)["messages"],
+          "prompt_tokens": fixtures[n]["length"]} for n in sorted(prompts)],
+        inputs={f"fixture.{n}": sha256_file(p) for n, p in zip(sorted(fixtures), fixture_paths)})
+    fx_path = Path(private_dir) / "fixtures.json"
+    write_artifact(fx_path, "fixture_manifest", fx_manifest)
+    files = {
+        "environment.json": str(env_path),
+        "fixtures.json": str(fx_path),
+        "config.resolved.yaml": yaml.safe_dump({k: v for k, v in plan.items() if k not in ("visits", "inputs", "schema")},
+                                               sort_keys=True, default_style="\"").encode(),  # quoted: digests read as digests
+        **{f"tables/{name}.csv": path for name, path in tables.items()},
+        **{f"plots/{name}.png": path for name, path in plots.items()},
+    }
+    # stats/summary.json itself is not bundled: its free-text fields (reasons, method names) fail
+    # publish's field check. Its numbers are in tables/*.csv and its words in README.md.
+    cand = plan["candidate"]
+    patches = {Path(p["path"]).name: str(Path(root) / p["path"]) for p in sources[cand]["patches"]}
+    base_src = sources[plan["baseline"]]
+    clean_source, patched = None, None
+    if patches and not base_src["patches"] and base_src["source"] == sources[cand]["source"]:
+        clean_source = Path(res_dir) / "src" / plan["baseline"]
+        tree = Path(res_dir) / "src" / cand
+        patched = {f"engine/{rel}": sha256_file(tree / "engine" / rel)
+                   for rel in sources[cand]["patched"]["changed"] if (tree / "engine" / rel).is_file()}
+    listing = [*files, *(f"patches/{n}" for n in patches), "README.md"]
+    files["README.md"] = report.render(
+        plan=plan, sources=sources, builds=builds, fixtures=fixtures, warmups=warmups, measures=measures,
+        validations=validations, df=df, agreement=agreement, stats_markdown=pb_stats.report_markdown(summary),
+        files=listing).encode()
+    result = publish.build_bundle(publish_dir, files, identifiers=identifiers, private_dir=Path(private_dir) / "publish",
+                                  patches=patches, clean_source=clean_source, patched_files=patched,
+                                  patch_roots=[str(Path(root).resolve())])
+    log.info("published %s: %s", publish_dir, result["report_line"])
+    Path(private_dir, "publish", "result.json").write_text(dumps(result))

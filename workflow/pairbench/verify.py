@@ -32,7 +32,8 @@ from typing import Any, Iterable, Mapping
 
 import jsonschema
 
-from .artifacts import ArtifactError, load_schema, parse_schema_id, sha256_file, validate
+from . import artifacts
+from .artifacts import ArtifactError, parse_schema_id, sha256_file, validate
 
 MANIFEST = "MANIFEST.json"
 TABLE_SCHEMA = "pairbench.table/v1"
@@ -76,7 +77,7 @@ def coerce_cell(cell: str) -> Any:
 
 def table_schema(categorical: Iterable[str]) -> dict:
     """pairbench.table/v1 with one string-or-number property per categorical column."""
-    schema = copy.deepcopy(load_schema("table"))
+    schema = copy.deepcopy(artifacts.load_schema("table"))
     cat = schema["$defs"]["categorical"]
     schema["properties"] = {c: dict(cat) for c in categorical}
     return schema

@@ -15,5 +15,7 @@ rule build:
     log:
         job=f"{LOGS}/build/{{arm}}.log",
         steps=f"{LOGS}/build/{{arm}}.steps.log",
+    conda:
+        "../envs/pairbench.yaml"
     script:
         "../scripts/build.py"

@@ -10,7 +10,6 @@ from pathlib import Path
 # Import pairbench from THIS checkout's workflow/ (never a copy installed from another checkout).
 sys.path.insert(0, str(Path(workflow.basedir) / "workflow"))
 
-from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
 from pairbench import config as pb_config
@@ -30,14 +29,9 @@ def own_config(config, config_settings):
 
 
 def validate_config(config, schema):
-    """Schema check (defaults filled in place), then the checks a schema cannot express."""
-    try:
-        validate(config, schema)
-    except WorkflowError as exc:
-        cause = next((a for a in exc.args if hasattr(a, "absolute_path")), None)
-        if cause is None:
-            raise
-        raise pb_config.ConfigError(pb_config.format_schema_error(cause)) from None
+    """Schema check naming the key, defaults filled in place, then what a schema cannot express."""
+    pb_config.schema_check(config, Path(workflow.current_basedir.get_path_or_uri(secret_free=True)) / schema)
+    validate(config, schema)
     pb_config.check_config(config, Path(workflow.basedir))
     return pb_config.normalized(config)
 

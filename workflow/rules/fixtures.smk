@@ -20,5 +20,7 @@ rule fixtures:
     log:
         job=f"{LOGS}/fixtures.log",
         server=f"{RES}/private/logs/fixtures.log",
+    conda:
+        "../envs/pairbench.yaml"
     script:
         "../scripts/fixtures.py"

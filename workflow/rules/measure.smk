@@ -25,5 +25,7 @@ rule measure:
     log:
         job=f"{LOGS}/measure/{{visit}}.log",
         server=f"{RES}/private/logs/measure/{{visit}}.log",
+    conda:
+        "../envs/pairbench.yaml"
     script:
         "../scripts/measure.py"

@@ -9,5 +9,7 @@ rule plan:
         root=str(ROOT),
     log:
         f"{LOGS}/plan.log",
+    conda:
+        "../envs/pairbench.yaml"
     script:
         "../scripts/plan.py"

@@ -14,5 +14,7 @@ rule source:
         root=str(ROOT),
     log:
         f"{LOGS}/source/{{arm}}.log",
+    conda:
+        "../envs/pairbench.yaml"
     script:
         "../scripts/source.py"

@@ -17,5 +17,7 @@ rule stats:
         stats=CFG["stats"],
     log:
         f"{LOGS}/stats.log",
+    conda:
+        "../envs/pairbench.yaml"
     script:
         "../scripts/stats.py"

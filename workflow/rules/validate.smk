@@ -16,5 +16,7 @@ rule validate:
         options=validate_options(CFG),
     log:
         f"{LOGS}/validate/{{visit}}.log",
+    conda:
+        "../envs/pairbench.yaml"
     script:
         "../scripts/validate.py"

@@ -17,5 +17,7 @@ rule warmup:
     log:
         job=f"{LOGS}/warmup/{{arm}}.log",
         server=f"{RES}/private/logs/warmup/{{arm}}.log",
+    conda:
+        "../envs/pairbench.yaml"
     script:
         "../scripts/warmup.py"

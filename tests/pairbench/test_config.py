@@ -1,0 +1,88 @@
+"""Config checks: the schema (as snakemake.utils.validate applies it) and what the schema cannot say."""
+
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+
+from pairbench import config as pb_config
+
+REPO = Path(__file__).resolve().parents[2]
+SCHEMA = yaml.safe_load((REPO / "workflow/schemas/config.schema.yaml").read_text())
+
+
+def base_config(**over):
+    cfg = {"label": "t", "model": "tiny", "arms": {"baseline": {"patches": []}, "candidate": {"patches": []}},
+           "lengths": [400, 480], "output_tokens": 8, "rounds": 2, "seed": 0}
+    cfg.update(over)
+    return cfg
+
+
+def schema_message(cfg):
+    errors = sorted(jsonschema.Draft202012Validator(SCHEMA).iter_errors(cfg), key=lambda e: list(e.absolute_path))
+    return pb_config.format_schema_error(errors[0]) if errors else None
+
+
+def test_every_schema_key_has_description_and_default():
+    def walk(node, path):
+        for key, sub in (node.get("properties") or {}).items():
+            assert "description" in sub, f"{path}{key} has no description"
+            assert "default" in sub, f"{path}{key} has no default"
+            walk(sub, f"{path}{key}.")
+        if isinstance(node.get("additionalProperties"), dict):
+            walk(node["additionalProperties"], f"{path}<name>.")
+
+    walk(SCHEMA, "")
+
+
+def test_default_config_is_schema_valid():
+    cfg = yaml.safe_load((REPO / "config/config.yaml").read_text())
+    assert schema_message(cfg) is None
+
+
+@pytest.mark.parametrize("cfg, key", [
+    (base_config(rounds=0), "rounds"),
+    (base_config(rounds="six"), "rounds"),
+    (base_config(lengths=[400, "x"]), "lengths.1"),
+    (base_config(colour="blue"), "colour"),
+    (base_config(arms={"baseline": {"patchez": []}, "candidate": {}}), "arms.baseline.patchez"),
+    (base_config(server={"threads": 0}), "server.threads"),
+])
+def test_schema_errors_name_the_key(cfg, key):
+    msg = schema_message(cfg)
+    assert msg is not None and msg.startswith(f"config key '{key}'"), msg
+
+
+def test_fewer_than_two_arms():
+    with pytest.raises(pb_config.ConfigError, match=r"^arms: .*at least two arms, got 1"):
+        pb_config.check_config(base_config(arms={"baseline": {}}), REPO)
+
+
+def test_missing_patch_names_the_key_and_file():
+    cfg = base_config(arms={"baseline": {}, "candidate": {"patches": ["config/patches/nope.patch"]}})
+    with pytest.raises(pb_config.ConfigError, match=r"^arms\.candidate\.patches\[0\]: .*nope\.patch does not exist"):
+        pb_config.check_config(cfg, REPO)
+
+
+def test_length_above_the_model_context():
+    with pytest.raises(pb_config.ConfigError, match=r"^lengths\[1\]: 4000 input .* exceed the context of model 'tiny' \(2048\)"):
+        pb_config.check_config(base_config(lengths=[400, 4000]), REPO)
+
+
+def test_unknown_model_and_baseline_names():
+    with pytest.raises(pb_config.ConfigError, match=r"^model: 'gpt-9'"):
+        pb_config.check_config(base_config(model="gpt-9"), REPO)
+    with pytest.raises(pb_config.ConfigError, match=r"^baseline: 'other'"):
+        pb_config.check_config(base_config(baseline="other"), REPO)
+
+
+def test_gguf_context_read_from_metadata(smollm2_gguf):
+    assert pb_config.model_context("smollm2-135m", REPO) == 8192
+
+
+def test_normalized_fills_arm_defaults():
+    cfg = pb_config.normalized(base_config(arms={"a": {}, "b": {"patches": ["p"]}}))
+    assert cfg["arms"]["a"] == {"source": "engine", "patches": [], "args": [], "env": {}}
+    assert cfg["arms"]["b"]["patches"] == ["p"]
+    assert pb_config.baseline_arm(cfg) == "a" and pb_config.candidate_arm(cfg) == "b"

@@ -1,0 +1,92 @@
+"""Tests for the leak gate over a folder: every detector kind fires, digests do not, findings name
+file, line and detector."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pairbench import leakgate
+
+from sanitize_support import png
+
+IDS = {"username": ["zq_alice"], "hostname": ["zq-devbox-07"], "secret": ["zqk_live_9f8e7d6c5b4a39281706f5e4d3c2b1a0"]}
+DIGEST = "2d711642b726b04401627ca9fbac32f5c8530fb1903cc4db02258717921a4881"
+JWT = ("eyJhbGciOiJIUzI1NiIsInR5cCI6IkpXVCJ9.eyJzdWIiOiIxMjM0NTY3ODkwIiwibmFtZSI6IkpvaG4gRG9lIiwiaWF0IjoxNTE2MjM5MDIyfQ"
+       ".SflKxwRJSMeKKF2QT4fwpMeJf36POk6yJV_adQssw5c")
+
+
+def write(root, rel, content):
+    p = root / rel
+    p.parent.mkdir(parents=True, exist_ok=True)
+    (p.write_bytes if isinstance(content, bytes) else p.write_text)(content)
+
+
+def test_clean_folder_has_no_findings(tmp_path):
+    write(tmp_path, "README.md", "# results\n\ndecode 47.9 tok/s, python 3.11.7, server 127.0.0.1:8080\n")
+    write(tmp_path, "MANIFEST.json", json.dumps({"files": [{"path": "README.md", "sha256": DIGEST}],
+                                                 "inputs": {"plan": DIGEST}}, indent=2))
+    write(tmp_path, "tables/t.json", json.dumps({"inputs": {"summary": DIGEST}, "hashes": [DIGEST]}))
+    write(tmp_path, "plots/p.png", png())
+    assert leakgate.scan(tmp_path, IDS) == []
+
+
+def test_findings_name_file_line_and_detector(tmp_path):
+    write(tmp_path, "README.md", "ok\nrun by zq_alice\nfrom 10.23.45.67\n")
+    write(tmp_path, "config.resolved.yaml", "a: 1\nkey: zqk_live_9f8e7d6c5b4a39281706f5e4d3c2b1a0\n")
+    found = {str(f) for f in leakgate.scan(tmp_path, IDS)}
+    assert "README.md:2: literal:username" in found
+    assert "README.md:3: ipv4" in found
+    assert "config.resolved.yaml:2: literal:secret" in found
+
+
+def test_detect_secrets_catches_what_our_scrubber_does_not(tmp_path):
+    # A JWT is not one of our classes; detect-secrets' JwtTokenDetector is the net under the net.
+    write(tmp_path, "README.md", f"session\n{JWT}\n")
+    found = [f for f in leakgate.scan(tmp_path, {}) if f.detector.startswith("detect-secrets:")]
+    assert [(f.file, f.line, f.detector) for f in found] == [("README.md", 2, "detect-secrets:JSON Web Token")]
+
+
+def test_digest_policy(tmp_path):
+    # a digest as a whole JSON string is accepted; longer hex, or the same hex also sitting inside a
+    # longer string, or a digest in a non-JSON file, is not
+    write(tmp_path, "a.json", json.dumps({"prompt_sha256": DIGEST, "inputs": {"plan": DIGEST}}, indent=2))
+    write(tmp_path, "b.json", json.dumps({"blob": DIGEST + "ab"}, indent=2))
+    write(tmp_path, "c.json", json.dumps({"sha256": DIGEST, "file": f"{DIGEST}.bin"}, indent=2))
+    write(tmp_path, "d.md", f'sha256: "{DIGEST}"\n')
+    write(tmp_path, "e.yaml", f'model_sha256: "{DIGEST}"\n')
+    hits = {(f.file, f.detector) for f in leakgate.scan(tmp_path, {})}
+    hex_hits = {f for f, d in hits if d == "detect-secrets:Hex High Entropy String"}
+    assert hex_hits == {"b.json", "c.json", "d.md"}
+
+
+def test_png_metadata_and_literal_bytes(tmp_path):
+    write(tmp_path, "plots/meta.png", png({"Author": "someone"}))
+    write(tmp_path, "plots/pixels.png", png(extra={b"prVt": b"rendered on zq-devbox-07"}))
+    found = {str(f) for f in leakgate.scan(tmp_path, IDS)}
+    assert found == {"plots/meta.png:0: png-metadata", "plots/pixels.png:0: literal:hostname"}
+
+
+def test_symlinks_are_findings(tmp_path):
+    write(tmp_path, "README.md", "x\n")
+    (tmp_path / "link.md").symlink_to("/etc/hostname")
+    assert [str(f) for f in leakgate.scan(tmp_path, {})] == ["link.md:0: symlink"]
+
+
+def test_strip_png_metadata():
+    data = png({"Software": "matplotlib", "Author": "zq_alice"})
+    assert leakgate.png_text_chunks(data) == ["tEXt", "tEXt"]
+    clean = leakgate.strip_png_metadata(data)
+    assert leakgate.png_text_chunks(clean) == [] and clean == png()
+    with pytest.raises(ValueError):
+        leakgate.strip_png_metadata(b"GIF89a")
+
+
+def test_detector_names_count_all_three_kinds():
+    names = leakgate.detector_names(IDS)
+    assert any(n.startswith("detect-secrets:") for n in names)
+    assert {"email", "ipv4", "home-path", "gpu-uuid"} <= set(names)
+    assert {"literal:username", "literal:hostname", "literal:secret"} <= set(names)
+    assert len(names) == len(set(names))
+    assert leakgate.report_line(0, len(names), 3) == f"0 findings by {len(names)} detectors over 3 files"

@@ -1,0 +1,133 @@
+"""Measurement against the fake engine: timings, the three gates, and failures kept as flagged records."""
+
+from pathlib import Path
+
+import pytest
+
+from pairbench import measure as pb_measure
+from pairbench.client import StreamResult
+from pairbench.server_proc import Server, ServerError
+
+FAKE_SRC = Path(__file__).resolve().parents[1] / "fakes"
+LENGTHS = [120, 150]
+OUT = 6
+
+
+def plan():
+    return {"lengths": LENGTHS, "output_tokens": OUT, "seed": 0, "max_context": 512}
+
+
+def prompts_for(length):
+    """Byte-level fake: the chat template adds 19 tokens around the content ("user" turn + generation prompt)."""
+    content = "x" * (length - 19)
+    return {"messages": [{"role": "user", "content": content}]}
+
+
+def run(tmp_path, *args, timeout=30.0, env=None):
+    prompts = {n: {"rounds": [{"round": 1, **prompts_for(n)}]} for n in LENGTHS}
+    fixtures = {n: {"rounds": [{"round": 1, "prompt_sha256": "0" * 64}]} for n in LENGTHS}
+    server_cfg = {"threads": None, "startup_timeout_s": 30, "request_timeout_s": timeout, "stop_timeout_s": 5}
+    return pb_measure.run_visit(
+        visit={"index": 1, "round": 1, "arm": "a", "position": 0, "id": "r01-a"}, arm_dir=FAKE_SRC,
+        model_arg="tiny", plan=plan(), prompts=prompts, fixtures=fixtures, server_cfg=server_cfg,
+        arm_cfg={"args": list(args), "env": env or {}}, server_log=tmp_path / "server.log", inputs={})
+
+
+def test_clean_visit_passes_every_gate(tmp_path):
+    body, outputs = run(tmp_path)
+    assert body["complete"] and body["first_request"]["ok"]
+    assert body["native_version"] == "fake-engine 0.1.0-fake"
+    for rec, n in zip(body["records"], LENGTHS):
+        assert rec["ok"], rec["flags"]
+        assert rec["prompt_tokens"] == n and rec["completion_tokens"] == OUT and rec["tokens_cached"] == 0
+        assert rec["ttft_ms"] > 0 and rec["e2e_ms"] >= rec["ttft_ms"]
+        assert rec["decode_tok_s"] > 0 and rec["engine"]["decode_tok_s"] > 0
+        assert len(outputs[n]["token_ids"]) == OUT
+    assert body["server"]["stop"] == "sigterm"
+
+
+def test_wrong_prompt_count_is_flagged_and_kept(tmp_path):
+    body, _ = run(tmp_path, "--prompt-extra", "1")
+    for rec, n in zip(body["records"], LENGTHS):
+        assert not rec["ok"] and rec["gates"]["prompt_tokens"] is False
+        assert f"prompt_tokens: got {n + 1}, planned {n}" in rec["flags"]
+        assert rec["decode_tok_s"] is not None, "a flagged record keeps its measurements"
+
+
+def test_wrong_completion_count_is_flagged(tmp_path):
+    body, _ = run(tmp_path, env={"FAKE_ENGINE_COMPLETION_SHORT": "2"})
+    rec = body["records"][0]
+    assert rec["gates"] == {"prompt_tokens": True, "completion_tokens": False, "cold_cache": True}
+    assert rec["flags"] == [f"completion_tokens: got {OUT - 2}, planned {OUT}"]
+
+
+def test_warm_cache_is_flagged(tmp_path):
+    body, _ = run(tmp_path, "--report-cached", "32")
+    rec = body["records"][0]
+    assert rec["gates"]["cold_cache"] is False and rec["tokens_cached"] == 32
+    assert any(f.startswith("cold_cache: 32 prompt tokens came from the cache") for f in rec["flags"])
+
+
+def test_malformed_sse_becomes_a_flagged_record(tmp_path):
+    body, _ = run(tmp_path, "--malformed-sse", timeout=10.0)
+    for rec in body["records"]:
+        assert not rec["ok"] and rec["flags"][0].startswith("request: malformed SSE: event 1 is not JSON")
+    assert not body["complete"]
+
+
+def test_crash_mid_stream_is_recorded_not_raised(tmp_path):
+    # The fake dies 3 tokens into the first request; every later request then finds no server.
+    body, _ = run(tmp_path, "--crash-after", "3", timeout=10.0)
+    assert "after 3 tokens" in body["first_request"]["error"]
+    assert all(not r["ok"] and r["flags"][0].startswith("request: ") for r in body["records"])
+    assert body["server"]["stop"] == "already-exited" and body["server"]["exit_code"] == 9
+
+
+def test_hanging_engine_times_out_into_a_flag(tmp_path):
+    body, _ = run(tmp_path, "--hang", timeout=1.0)
+    assert all(not r["ok"] and "timed out" in r["flags"][0] for r in body["records"])
+    assert body["first_request"]["ok"] is False
+
+
+def test_server_that_cannot_start_names_the_log(tmp_path):
+    with pytest.raises(ServerError, match=r"(?s)exited with status 3 before becoming healthy.*failing to start"):
+        with Server(FAKE_SRC, "tiny", 512, tmp_path / "s.log", extra_args=["--fail-start"], startup_timeout_s=20):
+            pass
+
+
+def test_slow_start_is_waited_for(tmp_path):
+    with Server(FAKE_SRC, "tiny", 512, tmp_path / "s.log", extra_args=["--slow-start", "1.0"]) as srv:
+        assert srv.facts["ready_s"] >= 1.0
+    assert srv.facts["stop"] == "sigterm" and not srv.alive()
+
+
+def result(**kw):
+    r = StreamResult(token_times=[0.1, 0.2, 0.3, 0.5], usage={"prompt_tokens": 10, "completion_tokens": 4},
+                     timings={"prompt_n": 10, "prompt_ms": 50.0, "predicted_n": 4, "predicted_ms": 400.0},
+                     tokens_cached=0, e2e_s=0.6, done=True)
+    for k, v in kw.items():
+        setattr(r, k, v)
+    return r
+
+
+def test_client_timings_from_token_arrival():
+    t = pb_measure.client_timings(result(), 10)
+    assert t["ttft_ms"] == pytest.approx(100.0)
+    assert t["decode_tok_s"] == pytest.approx(3 / 0.4)
+    assert t["prefill_tok_s"] == pytest.approx(100.0)
+    assert t["e2e_ms"] == pytest.approx(600.0)
+
+
+def test_cold_cache_needs_a_reported_count_and_full_prefill():
+    gates, flags = pb_measure.gate(result(tokens_cached=None), 10, 4)
+    assert gates["cold_cache"] is False and "reported no cached-token count" in flags[0]
+    gates, flags = pb_measure.gate(result(timings={"prompt_n": 6, "prompt_ms": 1.0, "predicted_ms": 1.0}), 10, 4)
+    assert gates["cold_cache"] is False and "timings.prompt_n is 6" in flags[0]
+    gates, _ = pb_measure.gate(result(usage={"prompt_tokens": 10, "completion_tokens": 4,
+                                             "prompt_tokens_details": {"cached_tokens": 0}}, tokens_cached=None), 10, 4)
+    assert gates["cold_cache"] is True
+
+
+def test_streamed_count_must_match_usage():
+    gates, flags = pb_measure.gate(result(token_times=[0.1, 0.2]), 10, 4)
+    assert gates["completion_tokens"] is False and flags == ["completion_tokens: 2 tokens streamed, planned 4"]

@@ -1,0 +1,187 @@
+"""Tests for build_bundle: planted identifiers never reach the bundle, the gate fails closed, and bad
+tables or patches are refused with a message naming the culprit."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pairbench import envfacts, publish, sanitize
+from pairbench.verify import verify_bundle
+
+from sanitize_support import DATA, planted_facts, planted_run, planted_strings, png, use_test_schemas
+
+
+@pytest.fixture
+def planted(tmp_path, monkeypatch):
+    use_test_schemas(monkeypatch, tmp_path)
+    facts = planted_facts()
+    run = planted_run(tmp_path, facts)
+    ids = envfacts.identifiers(facts)
+    out = tmp_path / "results" / "smoke" / "publish"
+    private = tmp_path / "results" / "smoke" / "private"
+
+    def build(files=None, **overrides):
+        kwargs = dict(identifiers=ids, private_dir=private, patches=run["patches"], clean_source=run["clean_source"],
+                      patched_files=run["patched_files"], patch_roots=run["patch_roots"])
+        kwargs.update(overrides)
+        return publish.build_bundle(out, run["files"] if files is None else files, **kwargs)
+
+    return {"run": run, "ids": ids, "out": out, "private": private, "build": build, "tmp": tmp_path}
+
+
+def bundle_bytes(out: Path) -> dict[str, bytes]:
+    return {p.relative_to(out).as_posix(): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+
+
+def leftovers(parent: Path) -> list[str]:
+    return [p.name for p in parent.iterdir() if p.name.startswith(".publish.")]
+
+
+def test_planted_identifiers_never_reach_the_bundle(planted):
+    result = planted["build"]()
+    out = planted["out"]
+    files = bundle_bytes(out)
+    assert sorted(files) == [
+        "MANIFEST.json", "README.md", "config.resolved.yaml", "environment.json", "fixtures.json",
+        "patches/0001-int8-path.patch", "patches/0002-version-tag.patch", "plots/decode_tok_s.png",
+        "scripts/replot.py", "tables/measurements.csv", "tables/verdicts.json",
+    ]
+    for rel, data in files.items():
+        low = data.lower()
+        assert b"zq" not in low, f"{rel} still holds a planted 'zq' identifier"
+        for planted_value in planted_strings():
+            assert planted_value.lower().encode() not in low, f"{rel} leaks {planted_value!r}"
+    assert result["excluded"] == ["logs/server.log", "outputs/r01-candidate-256.json"]
+    assert result["findings"] == 0 and result["files"] == len(files)
+    assert result["report_line"] == f"0 findings by {result['detectors']} detectors over {len(files)} files"
+    assert f"Leak gate: {result['report_line']}" in files["README.md"].decode()
+    # the mapping stays private, and is consistent across files
+    pseudonyms = json.loads(Path(result["pseudonyms"]).read_text())
+    assert pseudonyms["zq-devbox-07"] == "host-3" and pseudonyms["zq_alice"] == "user-1"
+    assert "host-3" in files["README.md"].decode() and "host-3" in files["patches/0001-int8-path.patch"].decode()
+    gate = json.loads(Path(result["private_result"]).read_text())
+    assert gate["findings"] == [] and len(gate["detectors"]) == result["detectors"]
+    assert not leftovers(out.parent)
+    assert verify_bundle(out, clean_source=planted["run"]["clean_source"]) == []
+
+
+def test_manifest_lists_every_file_with_hash_and_schema(planted):
+    planted["build"]()
+    manifest = json.loads((planted["out"] / "MANIFEST.json").read_text())
+    entries = {e["path"]: e for e in manifest["files"]}
+    assert entries["environment.json"]["schema"] == "pairbench.environment/v1"
+    assert entries["fixtures.json"]["schema"] == "pairbench.fixture_manifest/v1"
+    assert entries["tables/measurements.csv"]["schema"] == "pairbench.table/v1"
+    assert entries["tables/measurements.csv"]["categorical"] == ["arm", "length", "round"]
+    assert entries["README.md"]["schema"] is None
+    assert manifest["source"] == {"patches": ["patches/0001-int8-path.patch", "patches/0002-version-tag.patch"],
+                                  "patched_files": json.loads((DATA / "patched_files.json").read_text())}
+    env = json.loads((planted["out"] / "environment.json").read_text())
+    assert [g["id"] for g in env["gpus"]] == ["gpu0", "gpu1"]
+    assert env["engine_version"] == "pairbench-engine 0.1.0 (built by user-1@host-3)"
+
+
+def test_forced_leak_fails_closed(planted, monkeypatch):
+    # Simulate a scrubber that misses everything: the gate must stop the publication on its own.
+    monkeypatch.setattr(sanitize, "scrub_text", lambda text, identifiers, pseudonyms=None: text)
+    previous = planted["out"]
+    previous.mkdir(parents=True)
+    (previous / "README.md").write_text("previous, verified bundle\n")
+    with pytest.raises(publish.LeakGateError) as exc:
+        planted["build"]()
+    msg = str(exc.value)
+    assert "nothing was published" in msg
+    assert "README.md:1: literal:hostname" in msg
+    assert "... and " in msg  # long lists are cut; the full list is private
+    assert "zq" not in msg.lower(), "the error must name file, line and detector, never the value"
+    # the previous bundle is untouched, no half-built bundle is left, the full result is private
+    assert bundle_bytes(previous) == {"README.md": b"previous, verified bundle\n"}
+    assert not leftovers(previous.parent)
+    gate = json.loads((planted["private"] / "leakgate.json").read_text())
+    assert {"file": "README.md", "line": 1, "detector": "literal:hostname", "value": "zq-devbox-07"} in gate["findings"]
+    assert {"file": "config.resolved.yaml", "line": 3, "detector": "home-path", "value": "/home/zq_alice"} in gate["findings"]
+    leaked = {f["file"] for f in gate["findings"]}
+    assert {"README.md", "config.resolved.yaml", "scripts/replot.py", "patches/0002-version-tag.patch"} <= leaked
+
+
+def test_identifier_the_scrubber_cannot_rewrite_fails_the_gate(planted):
+    files = dict(planted["run"]["files"])
+    files["plots/decode_tok_s.png"] = png(extra={b"prVt": b"rendered on zq-devbox-07"})
+    with pytest.raises(publish.LeakGateError, match=r"plots/decode_tok_s.png:0: literal:hostname"):
+        planted["build"](files)
+    assert not planted["out"].exists() and not leftovers(planted["out"].parent)
+
+
+def test_detect_secrets_finding_fails_the_gate(planted, tmp_path):
+    readme = tmp_path / "README.md"
+    jwt = ("eyJhbGciOiJIUzI1NiIsInR5cCI6IkpXVCJ9.eyJzdWIiOiIxMjM0NTY3ODkwIiwibmFtZSI6IkpvaG4gRG9lIiwiaWF0IjoxNTE2MjM5MDIyfQ"
+           ".SflKxwRJSMeKKF2QT4fwpMeJf36POk6yJV_adQssw5c")
+    readme.write_text(f"# report\n\nsession cookie {jwt}\n")
+    with pytest.raises(publish.LeakGateError, match=r"README.md:3: detect-secrets:JSON Web Token"):
+        planted["build"]({"README.md": readme})
+    assert not planted["out"].exists()
+
+
+def test_non_numeric_table_field_is_refused(planted, tmp_path):
+    csv = tmp_path / "m.csv"
+    csv.write_text("round,arm,ttft_ms,host_label\n1,baseline,120.5,rack-a\n")
+    with pytest.raises(publish.PublishError, match=r"tables/m.csv: line 2: column 'host_label' is not numeric"):
+        planted["build"]({"tables/m.csv": csv}, patches={}, clean_source=None)
+    table = tmp_path / "t.json"
+    table.write_text(json.dumps({"schema": "pairbench.verdicts/v1", "inputs": {},
+                                 "rows": [{"arm": "candidate", "ratio": 1.1, "prompt": "tell me about rivers"}]}))
+    with pytest.raises(publish.PublishError, match=r"field 'rows/0/prompt' holds text but 'prompt' is not an allowlisted"):
+        planted["build"]({"tables/t.json": table}, patches={}, clean_source=None)
+    # the allowlist is a parameter: a publisher can widen it explicitly
+    planted["build"]({"tables/t.json": table}, patches={}, clean_source=None,
+                     categorical=publish.CATEGORICAL_FIELDS | {"prompt"})
+    assert (planted["out"] / "tables" / "t.json").exists()
+
+
+def test_json_without_schema_is_refused(planted, tmp_path):
+    table = tmp_path / "t.json"
+    table.write_text(json.dumps({"rows": []}))
+    with pytest.raises(publish.PublishError, match=r"tables/t.json: a published JSON file must carry a 'schema'"):
+        planted["build"]({"tables/t.json": table}, patches={}, clean_source=None)
+
+
+def test_stripped_patch_must_still_apply(planted):
+    # Without the root, the absolute path in patch 2 cannot be made relative: it no longer applies.
+    with pytest.raises(publish.PublishError, match=r"patches/0002-version-tag.patch: does not apply to the clean source"):
+        planted["build"](patch_roots=())
+    assert not planted["out"].exists()
+
+
+def test_patched_files_must_match_the_measured_source(planted):
+    wrong = dict(planted["run"]["patched_files"], **{"engine/VERSION": "0" * 64})
+    with pytest.raises(publish.PublishError, match=r"source engine/VERSION: sha256 after patching"):
+        planted["build"](patched_files=wrong)
+
+
+def test_allowlist_and_bad_names(planted, tmp_path):
+    f = tmp_path / "x.md"
+    f.write_text("hello\n")
+    result = planted["build"]({"README.md": f, "notes/x.md": f, "tables/x.txt": f}, patches={}, clean_source=None)
+    assert result["excluded"] == ["notes/x.md", "tables/x.txt"]
+    assert sorted(bundle_bytes(planted["out"])) == ["MANIFEST.json", "README.md"]
+    with pytest.raises(publish.PublishError, match=r"MANIFEST.json: written by build_bundle itself"):
+        planted["build"]({"MANIFEST.json": f}, patches={})
+    with pytest.raises(publish.PublishError, match=r"not a plain relative bundle path"):
+        planted["build"]({"../README.md": f}, patches={})
+    with pytest.raises(publish.PublishError, match=r"README.md: cannot read its source file"):
+        planted["build"]({"README.md": str(tmp_path / "missing.md")}, patches={})
+    assert publish.allowed("tables/a.csv", publish.DEFAULT_ALLOWLIST)
+    assert not publish.allowed("tables/sub/a.csv", publish.DEFAULT_ALLOWLIST)
+
+
+def test_success_replaces_a_previous_bundle(planted, tmp_path):
+    planted["out"].mkdir(parents=True)
+    (planted["out"] / "stale.md").write_text("old\n")
+    f = tmp_path / "README.md"
+    f.write_text("new\n")
+    planted["build"]({"README.md": f}, patches={}, clean_source=None)
+    assert sorted(bundle_bytes(planted["out"])) == ["MANIFEST.json", "README.md"]
+    assert not leftovers(planted["out"].parent)

@@ -1,0 +1,173 @@
+"""Unit tests for pairbench.sanitize: each detector's positives and false-positive guards, the scrubber's
+consistent pseudonyms, and patch identity stripping. All identifiers are synthetic."""
+
+from __future__ import annotations
+
+import pytest
+
+from pairbench import sanitize
+from pairbench.sanitize import find, scrub_text, strip_patch
+
+from sanitize_support import DATA
+
+IDS = {
+    "username": ["zq_alice"],
+    "hostname": ["zq-devbox-07"],
+    "domain": ["corp.zqexample.net"],
+    "home": ["/home/zq_alice"],
+    "email": ["zq.alice@corp.zqexample.net"],
+    "secret": ["zqk_live_9f8e7d6c5b4a39281706f5e4d3c2b1a0"],
+}
+
+
+def detectors_in(text: str, ids=None) -> set[str]:
+    return {m.detector for m in find(text, ids or {})}
+
+
+# (detector, text that must be found and rewritten)
+POSITIVES = [
+    ("home-path", "/home/zq_alice/pb/results"),
+    ("home-path", "/Users/zq_alice/Library"),
+    ("home-path", r"C:\Users\zq_alice\pb"),
+    ("home-path", r'{"path": "C:\\Users\\zq_alice\\pb"}'),
+    ("home-path", "cwd=/root/pb"),
+    ("unc-path", r"\\zq-fileserver\benchshare\x"),
+    ("unc-path", r'{"share": "\\\\zq-fileserver\\benchshare"}'),
+    ("windows-machine-name", "ran on DESKTOP-7QK2M9X today"),
+    ("windows-machine-name", "LAPTOP-QZ81KD3"),
+    ("email", "mail zq.alice+bench@corp.zqexample.net now"),
+    ("ipv4", "listening on 10.23.45.67:8080"),
+    ("ipv4", "peer 192.168.178.42"),
+    ("ipv6", "addr 2001:db8:abcd:12::7 up"),
+    ("ipv6", "[fe80::3e22:fbff:fe4a:5e91%eth0]:8080"),
+    ("ipv6", "::ffff:10.23.45.67"),
+    ("mac-address", "ether 3c:22:fb:4a:5e:91 brd"),
+    ("mac-address", "3C-22-FB-4A-5E-91"),
+    ("gpu-uuid", "GPU-5a1c2f3e-8b9d-4e6f-a0b1-c2d3e4f5a6b7"),
+    ("gpu-uuid", "MIG-5a1c2f3e-8b9d-4e6f-a0b1-c2d3e4f5a6b7"),
+    ("pci-bus-id", "Bus-Id 00000000:3B:00.0"),
+    ("pci-bus-id", "0000:86:00.0"),
+    ("credential-env", "ZQ_API_KEY=zqk_live_9f8e7d6c5b4a3928"),
+    ("credential-env", "export DB_PASSWORD='zq-hunter2-pass'"),
+    ("credential-env", '"HF_TOKEN": "hf_ZqPlanted0123456789abcdefghijklmn"'),
+    ("credential-field", '"api_key": "abcdef123456"'),
+    ("credential-field", "--api-key zqk_live_9f8e7d6c5b4a3928"),
+    ("credential-field", "password: zq-hunter2-pass"),
+    ("token-format", "sk-proj-AbCdEfGhIjKlMnOpQrStUvWxYz012345"),
+    ("token-format", "ghp_AbCdEfGhIjKlMnOpQrStUvWxYz0123456789"),
+    ("token-format", "AKIAIOSFODNN7EXAMPLE"),
+    ("bearer-token", "Authorization: Bearer AbCdEfGhIjKlMnOpQrSt.uvwx"),
+    ("url-credentials", "https://zq_alice:hunter2@git.zqexample.net/x.git"),
+    ("private-key", "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXk\n-----END OPENSSH PRIVATE KEY-----"),
+]
+
+
+@pytest.mark.parametrize("detector,text", POSITIVES, ids=[f"{d}:{t[:24]}" for d, t in POSITIVES])
+def test_detector_finds_and_scrubber_removes(detector, text):
+    assert detector in detectors_in(text)
+    scrubbed = scrub_text(text, {})
+    assert detector not in detectors_in(scrubbed), scrubbed
+
+
+# Text that must NOT be flagged by any detector: our numeric data, versions, hashes, code.
+NEGATIVES = [
+    "python 3.11.7, torch 2.13.0+cpu, pairbench 0.1.0, driver 550.54.15, CUDA 12.4",
+    "pin: gguf==0.10.0.1 and tokenizers>=0.20.3.4, release v1.2.3.4",
+    "round,arm,length,ttft_ms\n1,baseline,256,120.5\n2,candidate,1024,1.25e3\n",
+    '{"prompt_tokens": 256, "max_tokens": 64, "tokens_cached": 0, "kv_bytes": 1048576}',
+    '{"sha256": "2d711642b726b04401627ca9fbac32f5c8530fb1903cc4db02258717921a4881"}',
+    "index 308af67..87748c7 100644",
+    "From 000217c1ce420482fd6a147ea13ca24ab5027add Mon Sep 17 00:00:00 2001",
+    "server on 127.0.0.1:8080, bind 0.0.0.0, [::1]:8080, loopback only",
+    "timestamps 12:30:45 and 2026-11-29T15:20:01.123",
+    "x = seq[1::2]; y = arr[::3]; std::vector<int> v;",
+    "json.dumps(data, sort_keys=True); cache_key = compute(prompt)",
+    '{"eos_token": "<|im_end|>", "bos_token": "<|im_start|>", "pad_token": null}',
+    "HF_TOKEN=<redacted> and PASSWORD=${DB_PASSWORD} and OPENAI_API_KEY=***",
+    "ether 00:00:00:00:00:00 brd ff:ff:ff:ff:ff:ff",
+    "desktop-class and laptop-friendly machines, DESKTOP-ish",
+    "a homepage at /homepage and /usr/share/home-assistant, path engine/Users.py",
+    "the ratio 1.163 [1.12, 1.20] p=0.031 over 4 rounds of 256 tokens",
+]
+
+
+@pytest.mark.parametrize("text", NEGATIVES)
+def test_no_false_positives(text):
+    assert detectors_in(text) == set()
+    assert scrub_text(text, {}) == text
+
+
+def test_literal_identifiers_are_whole_tokens_only():
+    ids = {"hostname": ["vm"], "username": ["root"]}
+    assert detectors_in("kvm runs as rootless on vmware", ids) == set()
+    assert detectors_in("host vm, user root", ids) == {"literal:hostname", "literal:username"}
+    # a single character is too short to be a usable literal
+    assert sanitize.usable_literals({"username": ["a"]}) == []
+
+
+def test_scrub_pseudonyms_are_consistent_and_kept():
+    pseudonyms: dict[str, str] = {}
+    a = scrub_text("zq_alice on zq-devbox-07 (ZQ-DEVBOX-07) and DESKTOP-7QK2M9X", IDS, pseudonyms)
+    b = scrub_text("again zq-devbox-07, DESKTOP-7QK2M9X, zq_alice", IDS, pseudonyms)
+    assert a == "user-1 on host-2 (host-2) and host-1"
+    assert b == "again host-2, host-1, user-1"
+    assert pseudonyms == {"zq_alice": "user-1", "zq-devbox-07": "host-2", "desktop-7qk2m9x": "host-1"}
+
+
+def test_scrub_fqdn_email_secret_and_home():
+    text = ("ssh zq_alice@zq-devbox-07.corp.zqexample.net; HOME=/home/zq_alice; "
+            "key zqk_live_9f8e7d6c5b4a39281706f5e4d3c2b1a0 in a sentence")
+    out = scrub_text(text, IDS)
+    assert out == "ssh <email>; HOME=~; key <redacted> in a sentence"
+    assert "host-1.domain-1" == scrub_text("zq-devbox-07.corp.zqexample.net", IDS)
+
+
+def test_literal_home_that_is_not_under_home():
+    ids = {"home": ["/srv/zq"]}
+    assert scrub_text("model at /srv/zq/models/x.gguf, not /srv/zqx", ids) == "model at ~/models/x.gguf, not /srv/zqx"
+
+
+def test_scrub_keeps_json_valid():
+    import json
+
+    raw = json.dumps({"src": "C:\\Users\\zq_alice\\pb", "unc": "\\\\zq-fs\\share\\x", "ip": "10.23.45.67",
+                      "n": 3.11, "HF_TOKEN": "hf_ZqPlanted0123456789abcdefghijklmn"})
+    data = json.loads(scrub_text(raw, IDS))
+    assert data == {"src": "~\\pb", "unc": "<unc-path>\\x", "ip": "<ipv4>", "n": 3.11, "HF_TOKEN": "<redacted>"}
+
+
+def test_strip_patch_removes_identities_and_keeps_the_diff():
+    raw = (DATA / "0001-int8-path.patch").read_text()
+    out = strip_patch(raw)
+    for gone in ("From: ", "Date: ", "Signed-off-by", "Co-authored-by", "@corp.zqexample.net", "Zq Alice"):
+        assert gone not in out
+    assert out.startswith("From 000217c1ce420482fd6a147ea13ca24ab5027add Mon Sep 17 00:00:00 2001\n")
+    assert "Subject: [PATCH] engine: int8 matmul path" in out
+    diff = raw[raw.index("diff --git"):]
+    assert out.endswith(diff), "the diff itself must be untouched"
+
+
+def test_strip_patch_folded_from_header_and_email_in_body():
+    raw = ("From abc Mon Sep 17 00:00:00 2001\nFrom: =?UTF-8?q?Zq=20Alice?=\n <zq.alice@corp.zqexample.net>\n"
+           "Subject: [PATCH] x\n\nThanks to bo.zq@corp.zqexample.net\n---\n")
+    out = strip_patch(raw)
+    assert out == "From abc Mon Sep 17 00:00:00 2001\nSubject: [PATCH] x\n\nThanks to <email>\n---\n"
+
+
+def test_strip_patch_relativizes_absolute_paths():
+    raw = (DATA / "0002-version-tag.patch").read_text()
+    out = strip_patch(raw, roots=["/home/zq_alice/pb/src"])
+    assert "diff --git a/engine/VERSION b/engine/VERSION\n" in out
+    assert "--- a/engine/VERSION\n+++ b/engine/VERSION\n" in out
+    assert "zq_alice" not in out.split("---\n", 1)[1]
+    # without the root, the home directory in the path is still rewritten (and the patch won't apply)
+    out2 = strip_patch(raw)
+    assert "zq_alice" not in out2.split("\n---\n", 1)[1]
+    assert "diff --git a~/pb/src/engine/VERSION" in out2
+
+
+def test_strip_patch_plain_diff_u_with_timestamps():
+    raw = ("--- /home/zq_alice/pb/src/engine/VERSION\t2026-11-29 15:00:00 +0000\n"
+           "+++ /home/zq_alice/pb/src/engine/VERSION\t2026-11-29 15:01:00 +0000\n@@ -1 +1 @@\n-0.1.0\n+0.2.0\n")
+    out = strip_patch(raw, roots=["/home/zq_alice/pb/src/"])
+    assert out.startswith("--- a/engine/VERSION\t2026-11-29 15:00:00 +0000\n+++ b/engine/VERSION\t")

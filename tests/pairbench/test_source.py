@@ -1,0 +1,80 @@
+"""Source export and patching: pristine copy, sha256 manifest, git apply --check, clear failures."""
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from pairbench import source as pb_source
+
+GOOD = """--- a/engine/core.py
++++ b/engine/core.py
+@@ -1,3 +1,3 @@
+ def answer():
+-    return 41
++    return 42
+ # end
+"""
+BAD = """--- a/engine/core.py
++++ b/engine/core.py
+@@ -1,3 +1,3 @@
+ def answer():
+-    return 7
++    return 8
+ # end
+"""
+
+
+@pytest.fixture
+def repo(tmp_path):
+    """A git repository (like pairbench's own) holding a tiny engine source and two patches."""
+    root = tmp_path / "repo"
+    (root / "engine").mkdir(parents=True)
+    (root / "engine" / "VERSION").write_text("1.2.3\n")
+    (root / "engine" / "core.py").write_text("def answer():\n    return 41\n# end\n")
+    (root / "engine" / "__pycache__").mkdir()
+    (root / "engine" / "__pycache__" / "core.cpython-311.pyc").write_bytes(b"junk")
+    (root / "good.patch").write_text(GOOD)
+    (root / "bad.patch").write_text(BAD)
+    subprocess.run(["git", "init", "-q", str(root)], check=True)
+    return root
+
+
+def test_export_is_pristine_and_patched(repo):
+    arm_dir = repo / "results" / "x" / "src" / "cand"  # inside the enclosing git repo, as in a real run
+    body = pb_source.export_source("cand", "engine", ["good.patch"], arm_dir, repo, plan_sha256="0" * 64)
+    assert (arm_dir / "engine" / "core.py").read_text() == "def answer():\n    return 42\n# end\n"
+    assert (repo / "engine" / "core.py").read_text().endswith("return 41\n# end\n"), "the source must never change"
+    assert not (arm_dir / "engine" / "__pycache__").exists()
+    assert body["version"] == "1.2.3"
+    assert set(body["pristine"]["manifest"]) == {"VERSION", "core.py"}
+    assert body["patched"]["changed"] == ["core.py"]
+    assert body["patched"]["tree_sha256"] != body["pristine"]["tree_sha256"]
+    assert body["patches"][0]["files"] == ["engine/core.py"]
+
+
+def test_export_without_patches_has_equal_trees(repo):
+    body = pb_source.export_source("base", "engine", [], repo / "out" / "base", repo, plan_sha256="0" * 64)
+    assert body["patched"]["tree_sha256"] == body["pristine"]["tree_sha256"]
+    assert body["patched"]["changed"] == []
+
+
+def test_non_applying_patch_names_patch_and_hunk(repo):
+    with pytest.raises(pb_source.PatchError) as err:
+        pb_source.export_source("cand", "engine", ["good.patch", "bad.patch"], repo / "out" / "cand", repo,
+                                plan_sha256="0" * 64)
+    msg = str(err.value)
+    assert msg.startswith("arms.cand.patches[1]: patch bad.patch does not apply")
+    assert "engine/core.py (hunk at line 1)" in msg
+
+
+def test_patch_for_a_missing_file(repo):
+    (repo / "ghost.patch").write_text(GOOD.replace("core.py", "ghost.py"))
+    with pytest.raises(pb_source.PatchError, match=r"ghost\.patch does not apply: first failure at engine/ghost\.py"):
+        pb_source.export_source("cand", "engine", ["ghost.patch"], repo / "out" / "cand", repo, plan_sha256="0" * 64)
+
+
+def test_tree_sha256_depends_on_content_and_path():
+    a = pb_source.tree_sha256({"a.py": "1" * 64})
+    assert a != pb_source.tree_sha256({"b.py": "1" * 64})
+    assert a != pb_source.tree_sha256({"a.py": "2" * 64})

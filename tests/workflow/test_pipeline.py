@@ -1,0 +1,210 @@
+"""The whole pipeline through the ``snakemake`` CLI, in a temporary copy of the repository.
+
+- tests/config/tiny.yaml (the embedded engine's tiny model, 2 short lengths, 2 rounds) runs end to
+  end; every JSON artifact under results/<label>/ validates against its schema, and the bundle
+  verifies offline;
+- a second dry run has nothing to do;
+- deleting one visit's artifact and rerunning redoes only that visit and what depends on it,
+  leaving every other visit's files byte-identical (and untouched);
+- invalid configs and a non-applying patch fail with errors that name the key / the patch and hunk;
+- with the fake engine misbehaving per arm, each gate fires, and flagged records are kept,
+  excluded from the statistics and listed in the report.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from pairbench.artifacts import parse_schema_id, read_artifact
+from pairbench.verify import verify_bundle
+
+REPO = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.slow
+
+
+def copy_repo(dest: Path) -> Path:
+    """Tracked and untracked-but-not-ignored files of this checkout (never results/, resources/)."""
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=REPO, check=True,
+                           capture_output=True, text=True).stdout.split("\0")
+    for rel in filter(None, files):
+        if rel.split("/")[0] in ("resources", "results", "logs", ".snakemake"):
+            continue
+        src = REPO / rel
+        if src.is_file():
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / rel)
+    return dest
+
+
+def snakemake(work: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, "-m", "snakemake", *args], cwd=work, capture_output=True, text=True)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"snakemake {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n"
+                             f"{proc.stderr[-8000:]}")
+    return proc
+
+
+def json_artifacts(res: Path) -> list[Path]:
+    return sorted(p for p in res.rglob("*.json") if "/src/" not in p.as_posix())
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    work = copy_repo(tmp_path_factory.mktemp("repo"))
+    snakemake(work, "--cores", "2", "--configfile", "tests/config/tiny.yaml")
+    return work
+
+
+def test_every_artifact_validates_and_the_bundle_verifies(tiny_run):
+    res = tiny_run / "results" / "tiny"
+    found = json_artifacts(res)
+    kinds = set()
+    for path in found:
+        data = json.loads(path.read_text())
+        assert "schema" in data, f"{path} carries no schema id"
+        kind, version = parse_schema_id(data["schema"])
+        read_artifact(path, kind, version)  # raises, naming the field, if it fails its schema
+        kinds.add(kind)
+    assert {"plan", "source", "build", "fixture", "prompts", "warmup", "measure", "output", "validate", "summary",
+            "manifest", "environment", "fixture_manifest"} <= kinds
+    assert verify_bundle(res / "publish") == []
+    for name in ("measurements", "summary"):
+        assert (res / "tables" / f"{name}.csv").is_file()
+    readme = (res / "publish" / "README.md").read_text()
+    assert "0 findings by" in readme and "## Statistics" in readme
+    # the visits ran one at a time, in the plan's order, even with --cores 2
+    plan = read_artifact(res / "plan.json", "plan")
+    spans = []
+    for v in plan["visits"]:
+        m = res / "measure" / f"{v['id']}.json"
+        spans.append((m.stat().st_mtime - read_artifact(m, "measure")["duration_s"], m.stat().st_mtime))
+    assert all(a[1] <= b[0] + 0.5 for a, b in zip(spans, spans[1:])), spans
+
+
+def test_second_dry_run_has_nothing_to_do(tiny_run):
+    out = snakemake(tiny_run, "-n", "--configfile", "tests/config/tiny.yaml")
+    assert "Nothing to be done" in out.stdout + out.stderr
+
+
+def test_deleting_one_visit_redoes_only_it_and_its_dependents(tiny_run):
+    res = tiny_run / "results" / "tiny"
+    before = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in json_artifacts(res)}
+    victim = res / "measure" / "r01-candidate.json"
+    victim.unlink()
+    snakemake(tiny_run, "--cores", "1", "--configfile", "tests/config/tiny.yaml")
+    assert victim.is_file()
+    redone = {res / "measure" / "r01-candidate.json", res / "validate" / "r01-candidate.json",
+              res / "stats" / "summary.json",
+              *(res / "private" / "outputs").glob("r01-candidate-*.json")}
+    for path, (data, mtime) in before.items():
+        rel = path.relative_to(res).as_posix()
+        if path in redone or rel.startswith(("publish/", "private/publish/", "private/environment",
+                                             "private/fixtures")):
+            continue
+        assert path.read_bytes() == data and path.stat().st_mtime_ns == mtime, f"{rel} was redone"
+    assert res.joinpath("validate/r01-candidate.json").stat().st_mtime > victim.stat().st_mtime - 1e-3
+
+
+BAD_CONFIGS = {
+    "unknown key": ("colour: blue\n", "config key 'colour': unknown key"),
+    "wrong type": ("rounds: two\n", "config key 'rounds': 'two' is not of type 'integer'"),
+    "zero rounds": ("rounds: 0\n", "config key 'rounds': 0 is less than the minimum of 1"),
+    "above context": ("lengths: [400, 3000]\n", "lengths[1]: 3000 input + 8 output tokens"),
+    "missing patch": ("arms:\n  baseline: {}\n  candidate: {patches: [config/patches/missing.patch]}\n",
+                      "arms.candidate.patches[0]: patch file config/patches/missing.patch does not exist"),
+    "one arm": ("arms:\n  baseline: {}\n", "a paired benchmark needs at least two arms, got 1"),
+}
+
+
+@pytest.fixture(scope="module")
+def scratch(tmp_path_factory):
+    return copy_repo(tmp_path_factory.mktemp("scratch"))
+
+
+def tiny_with(override: str) -> str:
+    import yaml
+
+    cfg = yaml.safe_load((REPO / "tests/config/tiny.yaml").read_text())
+    cfg.update(yaml.safe_load(override))
+    return yaml.safe_dump(cfg)
+
+
+@pytest.mark.parametrize("case", sorted(BAD_CONFIGS))
+def test_invalid_config_fails_before_any_job_naming_the_key(scratch, case):
+    override, message = BAD_CONFIGS[case]
+    cfg = scratch / f"bad-{case.replace(' ', '-')}.yaml"
+    cfg.write_text(tiny_with(override))
+    proc = snakemake(scratch, "-n", "--configfile", str(cfg), check=False)
+    assert proc.returncode != 0
+    assert message in proc.stdout + proc.stderr, proc.stderr[-3000:]
+    assert not (scratch / "results").exists(), "no job may run for an invalid config"
+
+
+def test_non_applying_patch_names_the_patch_and_hunk(scratch):
+    (scratch / "stale.patch").write_text(textwrap.dedent("""\
+        --- a/engine/VERSION
+        +++ b/engine/VERSION
+        @@ -1 +1 @@
+        -0.0.0-not-this-version
+        +0.0.1
+        """))
+    cfg = scratch / "stale.yaml"
+    cfg.write_text(tiny_with("label: stale\narms:\n  baseline: {}\n  candidate: {patches: [stale.patch]}\n"))
+    proc = snakemake(scratch, "results/stale/source/candidate.json", "--cores", "1", "--configfile", str(cfg),
+                     check=False)
+    assert proc.returncode != 0
+    out = proc.stdout + proc.stderr
+    assert ("arms.candidate.patches[0]: patch stale.patch does not apply: first failure at engine/VERSION "
+            "(hunk at line 1)") in out, out[-3000:]
+    assert not (scratch / "results/stale/src/candidate").exists()
+
+
+GATES_CONFIG = """\
+label: gates
+model: tiny
+arms:
+  baseline: {source: tests/fakes/engine}
+  prompt: {source: tests/fakes/engine, args: [--prompt-extra, "1"]}
+  completion: {source: tests/fakes/engine, env: {FAKE_ENGINE_COMPLETION_SHORT: "2"}}
+  cache: {source: tests/fakes/engine, args: [--report-cached, "7"]}
+baseline: baseline
+candidate: cache
+lengths: [400, 480]
+output_tokens: 8
+rounds: 2
+seed: 0
+validate: {cases: [token_counts]}
+"""
+
+
+def test_each_gate_fires_and_flagged_records_are_kept_and_disclosed(scratch):
+    cfg = scratch / "gates.yaml"
+    cfg.write_text(GATES_CONFIG)
+    snakemake(scratch, "--cores", "1", "--configfile", str(cfg))
+    res = scratch / "results" / "gates"
+    df = pd.read_csv(res / "tables" / "measurements.csv")
+    assert len(df) == 4 * 2 * 2, "every record is kept"
+    by_arm = {arm: g for arm, g in df.groupby("arm")}
+    assert by_arm["baseline"]["selected"].all()
+    for arm, gate in (("prompt", "prompt_tokens"), ("completion", "completion_tokens"), ("cache", "cold_cache")):
+        g = by_arm[arm]
+        assert not g["ok"].any() and not g["selected"].any()
+        assert g["reason"].str.startswith(f"gate {gate}").all(), g["reason"].tolist()
+    flags = [f for p in sorted((res / "measure").glob("*-cache.json")) for r in read_artifact(p, "measure")["records"]
+             for f in r["flags"]]
+    assert flags and all(f.startswith("cold_cache: 7 prompt tokens came from the cache") for f in flags)
+    readme = (res / "publish" / "README.md").read_text()
+    assert "12 flagged and excluded from the statistics" in readme
+    assert "prompt_tokens: got 401, planned 400" in readme
+    assert "completion_tokens: got 6, planned 8" in readme
+    summary = read_artifact(res / "stats" / "summary.json", "summary")
+    assert summary["counts"]["excluded"] >= 4
+    assert all(v["verdict"] == "inconclusive" for by_m in summary["paired"].values() for v in by_m.values())

@@ -1,0 +1,33 @@
+"""Stages 7-8: sanitization and report — the allowlisted, scrubbed, leak-gated bundle with README.md."""
+
+
+rule publish:
+    input:
+        plan=f"{RES}/plan.json",
+        sources=expand(f"{RES}/source/{{arm}}.json", arm=ARMS),
+        builds=expand(f"{RES}/build/{{arm}}.json", arm=ARMS),
+        fixtures=expand(f"{RES}/fixtures/{{length}}.json", length=LENGTHS),
+        prompts=expand(f"{RES}/private/prompts/{{length}}.json", length=LENGTHS),
+        warmups=expand(f"{RES}/warmup/{{arm}}.json", arm=ARMS),
+        measures=expand(f"{RES}/measure/{{visit}}.json", visit=VISIT_IDS),
+        validations=expand(f"{RES}/validate/{{visit}}.json", visit=VISIT_IDS),
+        summary=f"{RES}/stats/summary.json",
+        measurements=f"{RES}/tables/measurements.csv",
+        summary_csv=f"{RES}/tables/summary.csv",
+        paired_csv=f"{RES}/tables/paired.csv",
+        ratios_csv=f"{RES}/tables/ratios.csv",
+        timing_csv=f"{RES}/tables/timing_agreement.csv",
+        ratios_png=f"{RES}/plots/ratios.png",
+        drift_png=f"{RES}/plots/drift.png",
+    output:
+        bundle=directory(f"{RES}/publish"),
+    params:
+        private_dir=lambda wc, output: str(Path(output.bundle).parent / "private"),
+        res_dir=lambda wc, output: str(Path(output.bundle).parent),
+        root=str(ROOT),
+    log:
+        f"{LOGS}/publish.log",
+    conda:
+        "../envs/pairbench.yaml"
+    script:
+        "../scripts/publish.py"

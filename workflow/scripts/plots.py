@@ -1,0 +1,15 @@
+"""Snakemake entry point for the `plots` rule: paired-ratio and drift PNGs (the logic lives in pairbench.stages)."""
+import sys
+
+sys.stderr = open(snakemake.log[0], "w")
+
+import logging  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+sys.path.insert(0, str(Path(snakemake.scriptdir).parent))  # this checkout's pairbench, never an installed copy
+logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+logging.getLogger("httpx").setLevel(logging.WARNING)
+
+from pairbench import stages  # noqa: E402
+
+stages.plots_stage(snakemake.output.ratios, snakemake.output.drift, snakemake.input.summary, snakemake.input.measurements)
