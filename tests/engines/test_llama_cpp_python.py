@@ -11,7 +11,9 @@ import os
 
 import pytest
 
+from pairbench import envfacts, leakgate
 from pairbench.artifacts import read_artifact
+from pairbench.verify import verify_bundle
 
 from .pipeline_support import copy_checkout, snakemake
 
@@ -83,3 +85,12 @@ def test_validation_and_statistics(run):
     summary = json.loads((res / "stats" / "summary.json").read_text())
     assert summary["schema"].startswith("pairbench.summary/")
     assert (res / "tables" / "measurements.csv").read_text().count("\n") == 1 + len(plan["visits"]) * len(plan["lengths"])
+
+
+def test_bundle_verifies_passes_the_leak_gate_and_states_the_proof(run):
+    _, res = run
+    bundle = res / "publish"
+    assert verify_bundle(bundle) == []
+    assert leakgate.scan(bundle, envfacts.identifiers(envfacts.collect(torch=False))) == []
+    report = (bundle / "README.md").read_text()
+    assert "`threads1` runs engine `llama-cpp-python`; cold cache proven per request" in report

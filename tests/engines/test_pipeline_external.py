@@ -6,7 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from pairbench import envfacts, leakgate
 from pairbench.artifacts import read_artifact
+from pairbench.verify import verify_bundle
 
 from .pipeline_support import copy_checkout, snakemake
 
@@ -55,5 +57,12 @@ def test_with_opt_in_the_whole_pipeline_runs(checkout):
             assert rec["engine"] is None  # vLLM reports no engine timings: client-side only
     summary = json.loads((res / "stats" / "summary.json").read_text())
     assert summary["schema"].startswith("pairbench.summary/")
+    # The bundle: verifies offline, passes the leak gate, and says how the cold cache was shown.
+    bundle = res / "publish"
+    assert verify_bundle(bundle) == []
+    assert leakgate.scan(bundle, envfacts.identifiers(envfacts.collect(torch=False))) == []
+    report = (bundle / "README.md").read_text()
+    assert "installed package" in report
+    assert "`one` runs engine `vllm`; cold cache shown per request only by the absence" in report
     again = snakemake(checkout, "-n", "--configfile", CONFIG, "--config", "allow_external=true")
     assert again.returncode == 0 and "Nothing to be done" in again.stdout + again.stderr

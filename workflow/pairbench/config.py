@@ -18,7 +18,8 @@ from typing import Any
 MODEL_FILES = {"smollm2-135m": "resources/SmolLM2-135M-Instruct.Q4_1.gguf"}
 NAMED_CONTEXT = {"tiny": 2048}
 
-ARM_DEFAULTS = {"source": "engine", "patches": [], "args": [], "env": {}, "engine": "embedded", "threads": None,
+EMBEDDED_SOURCE = "engine"
+ARM_DEFAULTS = {"source": None, "patches": [], "args": [], "env": {}, "engine": "embedded", "threads": None,
                 "build": None, "launch": None}
 SERVER_DEFAULTS = {"threads": None, "startup_timeout_s": 120, "request_timeout_s": 300, "stop_timeout_s": 10}
 VALIDATE_DEFAULTS = {"cases": ["token_counts", "done_marker", "python_function", "matches_baseline"], "timeout_s": 5, "agreement": 1.0, "retries": 0}
@@ -47,10 +48,10 @@ def normalized(config: dict) -> dict:
     cfg["arms"] = {
         name: {**copy.deepcopy(ARM_DEFAULTS), **(arm or {})} for name, arm in cfg.get("arms", {}).items()
     }
-    for name, arm in cfg["arms"].items():
-        # A non-embedded engine runs from its installed package unless a source is given.
-        if arm["engine"] != ARM_DEFAULTS["engine"] and "source" not in (config.get("arms", {}).get(name) or {}):
-            arm["source"] = None
+    for arm in cfg["arms"].values():
+        # source null: engine/ for the embedded engine; an installed package (no tree) for the others.
+        if arm["source"] is None and arm["engine"] == ARM_DEFAULTS["engine"]:
+            arm["source"] = EMBEDDED_SOURCE
         if isinstance(arm["source"], dict) and set(arm["source"]) == {"path"}:
             arm["source"] = arm["source"]["path"]
     cfg["allow_external"] = cfg.get("allow_external", False) in (True, "true")
@@ -167,8 +168,6 @@ def check_config(config: dict, root: Path) -> None:
         elif arm["source"] is None and arm["patches"]:
             raise ConfigError(f"arms.{name}.patches: engine {profile.name} has no source to patch "
                               f"(give arms.{name}.source: {{git: ..., tag: ...}} or a path)")
-        elif arm["source"] is None and profile.name == "embedded":
-            raise ConfigError(f"arms.{name}.source: the embedded engine needs a source directory")
         for i, patch in enumerate(arm["patches"]):
             if not (root / patch).is_file():
                 raise ConfigError(f"arms.{name}.patches[{i}]: patch file {patch} does not exist")
