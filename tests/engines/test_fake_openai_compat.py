@@ -81,3 +81,45 @@ def test_without_forcing_fields_output_is_short(name, launch):
         body.pop(k)
     pieces, final = srv.stream(path, body)
     assert len(pieces) < 24 and final["usage"]["completion_tokens"] == len(pieces)
+
+
+def llama_cpp_python_engine(tmp_path, launch_fn):
+    """An ArmEngine for the llama-cpp-python profile whose program is swapped for the fake."""
+    profile = E.load_profile("llama-cpp-python")
+    template = [sys.executable, str(FAKE), "--flavor", "llama-cpp-python"] + profile.data["launch"]["argv"][3:]
+    arm = {"threads": 2, "launch": template}
+    eng = E.ArmEngine(profile, arm, model="fake.gguf", model_path=None, ctx=4096, src_dir=tmp_path)
+    eng.prompt_text = lambda messages: __import__("tests.fakes.openai_compat", fromlist=["render"]).render(messages)
+    spec = eng.launch(free_port())
+    srv = launch_fn(E.LaunchSpec(**{**spec.__dict__, "ready_timeout_s": 20.0, "interval_s": 0.05}))
+    return eng, srv
+
+
+def steady(eng, srv, messages, flush: bool):
+    n_prompt = len(eng.tokenize(srv.http, srv.spec.url, messages))
+    if flush:
+        eng.flush(srv.http, srv.spec.url)
+    start = srv.log_path.stat().st_size
+    path, body = eng.request(messages, 12, 0)
+    pieces, final = srv.stream(path, body)
+    log = srv.log_path.read_text()[start:]
+    return eng.gates(final, length=n_prompt, output_tokens=12, streamed_tokens=len(pieces), tokenize_count=n_prompt,
+                     log_text=log)
+
+
+def test_llama_cpp_python_flush_and_log_prove_a_cold_cache(tmp_path, launch):
+    eng, srv = llama_cpp_python_engine(tmp_path, launch)
+    other = [{"role": "user", "content": "Something else entirely."}]
+    steady(eng, srv, other, flush=False)  # leaves a shared template prefix in the context
+    gates, flags, facts = steady(eng, srv, MESSAGES, flush=True)
+    assert gates == {"prompt_tokens": True, "completion_tokens": True, "cold_cache": True}, flags
+    assert flags == [] and facts["tokens_cached"] == 0 and facts["cold_cache_proof"] == "strong"
+
+
+def test_llama_cpp_python_without_flush_the_log_shows_the_reuse(tmp_path, launch):
+    eng, srv = llama_cpp_python_engine(tmp_path, launch)
+    steady(eng, srv, [{"role": "user", "content": "Something else entirely."}], flush=False)
+    gates, flags, facts = steady(eng, srv, MESSAGES, flush=False)
+    assert gates["cold_cache"] is False and facts["tokens_cached"] > 0
+    assert any("cached" in f for f in flags)
+    assert gates["prompt_tokens"] and gates["completion_tokens"]  # min_tokens forced the length

@@ -66,3 +66,24 @@ def test_with_opt_in_the_whole_pipeline_runs(checkout):
     assert "`one` runs engine `vllm`; cold cache shown per request only by the absence" in report
     again = snakemake(checkout, "-n", "--configfile", CONFIG, "--config", "allow_external=true")
     assert again.returncode == 0 and "Nothing to be done" in again.stdout + again.stderr
+
+
+def test_llama_cpp_python_profile_through_the_whole_pipeline(checkout):
+    """Completions mode, tokenize-count prompts, chunk-count completions, flush + log-proven cold cache."""
+    cfg = "tests/engines/fake_llama_cpp_python.yaml"
+    run = snakemake(checkout, "--configfile", cfg)
+    assert run.returncode == 0, run.stderr[-3000:]
+    res = checkout / "results" / "fake-llama-cpp-python"
+    plan = read_artifact(res / "plan.json", "plan")
+    for v in plan["visits"]:
+        m = read_artifact(res / "measure" / f"{v['id']}.json", "measure")
+        assert m["server"]["cold_cache_proof"] == "strong" and m["server"]["log_prefix_hits"] == []
+        argv = m["server"]["argv"]
+        assert argv[argv.index("--n_threads") + 1] == v["arm"][-1]
+        for rec in m["records"]:
+            assert rec["ok"] and rec["flags"] == [], rec["flags"]
+            assert rec["gates"] == {"prompt_tokens": True, "completion_tokens": True, "cold_cache": True}
+            assert rec["tokens_cached"] == 0
+    bundle = res / "publish"
+    assert verify_bundle(bundle) == []
+    assert "`threads2` runs engine `llama-cpp-python`; cold cache proven per request" in (bundle / "README.md").read_text()

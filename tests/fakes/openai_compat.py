@@ -1,4 +1,4 @@
-"""A fake OpenAI-compatible server that answers like vLLM or SGLang (``--flavor vllm|sglang``).
+"""A fake OpenAI-compatible server that answers like vLLM, SGLang or llama-cpp-python (``--flavor``).
 
 It exists so pairbench's vllm and sglang engine profiles (config/engines/) can be exercised on a
 CPU: launched with the profile's own command-line flags (the program is swapped for this file), it
@@ -14,7 +14,14 @@ mimics each server's reply *fields*, as read from their sources:
   ``--enable-cache-report`` and only when > 0; radix (token-level) prefix reuse unless
   ``--disable-radix-cache``; no ``timings``.
 
-Both: streamed ``/v1/completions`` and ``/v1/chat/completions`` as ``data: <json>`` events ending
+- llama-cpp-python (0.3.36's llama_cpp/server/app.py and llama.py): ``GET /v1/models``,
+  ``POST /extras/tokenize {input}`` → ``{tokens}``; ``min_tokens`` but no ``ignore_eos``; streamed
+  chunks without usage (no ``stream_options``); and ``Llama.generate``'s prefix reuse, which has
+  no switch: the longest common token prefix with the previous request (prompt + output) is kept.
+  With ``--verbose true`` it logs, per request, ``Llama.generate: K prefix-match hit, remaining M
+  prompt tokens to eval`` and ``llama_perf_context_print: prompt eval time = … ms / N tokens``.
+
+All: streamed ``/v1/completions`` and ``/v1/chat/completions`` as ``data: <json>`` events ending
 ``data: [DONE]``; with ``stream_options.include_usage`` a last chunk with ``choices: []`` and
 ``usage``. ``ignore_eos`` and ``min_tokens`` are honoured: without either, the fake "model" emits
 EOS after ``--natural-len`` tokens, so a profile that fails to force the output length is caught.
@@ -69,12 +76,25 @@ class State:
         self.lock = threading.Lock()
         self.previous: list[int] = []
         f = opts.flavor
-        self.caching = not (opts.no_enable_prefix_caching if f == "vllm" else opts.disable_radix_cache)
-        self.report = opts.enable_prompt_tokens_details if f == "vllm" else opts.enable_cache_report
+        self.caching = f == "llama-cpp-python" or not (
+            opts.no_enable_prefix_caching if f == "vllm" else opts.disable_radix_cache)
+        self.report = opts.enable_prompt_tokens_details if f == "vllm" else (
+            opts.enable_cache_report if f == "sglang" else False)
 
     def cached_for(self, ids: list[int]) -> int:
         if not self.caching:
             return 0
+        if self.opts.flavor == "llama-cpp-python":  # Llama.generate's reuse rule
+            lcp = 0
+            for a, b in zip(self.previous, ids):
+                if a != b:
+                    break
+                lcp += 1
+            reuse = lcp - 1 if lcp == len(ids) else lcp
+            if reuse > 0 and self.opts.verbose:
+                sys.stderr.write(f"Llama.generate: {reuse} prefix-match hit, remaining {len(ids) - reuse} "
+                                 "prompt tokens to eval\n")
+            return max(reuse, 0)
         lcp = 0
         for a, b in zip(self.previous, ids):
             if a != b:
@@ -115,6 +135,8 @@ class Handler(BaseHTTPRequestHandler):
             return self._json(200, None)
         if self.path == "/version" and self.state.opts.flavor == "vllm":
             return self._json(200, {"version": "0.0.0-fake"})
+        if self.path == "/health" and self.state.opts.flavor == "llama-cpp-python":
+            return self._error(404, "Not Found")
         if self.path == "/v1/models":
             return self._json(200, {"object": "list", "data": [{"id": self.state.opts.model, "object": "model"}]})
         self._error(404, f"no route {self.path}")
@@ -125,8 +147,10 @@ class Handler(BaseHTTPRequestHandler):
             body = json.loads(self.rfile.read(length) or b"{}")
             if not isinstance(body, dict):
                 raise BadRequest("body must be a JSON object")
-            tok_path = "/tokenize" if self.state.opts.flavor == "vllm" else "/v1/tokenize"
-            if self.path == tok_path:
+            tok_path = {"vllm": "/tokenize", "sglang": "/v1/tokenize", "llama-cpp-python": "/extras/tokenize"}
+            if self.path == tok_path[self.state.opts.flavor]:
+                if self.state.opts.flavor == "llama-cpp-python":
+                    return self._json(200, {"tokens": encode(_typed(body, "input", str, ""))})
                 return self._json(200, self.tokenize(body))
             if self.path in ("/v1/completions", "/v1/chat/completions"):
                 return self.generate(body, chat=self.path.endswith("chat/completions"))
@@ -162,12 +186,19 @@ class Handler(BaseHTTPRequestHandler):
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
         if len(ids) + max_tokens > st.opts.max_len:
             raise BadRequest(f"prompt ({len(ids)}) + max_tokens ({max_tokens}) exceed max_model_len {st.opts.max_len}")
+        if st.opts.flavor == "llama-cpp-python":
+            ignore_eos = False  # not a field of its CreateCompletionRequest: ignored
+            include_usage = False  # no stream_options either
         with st.lock:
             cached = st.cached_for(ids)
-            st.previous = ids
             time.sleep(st.opts.prefill_s_per_token * (len(ids) - cached))
             n = max_tokens if ignore_eos or min_tokens >= max_tokens else min(max_tokens, max(st.opts.natural_len, min_tokens))
             pieces = [OUTPUT[i % len(OUTPUT)] for i in range(n)]
+            st.previous = ids + encode("".join(pieces))  # the context now holds prompt + output
+            if st.opts.flavor == "llama-cpp-python" and st.opts.verbose:
+                sys.stderr.write(f"llama_perf_context_print: prompt eval time = {1.0 * (len(ids) - cached):10.2f} ms / "
+                                 f"{len(ids) - cached:5d} tokens (    1.00 ms per token,  1000.00 tokens per second)\n")
+                sys.stderr.flush()
             finish = "length" if n == max_tokens else "stop"
             usage = {"prompt_tokens": len(ids), "completion_tokens": n, "total_tokens": len(ids) + n}
             if st.report and cached > 0:
@@ -215,12 +246,13 @@ class Handler(BaseHTTPRequestHandler):
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--flavor", choices=["vllm", "sglang"], required=True)
+    p.add_argument("--flavor", choices=["vllm", "sglang", "llama-cpp-python"], required=True)
     p.add_argument("positional", nargs="*", help="ignored: 'serve MODEL' (vLLM style)")
     p.add_argument("--model-path", "--model", dest="model_path", default=None)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, required=True)
-    p.add_argument("--max-model-len", "--context-length", dest="max_len", type=int, default=4096)
+    p.add_argument("--max-model-len", "--context-length", "--n_ctx", dest="max_len", type=int, default=4096)
+    p.add_argument("--verbose", type=lambda s: s.lower() == "true", default=True)
     p.add_argument("--no-enable-prefix-caching", action="store_true")
     p.add_argument("--enable-prompt-tokens-details", action="store_true")
     p.add_argument("--disable-radix-cache", action="store_true")
