@@ -20,4 +20,6 @@ include: "workflow/rules/publish.smk"
 rule all:
     default_target: True
     input:
-        f"{RES}/publish",
+        # Every artifact is named here, not only the bundle: deleting one (a visit, say) and
+        # running again then redoes it and what depends on it, instead of leaving it missing.
+        all_artifacts(CFG, RES, VISIT_IDS, LENGTHS),

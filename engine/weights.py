@@ -172,7 +172,7 @@ def dequantize(data: np.ndarray, qtype, shape: tuple[int, ...], name: str = "?")
     from gguf import quants
 
     if qtype == Q.F32:
-        out = np.asarray(data, dtype=np.float32)
+        out = np.array(data, dtype=np.float32)  # a copy: the reader's memmap is read-only
     elif qtype == Q.F16:
         out = np.asarray(data).view(np.float16).astype(np.float32)
     elif qtype in (Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1):
@@ -287,8 +287,11 @@ def gguf_tokenizer(g: GGUFFile) -> tuple[tokenizers.Tokenizer, dict]:
         raise ValueError(f"{g.path.name}: tokenizer.ggml.model {kind!r} is not supported (only BPE 'gpt2')")
     tokens = list(g.get("tokenizer.ggml.tokens"))
     types = list(g.get("tokenizer.ggml.token_type", [1] * len(tokens)))
-    merges = [tuple(m.split(" ", 1)) for m in g.get("tokenizer.ggml.merges")]
-    tok = tokenizers.Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges))
+    merges = [tuple(m.split(" ", 1)) for m in g.get("tokenizer.ggml.merges", [])]
+    try:
+        tok = tokenizers.Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges))
+    except Exception as e:  # tokenizers raises a bare Exception for an inconsistent vocab/merges
+        raise ValueError(f"{g.path.name}: tokenizer.ggml.tokens/merges do not form a BPE model: {e}") from e
     tok.pre_tokenizer = _pre_tokenizer(str(g.get("tokenizer.ggml.pre", "default")))
     tok.decoder = decoders.ByteLevel()
     # Control (3) and user-defined (4) tokens are matched whole in the text, as llama.cpp does.

@@ -131,7 +131,7 @@ def warmup_stage(warmup_path: str, plan_path: str, build_path: str, arm: str, ar
     write_artifact(warmup_path, "warmup", body)
 
 
-def measure_stage(measure_path: str, output_paths: list[str], plan_path: str, build_path: str,
+def measure_stage(measure_path: str, output_paths: list[str], marker_path: str, plan_path: str, build_path: str,
                   fixture_paths: list[str], prompt_paths: list[str], visit: dict, arm_dir: str, arm_cfg: dict,
                   server_cfg: dict, server_log: str, root: str) -> None:
     plan = read_artifact(plan_path, "plan")
@@ -152,6 +152,9 @@ def measure_stage(measure_path: str, output_paths: list[str], plan_path: str, bu
         if not rec["ok"]:
             log.warning("%s length %d flagged: %s", visit["id"], rec["length"], "; ".join(rec["flags"]))
     write_artifact(measure_path, "measure", body)
+    # Ordering marker for the next visit (see workflow/rules/common.smk: previous_visit).
+    Path(marker_path).parent.mkdir(parents=True, exist_ok=True)
+    Path(marker_path).write_text(visit["id"] + "\n")
 
 
 def validate_stage(validate_path: str, measure_path: str, output_paths: list[str], fixture_paths: list[str],
@@ -257,8 +260,6 @@ def publish_stage(*, publish_dir: str, private_dir: str, plan_path: str, source_
     from . import envfacts, publish, report
     from . import stats as pb_stats
     from . import tables as pb_tables
-    from .artifacts import dumps
-
     plan = read_artifact(plan_path, "plan")
     sources = {s["arm"]: s for s in (read_artifact(p, "source") for p in source_paths)}
     builds = {b["arm"]: b for b in (read_artifact(p, "build") for p in build_paths)}
@@ -315,5 +316,5 @@ def publish_stage(*, publish_dir: str, private_dir: str, plan_path: str, source_
     result = publish.build_bundle(publish_dir, files, identifiers=identifiers, private_dir=Path(private_dir) / "publish",
                                   patches=patches, clean_source=clean_source, patched_files=patched,
                                   patch_roots=[str(Path(root).resolve())])
-    log.info("published %s: %s", publish_dir, result["report_line"])
-    Path(private_dir, "publish", "result.json").write_text(dumps(result))
+    log.info("published %s: %s (excluded by the allowlist: %s)", publish_dir, result["report_line"],
+             ", ".join(result["excluded"]) or "nothing")

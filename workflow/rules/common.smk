@@ -77,15 +77,21 @@ def visit_by_id(visits, visit_id):
 
 
 def previous_visit(visits, visit_id, res):
-    """The visit before this one in plan order, as an ordering-only input.
+    """The previous visit's done-marker, as an ordering-only input.
 
-    ``ancient()``: the previous visit must *finish* first (so no two visits ever overlap, whatever
-    --cores is), but re-measuring it must not make this visit out of date.
+    The previous visit must *finish* first, so no two visits ever overlap whatever --cores is; but
+    re-measuring it must not make this visit out of date. Hence ``ancient()``, and a marker rather
+    than the measure artifact itself: Snakemake honours ``ancient`` only for files that exist, and
+    "delete one visit's artifact, rerun" must redo that visit alone.
     """
     v = visit_by_id(visits, visit_id)
     if v["index"] == 1:
         return []
-    return [ancient(f"{res}/measure/{visits[v['index'] - 2]['id']}.json")]
+    return [ancient(visit_marker(res, visits[v["index"] - 2]["id"]))]
+
+
+def visit_marker(res, visit_id):
+    return f"{res}/private/order/{visit_id}.done"
 
 
 def previous_warmup(arms, arm, res):
@@ -106,3 +112,19 @@ def validate_options(cfg):
     """The validation options handed to pairbench.validate.run_cases."""
     v = cfg["validate"]
     return {"min_agreement": v["agreement"], "timeout_s": v["timeout_s"]}
+
+
+def all_artifacts(cfg, res, visit_ids, lengths):
+    """Every artifact of a run, stage by stage (the inputs of rule all)."""
+    arms = list(cfg["arms"])
+    return [
+        f"{res}/plan.json",
+        *(f"{res}/{kind}/{arm}.json" for kind in ("source", "build", "warmup") for arm in arms),
+        *(f"{res}/fixtures/{n}.json" for n in lengths),
+        *(f"{res}/{kind}/{v}.json" for kind in ("measure", "validate") for v in visit_ids),
+        f"{res}/stats/summary.json",
+        *(f"{res}/tables/{t}.csv" for t in ("measurements", "summary", "paired", "ratios", "timing_agreement")),
+        *(f"{res}/plots/{p}.png" for p in ("ratios", "drift")),
+        f"{res}/publish/MANIFEST.json",
+        f"{res}/publish/README.md",
+    ]

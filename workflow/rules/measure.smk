@@ -16,6 +16,7 @@ rule measure:
     output:
         measure=f"{RES}/measure/{{visit}}.json",
         outputs=expand(f"{RES}/private/outputs/{{{{visit}}}}-{{length}}.json", length=LENGTHS),
+        marker=f"{RES}/private/order/{{visit}}.done",
     params:
         visit=lambda wc: visit_by_id(VISITS, wc.visit),
         arm_dir=lambda wc: f"{RES}/src/{visit_by_id(VISITS, wc.visit)['arm']}",

@@ -20,10 +20,14 @@ rule publish:
         ratios_png=f"{RES}/plots/ratios.png",
         drift_png=f"{RES}/plots/drift.png",
     output:
-        bundle=directory(f"{RES}/publish"),
+        # Files, not directory(): Snakemake would drop a .snakemake_timestamp into a directory
+        # output, and the bundle must hold exactly what MANIFEST.json lists.
+        manifest=f"{RES}/publish/MANIFEST.json",
+        report=f"{RES}/publish/README.md",
     params:
-        private_dir=lambda wc, output: str(Path(output.bundle).parent / "private"),
-        res_dir=lambda wc, output: str(Path(output.bundle).parent),
+        bundle=lambda wc, output: str(Path(output.manifest).parent),
+        private_dir=lambda wc, output: str(Path(output.manifest).parent.parent / "private"),
+        res_dir=lambda wc, output: str(Path(output.manifest).parent.parent),
         root=str(ROOT),
     log:
         f"{LOGS}/publish.log",

@@ -8,7 +8,7 @@ rule validate:
         fixtures=expand(f"{RES}/fixtures/{{length}}.json", length=LENGTHS),
         baseline_outputs=lambda wc: baseline_outputs(VISITS, wc.visit, BASELINE, LENGTHS, RES),
         # Ordering only: validation (sandboxed subprocesses) never runs while a visit is measuring.
-        last_visit=ancient(f"{RES}/measure/{VISIT_IDS[-1]}.json"),
+        last_visit=ancient(visit_marker(RES, VISIT_IDS[-1])),
     output:
         validate=f"{RES}/validate/{{visit}}.json",
     params:

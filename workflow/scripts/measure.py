@@ -13,7 +13,7 @@ logging.getLogger("httpx").setLevel(logging.WARNING)
 from pairbench import stages  # noqa: E402
 
 stages.measure_stage(
-    snakemake.output.measure, list(snakemake.output.outputs), snakemake.input.plan, snakemake.input.build,
+    snakemake.output.measure, list(snakemake.output.outputs), snakemake.output.marker, snakemake.input.plan, snakemake.input.build,
     list(snakemake.input.fixtures), list(snakemake.input.prompts), snakemake.params.visit,
     snakemake.params.arm_dir, snakemake.params.arm_config, snakemake.params.server, snakemake.log.server,
     snakemake.params.root,

@@ -14,7 +14,7 @@ from pairbench import stages  # noqa: E402
 
 i = snakemake.input
 stages.publish_stage(
-    publish_dir=snakemake.output.bundle, private_dir=snakemake.params.private_dir, plan_path=i.plan,
+    publish_dir=snakemake.params.bundle, private_dir=snakemake.params.private_dir, plan_path=i.plan,
     source_paths=list(i.sources), build_paths=list(i.builds), fixture_paths=list(i.fixtures),
     prompt_paths=list(i.prompts), warmup_paths=list(i.warmups), measure_paths=list(i.measures),
     validate_paths=list(i.validations), summary_path=i.summary,

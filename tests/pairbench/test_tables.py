@@ -1,0 +1,56 @@
+"""measurements.csv: one row per record, selection = gates and verdicts, short publishable reasons."""
+
+import pandas as pd
+
+from pairbench import tables
+
+
+def record(arm, rnd, length, ok=True, flags=(), gates=None, decode=100.0):
+    return {"round": rnd, "arm": arm, "length": length, "visit_index": 2 * rnd - (arm == "a"), "attempt": 0, "ok": ok,
+            "gates": gates or {"prompt_tokens": True, "completion_tokens": True, "cold_cache": True},
+            "flags": list(flags), "ttft_ms": 10.0, "e2e_ms": 100.0, "prefill_tok_s": 1000.0, "decode_tok_s": decode,
+            "engine": {"prefill_tok_s": 1200.0, "decode_tok_s": decode * 1.01}, "prompt_tokens": length,
+            "completion_tokens": 8, "tokens_cached": 0, "kv_bytes": 1, "peak_rss_bytes": 2}
+
+
+def visit(arm, rnd, *records):
+    return {"visit": {"id": f"r{rnd:02d}-{arm}"}, "records": list(records)}
+
+
+def verdicts(length, **cases):
+    v = {c: {"verdict": verdict, "reason": "x"} for c, verdict in cases.items()}
+    return {"length": length, "selected": all(x["verdict"] in ("pass", "skipped") for x in v.values()), "verdicts": v}
+
+
+def test_selection_joins_gates_and_validation():
+    bad_gate = record("b", 1, 400, ok=False, flags=["prompt_tokens: got 401, planned 400"],
+                      gates={"prompt_tokens": False, "completion_tokens": True, "cold_cache": True})
+    measures = [visit("a", 1, record("a", 1, 400), record("a", 1, 480)), visit("b", 1, bad_gate, record("b", 1, 480))]
+    validations = {
+        "r01-a": {"records": [verdicts(400, token_counts="pass"), verdicts(480, token_counts="pass", done_marker="fail")]},
+        "r01-b": {"records": [verdicts(400, token_counts="fail"), verdicts(480, token_counts="pass")]},
+    }
+    df = tables.measurements_frame(measures, validations)
+    assert list(df.columns) == tables.COLUMNS
+    assert df["selected"].tolist() == [True, False, False, True]
+    assert df["reason"].tolist() == ["", "case done_marker fail", "gate prompt_tokens + case token_counts fail", ""]
+    assert df.loc[0, "engine_decode_tok_s"] == 101.0
+
+
+def test_unvalidated_records_are_not_selected_and_reasons_stay_short():
+    df = tables.measurements_frame([visit("a", 1, record("a", 1, 400))], {})
+    assert not df.loc[0, "selected"] and df.loc[0, "reason"] == "not validated"
+    failed = record("a", 1, 400, ok=False, flags=["request: timed out after 300 s"],
+                    gates={"prompt_tokens": False, "completion_tokens": False, "cold_cache": False})
+    many = {"length": 400, "selected": False,
+            "verdicts": {c: {"verdict": "timeout", "reason": ""} for c in ("token_counts", "done_marker",
+                                                                            "python_function", "matches_baseline")}}
+    reason = tables.short_reason(failed, many)
+    assert reason.startswith("request failed + case token_counts timeout") and len(reason) <= tables.REASON_MAX
+
+
+def test_timing_agreement_is_client_over_engine():
+    df = pd.DataFrame([{"arm": "a", "length": 400, "ok": True, "decode_tok_s": 99.0, "engine_decode_tok_s": 100.0,
+                        "prefill_tok_s": 50.0, "engine_prefill_tok_s": 100.0}] * 3)
+    row = tables.timing_agreement(df).iloc[0]
+    assert round(row["decode_disagreement"], 6) == -0.01 and round(row["prefill_disagreement"], 6) == -0.5
