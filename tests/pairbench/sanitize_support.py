@@ -130,3 +130,51 @@ def planted_run(tmp_path: Path, facts: dict) -> dict:
         "clean_source": DATA / "clean_source",
         "patch_roots": ["/home/zq_alice/pb/src"],
     }
+
+
+# Identifiers for the detector unit tests (a subset of the planted identity).
+IDS = {
+    "username": ["zq_alice"],
+    "hostname": ["zq-devbox-07"],
+    "domain": ["corp.zqexample.net"],
+    "home": ["/home/zq_alice"],
+    "email": ["zq.alice@corp.zqexample.net"],
+    "secret": ["zqk_live_9f8e7d6c5b4a39281706f5e4d3c2b1a0"],
+}
+
+# (detector, text that must be found and rewritten)
+POSITIVES = [
+    ("home-path", "/home/zq_alice/pb/results"),
+    ("home-path", "/Users/zq_alice/Library"),
+    ("home-path", r"C:\Users\zq_alice\pb"),
+    ("home-path", r'{"path": "C:\\Users\\zq_alice\\pb"}'),
+    ("home-path", "cwd=/root/pb"),
+    ("unc-path", r"\\zq-fileserver\benchshare\x"),
+    ("unc-path", r'{"share": "\\\\zq-fileserver\\benchshare"}'),
+    ("windows-machine-name", "ran on DESKTOP-7QK2M9X today"),
+    ("windows-machine-name", "LAPTOP-QZ81KD3"),
+    ("email", "mail zq.alice+bench@corp.zqexample.net now"),
+    ("ipv4", "listening on 10.23.45.67:8080"),
+    ("ipv4", "peer 192.168.178.42"),
+    ("ipv6", "addr 2001:db8:abcd:12::7 up"),
+    ("ipv6", "[fe80::3e22:fbff:fe4a:5e91%eth0]:8080"),
+    ("ipv6", "::ffff:10.23.45.67"),
+    ("mac-address", "ether 3c:22:fb:4a:5e:91 brd"),
+    ("mac-address", "3C-22-FB-4A-5E-91"),
+    ("gpu-uuid", "GPU-5a1c2f3e-8b9d-4e6f-a0b1-c2d3e4f5a6b7"),
+    ("gpu-uuid", "MIG-5a1c2f3e-8b9d-4e6f-a0b1-c2d3e4f5a6b7"),
+    ("pci-bus-id", "Bus-Id 00000000:3B:00.0"),
+    ("pci-bus-id", "0000:86:00.0"),
+    ("credential-env", "ZQ_API_KEY=zqk_live_9f8e7d6c5b4a3928"),
+    ("credential-env", "export DB_PASSWORD='zq-hunter2-pass'"),
+    ("credential-env", '"HF_TOKEN": "hf_ZqPlanted0123456789abcdefghijklmn"'),
+    ("credential-field", '"api_key": "abcdef123456"'),
+    ("credential-field", "--api-key zqk_live_9f8e7d6c5b4a3928"),
+    ("credential-field", "password: zq-hunter2-pass"),
+    ("token-format", "sk-proj-AbCdEfGhIjKlMnOpQrStUvWxYz012345"),
+    ("token-format", "ghp_AbCdEfGhIjKlMnOpQrStUvWxYz0123456789"),
+    ("token-format", "AKIAIOSFODNN7EXAMPLE"),
+    ("bearer-token", "Authorization: Bearer AbCdEfGhIjKlMnOpQrSt.uvwx"),
+    ("url-credentials", "https://zq_alice:hunter2@git.zqexample.net/x.git"),
+    ("private-key", "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXk\n-----END OPENSSH PRIVATE KEY-----"),
+]

@@ -77,8 +77,12 @@ def test_gpu_collector_skips_unsupported_fields():
 
 
 def test_secret_env_ignores_short_values_and_other_names():
-    facts = envfacts.collect_secret_env({"MONKEY_BUSINESS": "bananas", "PAGER": "less", "GH_TOKEN": "1", "X_SECRET": "s3cr3t!"})
-    assert facts["secret_env_names"] == ["GH_TOKEN", "MONKEY_BUSINESS", "X_SECRET"]
+    facts = envfacts.collect_secret_env({"MONKEY_BUSINESS": "bananas", "PAGER": "less", "GH_TOKEN": "1",
+                                         "X_SECRET": "s3cr3t!", "TOKENIZERS_PARALLELISM": "false",
+                                         "MAX_TOKENS": "100000", "API_KEY": "short"})
+    assert facts["secret_env_names"] == ["API_KEY", "GH_TOKEN", "MAX_TOKENS", "MONKEY_BUSINESS",
+                                         "TOKENIZERS_PARALLELISM", "X_SECRET"]
+    # values become literals replaced everywhere: trivial ones ("false", numbers, < 6 chars) would wreck tables
     assert facts["secret_env_values"] == ["bananas", "s3cr3t!"]
 
 

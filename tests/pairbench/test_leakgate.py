@@ -90,3 +90,39 @@ def test_detector_names_count_all_three_kinds():
     assert {"literal:username", "literal:hostname", "literal:secret"} <= set(names)
     assert len(names) == len(set(names))
     assert leakgate.report_line(0, len(names), 3) == f"0 findings by {len(names)} detectors over 3 files"
+
+
+def test_scrubbed_text_passes_the_whole_gate(tmp_path):
+    """Scrubber and gate agree: whatever the scrubber rewrites, no detector (detect-secrets included)
+    still finds in the result."""
+    from pairbench.sanitize import scrub_text
+
+    from sanitize_support import IDS as SIDS, POSITIVES
+
+    text = "\n".join(t for _, t in POSITIVES) + "\nzq_alice zq-devbox-07 zqk_live_9f8e7d6c5b4a39281706f5e4d3c2b1a0\n"
+    assert len(leakgate.scan(_put(tmp_path / "raw", text), SIDS)) >= len(POSITIVES)
+    clean = scrub_text(text, SIDS)
+    assert [str(f) for f in leakgate.scan(_put(tmp_path / "clean", clean), SIDS)] == []
+
+
+def _put(root, text):
+    write(root, "README.md", text)
+    write(root, "config.resolved.yaml", text)
+    return root
+
+
+def test_scan_cli(tmp_path, monkeypatch, capsys):
+    from pairbench import envfacts
+    from pairbench.__main__ import main
+
+    from sanitize_support import planted_facts
+
+    facts = planted_facts()
+    monkeypatch.setattr(envfacts, "collect", lambda **kw: facts)
+    write(tmp_path / "clean", "README.md", "all numbers: 47.9 tok/s\n")
+    assert main(["scan", str(tmp_path / "clean")]) == 0
+    assert capsys.readouterr().out.splitlines()[-1].startswith("0 findings by ")
+    write(tmp_path / "dirty", "README.md", "ok\nbuilt on zq-devbox-07\n")
+    assert main(["scan", str(tmp_path / "dirty")]) == 1
+    out = capsys.readouterr().out
+    assert "README.md:2: literal:hostname" in out and "zq-devbox-07" not in out

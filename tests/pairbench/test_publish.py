@@ -55,7 +55,7 @@ def test_planted_identifiers_never_reach_the_bundle(planted):
         for planted_value in planted_strings():
             assert planted_value.lower().encode() not in low, f"{rel} leaks {planted_value!r}"
     assert result["excluded"] == ["logs/server.log", "outputs/r01-candidate-256.json"]
-    assert result["findings"] == 0 and result["files"] == len(files)
+    assert result["findings"] == 0 and result["files"] == len(files) and result["patches_checked"]
     assert result["report_line"] == f"0 findings by {result['detectors']} detectors over {len(files)} files"
     assert f"Leak gate: {result['report_line']}" in files["README.md"].decode()
     # the mapping stays private, and is consistent across files
@@ -66,6 +66,7 @@ def test_planted_identifiers_never_reach_the_bundle(planted):
     assert gate["findings"] == [] and len(gate["detectors"]) == result["detectors"]
     assert not leftovers(out.parent)
     assert verify_bundle(out, clean_source=planted["run"]["clean_source"]) == []
+    assert {oct(p.stat().st_mode & 0o777) for p in [out, *out.rglob("*")]} == {"0o755", "0o644"}
 
 
 def test_manifest_lists_every_file_with_hash_and_schema(planted):
@@ -185,3 +186,14 @@ def test_success_replaces_a_previous_bundle(planted, tmp_path):
     planted["build"]({"README.md": f}, patches={}, clean_source=None)
     assert sorted(bundle_bytes(planted["out"])) == ["MANIFEST.json", "README.md"]
     assert not leftovers(planted["out"].parent)
+
+
+def test_patch_series_in_one_file_applies(planted, tmp_path):
+    series = tmp_path / "series.patch"
+    series.write_bytes((DATA / "0001-int8-path.patch").read_bytes() + (DATA / "0002-version-tag.patch").read_bytes())
+    f = tmp_path / "README.md"
+    f.write_text("r\n")
+    planted["build"]({"README.md": f}, patches={"series": series})
+    text = (planted["out"] / "patches" / "series.patch").read_text()
+    assert "zq" not in text.lower()
+    assert verify_bundle(planted["out"], clean_source=planted["run"]["clean_source"]) == []

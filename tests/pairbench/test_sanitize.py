@@ -8,58 +8,11 @@ import pytest
 from pairbench import sanitize
 from pairbench.sanitize import find, scrub_text, strip_patch
 
-from sanitize_support import DATA
-
-IDS = {
-    "username": ["zq_alice"],
-    "hostname": ["zq-devbox-07"],
-    "domain": ["corp.zqexample.net"],
-    "home": ["/home/zq_alice"],
-    "email": ["zq.alice@corp.zqexample.net"],
-    "secret": ["zqk_live_9f8e7d6c5b4a39281706f5e4d3c2b1a0"],
-}
+from sanitize_support import DATA, IDS, POSITIVES
 
 
 def detectors_in(text: str, ids=None) -> set[str]:
     return {m.detector for m in find(text, ids or {})}
-
-
-# (detector, text that must be found and rewritten)
-POSITIVES = [
-    ("home-path", "/home/zq_alice/pb/results"),
-    ("home-path", "/Users/zq_alice/Library"),
-    ("home-path", r"C:\Users\zq_alice\pb"),
-    ("home-path", r'{"path": "C:\\Users\\zq_alice\\pb"}'),
-    ("home-path", "cwd=/root/pb"),
-    ("unc-path", r"\\zq-fileserver\benchshare\x"),
-    ("unc-path", r'{"share": "\\\\zq-fileserver\\benchshare"}'),
-    ("windows-machine-name", "ran on DESKTOP-7QK2M9X today"),
-    ("windows-machine-name", "LAPTOP-QZ81KD3"),
-    ("email", "mail zq.alice+bench@corp.zqexample.net now"),
-    ("ipv4", "listening on 10.23.45.67:8080"),
-    ("ipv4", "peer 192.168.178.42"),
-    ("ipv6", "addr 2001:db8:abcd:12::7 up"),
-    ("ipv6", "[fe80::3e22:fbff:fe4a:5e91%eth0]:8080"),
-    ("ipv6", "::ffff:10.23.45.67"),
-    ("mac-address", "ether 3c:22:fb:4a:5e:91 brd"),
-    ("mac-address", "3C-22-FB-4A-5E-91"),
-    ("gpu-uuid", "GPU-5a1c2f3e-8b9d-4e6f-a0b1-c2d3e4f5a6b7"),
-    ("gpu-uuid", "MIG-5a1c2f3e-8b9d-4e6f-a0b1-c2d3e4f5a6b7"),
-    ("pci-bus-id", "Bus-Id 00000000:3B:00.0"),
-    ("pci-bus-id", "0000:86:00.0"),
-    ("credential-env", "ZQ_API_KEY=zqk_live_9f8e7d6c5b4a3928"),
-    ("credential-env", "export DB_PASSWORD='zq-hunter2-pass'"),
-    ("credential-env", '"HF_TOKEN": "hf_ZqPlanted0123456789abcdefghijklmn"'),
-    ("credential-field", '"api_key": "abcdef123456"'),
-    ("credential-field", "--api-key zqk_live_9f8e7d6c5b4a3928"),
-    ("credential-field", "password: zq-hunter2-pass"),
-    ("token-format", "sk-proj-AbCdEfGhIjKlMnOpQrStUvWxYz012345"),
-    ("token-format", "ghp_AbCdEfGhIjKlMnOpQrStUvWxYz0123456789"),
-    ("token-format", "AKIAIOSFODNN7EXAMPLE"),
-    ("bearer-token", "Authorization: Bearer AbCdEfGhIjKlMnOpQrSt.uvwx"),
-    ("url-credentials", "https://zq_alice:hunter2@git.zqexample.net/x.git"),
-    ("private-key", "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXk\n-----END OPENSSH PRIVATE KEY-----"),
-]
 
 
 @pytest.mark.parametrize("detector,text", POSITIVES, ids=[f"{d}:{t[:24]}" for d, t in POSITIVES])
@@ -88,6 +41,9 @@ NEGATIVES = [
     "desktop-class and laptop-friendly machines, DESKTOP-ish",
     "a homepage at /homepage and /usr/share/home-assistant, path engine/Users.py",
     "the ratio 1.163 [1.12, 1.20] p=0.031 over 4 rounds of 256 tokens",
+    "time per output token improves; the first token arrives sooner; token throughput doubles",
+    "MAX_TOKENS=100000 TOKENIZERS_PARALLELISM=false --max-tokens 64 --token-budget=4096",
+    "Authorization header omitted; password policy documented; secret sauce: none",
 ]
 
 
@@ -171,3 +127,35 @@ def test_strip_patch_plain_diff_u_with_timestamps():
            "+++ /home/zq_alice/pb/src/engine/VERSION\t2026-11-29 15:01:00 +0000\n@@ -1 +1 @@\n-0.1.0\n+0.2.0\n")
     out = strip_patch(raw, roots=["/home/zq_alice/pb/src/"])
     assert out.startswith("--- a/engine/VERSION\t2026-11-29 15:00:00 +0000\n+++ b/engine/VERSION\t")
+
+
+def test_strip_patch_series_in_one_file():
+    raw = (DATA / "0001-int8-path.patch").read_text() + (DATA / "0002-version-tag.patch").read_text()
+    out = strip_patch(raw, roots=["/home/zq_alice/pb/src"])
+    assert "From: " not in out and "Signed-off-by" not in out and "Date: " not in out
+    assert out.count("\nSubject: ") == 2 and out.count("\nFrom ") == 1  # both headers kept, one per message
+    assert "diff --git a/engine/VERSION b/engine/VERSION" in out
+
+
+def test_path_category_and_unknown_categories():
+    ids = {"path": ["/work/zq-pb", "/work/zq-pb/results/smoke"], "home": ["/home/zq_alice"], "badge": ["zq-badge-0042"]}
+    text = "/work/zq-pb/results/smoke/x.json and /work/zq-pb/engine, not /work/zq-pb2; /home/zq_alice; zq-badge-0042"
+    assert scrub_text(text, ids) == "<path>/x.json and <path>/engine, not /work/zq-pb2; ~; <redacted>"
+    assert {m.detector for m in find(text, ids)} == {"literal:path", "literal:home", "home-path", "literal:badge"}
+
+
+def test_scrub_is_idempotent_and_pseudonyms_are_not_identifiers():
+    text = "\n".join(t for _, t in POSITIVES) + "\n" + (DATA / "README.md").read_text() + (DATA / "server.log").read_text()
+    ids = dict(IDS, fqdn=["zq-devbox-07.corp.zqexample.net"])
+    pseudonyms: dict[str, str] = {}
+    once = scrub_text(text, ids, pseudonyms)
+    assert scrub_text(once, ids, dict(pseudonyms)) == once
+    assert find(once, ids) == []
+
+
+def test_strip_patch_leaves_hunk_lines_that_look_like_headers():
+    # In a hunk, "--- x" is the removed line "-- x" (a Lua/SQL comment): not a file header to rewrite.
+    hunk = "@@ -1,3 +1,2 @@\n--- /home/zq_alice/notes\n ctx\n++++ added\n"
+    raw = "diff --git a/x.lua b/x.lua\n--- a/x.lua\n+++ b/x.lua\n" + hunk
+    out = strip_patch(raw, roots=["/home/zq_alice"])
+    assert out == raw

@@ -263,6 +263,7 @@ def test_identical_ratios_degenerate_bootstrap_is_inconclusive():
     (lambda d: d.assign(selected="maybe"), "selected"),
     (lambda d: d.assign(decode_tok_s="fast"), "decode_tok_s"),
     (lambda d: pd.concat([d, d.iloc[[0]]]), "more than one selected row for arm 'stock', length 256, round 1"),
+    (lambda d: d.assign(ok=d["round"] != 4), "selected but failed a gate .* round 4"),
 ])
 def test_bad_input_names_the_culprit(mutate, match):
     with pytest.raises(stats.StatsInputError, match=match):

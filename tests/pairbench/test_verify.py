@@ -58,6 +58,15 @@ def test_good_bundle_verifies(bundle, capsys):
     assert "OK" in capsys.readouterr().out
 
 
+def test_snakemake_directory_marker_is_tolerated_only_empty(bundle):
+    b, _ = bundle
+    marker = b / ".snakemake_timestamp"
+    marker.write_bytes(b"")
+    assert verify_bundle(b) == []
+    marker.write_text("zq_alice\n")
+    assert verify_bundle(b) == [".snakemake_timestamp: in the bundle but not listed in MANIFEST.json"]
+
+
 def test_tampered_hash(bundle, capsys):
     b, _ = bundle
     csv = b / "tables" / "measurements.csv"

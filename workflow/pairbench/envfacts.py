@@ -280,8 +280,16 @@ def collect_secret_env(environ: Mapping[str, str] | None = None) -> dict[str, An
     """Names and values of environment variables whose names contain TOKEN, KEY, SECRET, PASSWORD."""
     environ = os.environ if environ is None else environ
     names = sorted(k for k, v in environ.items() if SECRET_ENV_NAME.search(k) and v)
-    values = sorted({environ[k] for k in names if len(environ[k]) >= 4})
+    # Values become literals that are replaced wherever they occur, so trivial ones would wreck the
+    # report (TOKENIZERS_PARALLELISM=false would redact every "false"): keep only plausible secrets.
+    values = sorted({environ[k] for k in names if is_plausible_secret(environ[k])})
     return {"secret_env_names": names, "secret_env_values": values}
+
+
+def is_plausible_secret(value: str) -> bool:
+    """At least 6 characters, not a number, boolean or placeholder."""
+    v = value.strip()
+    return len(v) >= 6 and not re.fullmatch(r"[+-]?[\d.,_]+|true|false|yes|no|none|null|on|off", v, re.I)
 
 
 def collect(

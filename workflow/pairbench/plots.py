@@ -21,7 +21,7 @@ import pandas as pd  # noqa: E402
 from pairbench.stats import METRICS, StatsInputError, _as_bool  # noqa: E402
 
 VERDICT_COLOURS = {"faster": "tab:green", "slower": "tab:red",
-                   "no detectable difference": "tab:gray", "inconclusive": "tab:orange"}
+                   "no detectable difference": "tab:blue", "inconclusive": "tab:orange"}
 ARM_STYLES = ("o-", "s--", "^-.", "d:")
 
 
@@ -31,7 +31,7 @@ def _save(fig: plt.Figure, path: str | os.PathLike) -> None:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".png", dir=path.parent)
     os.close(fd)
     try:
-        fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight")
+        fig.savefig(tmp, format="png", dpi=110)  # tight_layout already ran: no second "tight" pass
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -58,11 +58,11 @@ def plot_ratios(summary: dict, path: str | os.PathLike) -> None:
             if p is None:
                 ax.set_axis_off()
                 continue
-            ax.axhspan(1 - noise, 1 + noise, color="0.85", lw=0, label=f"1 ± noise ({noise:g})")
-            ax.axhline(1.0, color="0.4", lw=0.8)
+            ax.axhspan(1 - noise, 1 + noise, color="0.88", lw=0, label=f"1 ± noise ({noise:g})")
+            ax.axhline(1.0, color="black", lw=0.8, ls=":")
             colour = VERDICT_COLOURS[p["verdict"]]
             if p["ci_low"] is not None and p["ci_high"] is not None:
-                ax.axhspan(p["ci_low"], p["ci_high"], color=colour, alpha=0.18, lw=0, label="95% CI")
+                ax.axhspan(p["ci_low"], p["ci_high"], color=colour, alpha=0.22, lw=0, label="95% CI of HL")
             if p["hl_ratio"] is not None:
                 ax.axhline(p["hl_ratio"], color=colour, lw=1.6, label="HL estimate")
             rounds = [q["round"] for q in p["pairs"] if q["valid"]]
@@ -78,9 +78,9 @@ def plot_ratios(summary: dict, path: str | os.PathLike) -> None:
             ax.tick_params(labelsize=7)
     handles, labels = axes[0][0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncol=4, fontsize=8, frameon=False,
-               bbox_to_anchor=(0.5, -0.02))
+               bbox_to_anchor=(0.5, 0.0))
     fig.suptitle(f"Paired ratios {summary['candidate']} / {summary['baseline']} by round", fontsize=11)
-    fig.tight_layout(rect=(0, 0.04, 1, 1))
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
     _save(fig, path)
 
 
@@ -130,7 +130,7 @@ def plot_drift(df: pd.DataFrame, path: str | os.PathLike,
         for h, lab in zip(*ax.get_legend_handles_labels()):
             handles.setdefault(lab, h)
     fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=len(handles),
-               fontsize=8, frameon=False, bbox_to_anchor=(0.5, -0.02))
+               fontsize=8, frameon=False, bbox_to_anchor=(0.5, 0.0))
     fig.suptitle("Drift: each arm by round", fontsize=11)
-    fig.tight_layout(rect=(0, 0.04, 1, 1))
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
     _save(fig, path)

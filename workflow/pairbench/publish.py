@@ -230,7 +230,9 @@ def build_bundle(
     - A ``README.md`` line holding ``<!-- pairbench:leak-gate -->`` gets the gate's report line.
 
     Returns ``{"bundle", "files", "detectors", "findings", "report_line", "excluded",
-    "private_result", "pseudonyms"}``; ``report_line`` is "0 findings by N detectors over M files".
+    "patches_checked", "private_result", "pseudonyms"}``; ``report_line`` is "0 findings by N
+    detectors over M files"; ``patches_checked`` says whether the patches were re-applied to a clean
+    source (False when there are patches but no *clean_source*: say so in the report).
     """
     out_dir = Path(out_dir)
     private_dir = Path(private_dir)
@@ -305,6 +307,9 @@ def build_bundle(
             "source": {"patches": patch_order, "patched_files": dict(sorted((patched_files or {}).items()))},
         }
         write_artifact(tmp_bundle / MANIFEST, "manifest", manifest)
+        # mkdtemp/mkstemp make 0700/0600; a bundle is meant to be shared: directories 0755, files 0644.
+        for p in [tmp_bundle, *tmp_bundle.rglob("*")]:
+            p.chmod(0o755 if p.is_dir() else 0o644)
 
         findings = leakgate.scan(tmp_bundle, identifiers)
         gate = {
@@ -345,6 +350,7 @@ def build_bundle(
         "findings": 0,
         "report_line": line,
         "excluded": sorted(excluded),
+        "patches_checked": clean_source is not None,
         "private_result": str(private_result),
         "pseudonyms": str(private_dir / "pseudonyms.json"),
     }

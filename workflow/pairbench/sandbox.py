@@ -230,7 +230,9 @@ def _unshare_prefix() -> tuple[str, ...]:
         return ()
     prefix = (exe, "-n") if os.geteuid() == 0 else (exe, "-rn")
     try:
-        ok = subprocess.run([*prefix, "true"], capture_output=True, timeout=10).returncode == 0
+        # Probe under the same rlimits as a real run (RLIMIT_NPROC=0 must not break unshare).
+        ok = subprocess.run([*prefix, "true"], capture_output=True, timeout=10,
+                            preexec_fn=_limits(5, 512 << 20)).returncode == 0
     except (OSError, subprocess.SubprocessError):
         ok = False
     return prefix if ok else ()
@@ -365,7 +367,8 @@ def run_python_tests(
         proc.wait()
         for t in threads:
             t.join(timeout=5)
-        result_stream.close()
+        for stream in (proc.stdout, proc.stderr, result_stream):
+            stream.close()
         duration = time.monotonic() - start
 
         out_total = sinks["out"].get("total", 0) + sinks["err"].get("total", 0)

@@ -27,6 +27,7 @@ plugin tables; the classes themselves are the ones listed in issue 6.
 
 from __future__ import annotations
 
+import bisect
 import ipaddress
 import re
 from dataclasses import dataclass, field
@@ -38,6 +39,7 @@ MIN_LITERAL_LEN = 2
 SECRET_ENV_NAME = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.IGNORECASE)
 
 REDACTED = "<redacted>"
+_NUMBER = re.compile(r"^[+-]?\d[\d_.,]*(?:[eE][+-]?\d+)?$")
 
 # Placeholder values that are not secrets: our own replacements, shell references, masks, booleans.
 _NOT_A_SECRET = re.compile(r"^(?:<[^>]*>?|\$.*|\*+|x+|true|false|null|none|redacted|changeme)$", re.I)
@@ -81,7 +83,8 @@ class Detector:
 
 
 def _is_secret_value(value: str) -> bool:
-    return len(value) >= 4 and not _NOT_A_SECRET.match(value)
+    """A plausible credential: not a placeholder, a boolean, or a number (MAX_TOKENS=100000)."""
+    return len(value) >= 4 and not _NOT_A_SECRET.match(value) and not _NUMBER.match(value)
 
 
 def _is_public_ipv4(value: str) -> bool:
@@ -110,6 +113,8 @@ def _is_real_mac(value: str) -> bool:
     return hexes not in ("000000000000", "ffffffffffff")
 
 
+_CRED_WORDS = r"(?:api[_-]?key|access[_-]?key|secret(?:[_-]?key)?|token|password|passwd|client[_-]?secret)"
+
 # Order matters for scrubbing: credentials before anything that could eat part of them, e-mails
 # before host names, PCI ids before MACs and IPv6, home paths before UNC paths.
 DETECTORS: tuple[Detector, ...] = (
@@ -128,7 +133,7 @@ DETECTORS: tuple[Detector, ...] = (
     ),
     Detector(
         "bearer-token",
-        re.compile(r"\b(?:bearer|token|basic)\s+(?P<secret>[A-Za-z0-9._~+/-]{16,}=*)", re.I),
+        re.compile(r"(?:\bbearer|\bbasic|authorization:\s*token)\s+(?P<secret>[A-Za-z0-9._~+/-]{16,}=*)", re.I),
         REDACTED,
         group="secret",
         description="Authorization header values",
@@ -157,15 +162,15 @@ DETECTORS: tuple[Detector, ...] = (
     Detector(
         "credential-field",
         re.compile(
-            r"(?<![\w-])[\"']?(?:--)?(?P<name>(?:[a-z0-9]+[_-])*(?:api[_-]?key|access[_-]?key|secret(?:[_-]?key)?"
-            r"|token|password|passwd|client[_-]?secret))[\"']?(?:\s*[=:]\s*|\s+)[\"']?"
+            r"(?<![\w-])(?:[\"']?(?P<name>(?:[a-z0-9]+[_-])*" + _CRED_WORDS + r")[\"']?\s*[=:]\s*"
+            r"|--(?P<flag>(?:[a-z0-9]+-)*" + _CRED_WORDS + r")(?:\s+|=))[\"']?"
             r"(?P<secret>[^\s\"'<>,;}\]\[]{6,})",
             re.I,
         ),
         REDACTED,
         accept=_is_secret_value,
         group="secret",
-        description="values of fields and flags named api_key, token, secret, password",
+        description="values of fields and flags named api_key, token, secret, password (--api-key X)",
     ),
     Detector(
         "email",
@@ -249,6 +254,7 @@ PSEUDONYM_PREFIX = {
 PLACEHOLDER = {
     "secret": REDACTED,
     "home": "~",
+    "path": "<path>",
     "email": "<email>",
     "ip": "<ip>",
     "mac": "<mac>",
@@ -257,16 +263,18 @@ PLACEHOLDER = {
     "serial": "<serial>",
 }
 # Case-sensitive categories: secrets and serials are exact strings; names are not.
-_CASE_SENSITIVE = {"secret", "serial", "home"}
+_CASE_SENSITIVE = {"secret", "serial", "home", "path"}
 
 
 def literal_pattern(value: str, category: str) -> re.Pattern:
     """A regex matching *value* as a whole token (not inside a longer alphanumeric word)."""
     flags = 0 if category in _CASE_SENSITIVE else re.IGNORECASE
     body = re.escape(value)
-    if category == "home":
+    if category in ("home", "path"):
         # /root must not match /rootfs; the next character must end the path component.
         return re.compile(body + r"(?![\w.-])", flags)
+    if category == "secret":
+        return re.compile(body)  # anywhere, even glued to other text: the scrubber replaces substrings too
     return re.compile(r"(?<![A-Za-z0-9])" + body + r"(?![A-Za-z0-9])", flags)
 
 
@@ -281,7 +289,7 @@ def usable_literals(identifiers: Mapping[str, Iterable[str]]) -> list[tuple[str,
             v = v.strip()
             if len(v) < MIN_LITERAL_LEN or (category, v) in seen:
                 continue
-            if category == "home" and v in ("/", "~"):
+            if category in ("home", "path") and v in ("/", "~"):
                 continue
             seen.add((category, v))
             out.append((category, v))
@@ -306,7 +314,9 @@ def scrub_text(
 
     *identifiers* maps a category (``username``, ``hostname``, ``fqdn``, ``domain``, ``home``,
     ``email``, ``ip``, ``mac``, ``secret``, ``gpu_uuid``, ``pci_bus_id``, ``serial``, ``git_name``)
-    to this machine's literal values (see :func:`pairbench.envfacts.identifiers`).
+    to this machine's literal values (see :func:`pairbench.envfacts.identifiers`). Callers may add
+    ``path`` (absolute directories such as the checkout, rewritten to ``<path>``); any other category
+    is replaced by ``<redacted>``.
 
     *pseudonyms* (lower-cased identifier → pseudonym) is read and **extended in place**, so one
     mapping passed over every file of a bundle keeps ``host-1`` meaning the same host everywhere.
@@ -320,10 +330,11 @@ def scrub_text(
     for category, value in literals:
         if category == "secret":
             text = text.replace(value, REDACTED)
-    # 2. The literal home path (e.g. /root, /srv/alice) before the generic home-directory patterns.
+    # 2. Literal paths, longest first: a checkout path (e.g. /work/pb, category "path") -> <path>, the
+    #    home directory (e.g. /root, /srv/alice) -> ~, before the generic home-directory patterns.
     for category, value in literals:
-        if category == "home":
-            text = literal_pattern(value, category).sub("~", text)
+        if category in ("home", "path"):
+            text = literal_pattern(value, category).sub(PLACEHOLDER[category], text)
     # 3. The detector classes.
     for det in DETECTORS:
         if det.name == "windows-machine-name":
@@ -332,7 +343,7 @@ def scrub_text(
             text = det.sub(text)
     # 4. Remaining literals: names get pseudonyms, addresses and ids placeholders.
     for category, value in literals:
-        if category in ("secret", "home"):
+        if category in ("secret", "home", "path"):
             continue
         pat = literal_pattern(value, category)
         if category in PSEUDONYM_PREFIX:
@@ -357,8 +368,6 @@ class Match:
 
 
 def _line_col(text: str, offset: int, line_starts: list[int]) -> tuple[int, int]:
-    import bisect
-
     i = bisect.bisect_right(line_starts, offset) - 1
     return i + 1, offset - line_starts[i] + 1
 
@@ -391,6 +400,7 @@ _IDENTITY_LINE = re.compile(
     r"|Suggested-by|Helped-by):",
     re.I,
 )
+_MBOX_FROM = re.compile(r"^From [0-9a-f]{7,64} ")
 _DIFF_PATH_LINE = re.compile(r"^(?P<head>diff --git |--- |\+\+\+ |rename from |rename to |copy from |copy to |Index: )(?P<rest>.*)$")
 
 
@@ -423,8 +433,12 @@ def strip_patch(text: str, roots: Iterable[str] = ()) -> str:
     skipping_folded = False
     email = next(d for d in DETECTORS if d.name == "email")
     home = next(d for d in DETECTORS if d.name == "home-path")
-    for line in text.splitlines(keepends=True):
-        body = line.rstrip("\r\n")
+    lines = text.splitlines(keepends=True)
+    bodies = [ln.rstrip("\r\n") for ln in lines]
+    for i, line in enumerate(lines):
+        body = bodies[i]
+        if _MBOX_FROM.match(body):
+            in_diff = False  # the next message of a concatenated series: a new header follows
         if not in_diff and (body.startswith("diff ") or body.startswith("--- ") or body.startswith("Index: ")):
             in_diff = True
         if not in_diff:
@@ -435,6 +449,11 @@ def strip_patch(text: str, roots: Iterable[str] = ()) -> str:
                 skipping_folded = True
                 continue
         m = _DIFF_PATH_LINE.match(body) if in_diff else None
+        # Inside a hunk, "--- x" is a removed line "-- x": a file header only comes as a ---/+++ pair.
+        if m and m.group("head") == "--- " and not (i + 1 < len(bodies) and bodies[i + 1].startswith("+++ ")):
+            m = None
+        if m and m.group("head") == "+++ " and not (i > 0 and bodies[i - 1].startswith("--- ")):
+            m = None
         if m:
             rest = m.group("rest")
             head = m.group("head")

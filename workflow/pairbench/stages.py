@@ -187,13 +187,10 @@ def validate_stage(validate_path: str, measure_path: str, output_paths: list[str
             fixture={"length": n, "output_tokens": fx["output_tokens"], "task": fx["task"]},
             baseline_output={"text": base["text"], "token_ids": base["token_ids"]} if base else None,
             options=options)
-        selected = pb_validate.is_selected(verdicts)
-        records.append({
-            "length": n, "task": fx["task"], "output_sha256": sha256_text(out["text"]), "selected": selected,
-            "excluded_because": [f"{c}: {v['verdict']}: {v['reason']}" for c, v in verdicts.items()
-                                 if v["verdict"] not in ("pass", "skipped")],
-            "verdicts": verdicts,
-        })
+        # A failed request has no output hash in its record; its (empty) private output has one.
+        entry = pb_validate.record_entry({**rec, "output_sha256": sha256_text(out["text"])}, fx, verdicts)
+        records.append(entry)
+        selected = entry["selected"]
         if not selected:
             log.warning("%s length %d not selected: %s", measure["visit"]["id"], n,
                         "; ".join(records[-1]["excluded_because"]))

@@ -171,6 +171,14 @@ def _check_input(df: pd.DataFrame, baseline: str, candidate: str, metrics: tuple
         if arm not in arms:
             raise StatsInputError(
                 f"{role} arm {arm!r} has no rows; arms present: {', '.join(sorted(arms)) or 'none'}")
+    if "ok" in df.columns:
+        bad = df[df["selected"] & ~df["ok"]]
+        if not bad.empty:
+            first = bad.iloc[0]
+            raise StatsInputError(
+                f"row(s) {', '.join(map(str, bad.index[:6]))} are selected but failed a gate (ok "
+                f"false), e.g. arm {first['arm']!r}, length {first['length']}, round {first['round']}: "
+                f"a gated record must never enter the statistics")
     sel = df[df["selected"] & df["arm"].isin([baseline, candidate])]
     dup = sel[sel.duplicated(["arm", "length", "round"], keep=False)]
     if not dup.empty:
@@ -266,6 +274,8 @@ def _paired(base: pd.Series, cand: pd.Series, metric: str, *, alpha: float, nois
             boot = scipy.stats.bootstrap(
                 (b, c), lambda bb, cc, axis=-1: hodges_lehmann(np.log(cc) - np.log(bb), axis=axis),
                 paired=True, vectorized=True, n_resamples=n_resamples,
+                # cap the (resamples x Walsh averages) working array at ~20M floats
+                batch=max(1, min(n_resamples, 20_000_000 // (d.size * (d.size + 1) // 2))),
                 confidence_level=CI_LEVEL, method="BCa", rng=np.random.default_rng(seed))
             test = scipy.stats.wilcoxon(d, zero_method="wilcox", alternative="two-sided")
         ci_low, ci_high = (math.exp(v) for v in (boot.confidence_interval.low,
@@ -543,7 +553,7 @@ def report_markdown(summary: dict) -> str:
     out.append("")
     if disc["median_trimmed_disagreements"]:
         out.append("The full-N median and the trimmed mean tell different stories here (sign, or "
-                   f"more than {prm['noise'] * 100:g} points apart); read the per-round ratios:")
+                   f"more than {prm['noise'] * 100:g} percentage points apart); read the per-round ratios:")
         for d in disc["median_trimmed_disagreements"]:
             out.append(f"- {d['metric']} at {d['length']} tokens: median change "
                        f"{_pct(d['median_change'])} against trimmed-mean change "

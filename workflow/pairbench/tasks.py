@@ -137,11 +137,13 @@ PROBE_FILLER = (
 )
 
 
-def probe(gguf: Path, max_new_tokens: int = 96) -> dict[str, str]:
+def probe(gguf: Path, max_new_tokens: int = 64, names: list[str] | None = None,
+          out_dir: Path | None = None) -> dict[str, str]:
     """Run every task through the real model (transformers, offline, float32, greedy).
 
-    Returns the output text per task name. Slow (~8 tokens/s on a small CPU): this is the evidence
-    behind the catalogue, not a test.
+    Returns the output text per task name (only *names*, if given), each also written to
+    ``out_dir/<task>.txt`` as soon as it is generated. Slow (~8 tokens/s on a small idle CPU, far
+    less on a busy one): this is the evidence behind the catalogue, not a test.
     """
     import os
 
@@ -157,6 +159,8 @@ def probe(gguf: Path, max_new_tokens: int = 96) -> dict[str, str]:
     model.eval()
     texts = {}
     for task in TASKS:
+        if names and task.name not in names:
+            continue
         message = PROBE_FILLER + "\n\n" + render_task(task)
         ids = tok.apply_chat_template(
             [{"role": "user", "content": message}], add_generation_prompt=True, return_tensors="pt"
@@ -164,11 +168,16 @@ def probe(gguf: Path, max_new_tokens: int = 96) -> dict[str, str]:
         if not isinstance(ids, torch.Tensor):  # newer transformers return a BatchEncoding
             ids = ids["input_ids"]
         with torch.no_grad():
+            # min_new_tokens masks EOS until the cap, as the harness's ignore_eos does
+            # (llama.cpp biases EOS to -inf), so the output runs on past the function.
             out = model.generate(
-                ids, max_new_tokens=max_new_tokens, do_sample=False,
-                attention_mask=torch.ones_like(ids),
+                ids, max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens,
+                do_sample=False, attention_mask=torch.ones_like(ids),
             )
         texts[task.name] = tok.decode(out[0, ids.shape[1]:].tolist(), skip_special_tokens=True)
+        if out_dir is not None:
+            out_dir.mkdir(parents=True, exist_ok=True)
+            (out_dir / f"{task.name}.txt").write_text(texts[task.name])
         print(f"{task.name}: generated ({ids.shape[1]} prompt tokens)", file=sys.stderr, flush=True)
     return texts
 
@@ -199,7 +208,8 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("probe", help="run every task through the real model, store and judge the outputs")
     p.add_argument("--gguf", type=Path, default=Path("resources/SmolLM2-135M-Instruct.Q4_1.gguf"))
-    p.add_argument("--max-new-tokens", type=int, default=96)
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--tasks", nargs="*", default=None, help="only these tasks (default: all)")
     e = sub.add_parser("evaluate", help="judge outputs already stored in --out")
     for q in (p, e):
         q.add_argument("--out", type=Path, required=True,
@@ -208,18 +218,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "probe":
         if not args.gguf.exists():
             parser.error(f"--gguf {args.gguf} does not exist (run ./install.sh)")
-        texts = probe(args.gguf, args.max_new_tokens)
-        args.out.mkdir(parents=True, exist_ok=True)
-        for name, text in texts.items():
-            (args.out / f"{name}.txt").write_text(text)
-    else:
-        texts = {t.name: (args.out / f"{t.name}.txt").read_text()
-                 for t in TASKS if (args.out / f"{t.name}.txt").exists()}
+        for name in args.tasks or []:
+            get_task(name)
+        probe(args.gguf, args.max_new_tokens, args.tasks, args.out)
+    texts = {t.name: (args.out / f"{t.name}.txt").read_text()
+             for t in TASKS if (args.out / f"{t.name}.txt").exists()}
+    if args.cmd == "evaluate":
         if not texts:
             parser.error(f"--out {args.out} holds no <task>.txt outputs")
     rows = evaluate(texts)
     summary = {"description": "SmolLM2-135M-Instruct Q4_1 outputs per task (transformers, float32, "
-                              "greedy, PROBE_FILLER before the task) and their verdicts",
+                              "greedy, EOS masked up to max_new_tokens like ignore_eos, PROBE_FILLER before the task) "
+                              "and their verdicts",
                "max_new_tokens": getattr(args, "max_new_tokens", None), "outputs": rows}
     (args.out / "smollm2.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
     for name, row in rows.items():

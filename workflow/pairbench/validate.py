@@ -56,27 +56,28 @@ def sha256_text(text: str) -> str:
 # --- the completion parser ---------------------------------------------------------------------
 
 
-def _segments(text: str) -> list[list[str]]:
+def _segments(text: str) -> list[tuple[list[str], bool]]:
     """Split *text* into runs of lines separated by code fences and chat-template markers.
 
-    A fence line (```python, ```, ~~~) ends one segment and starts the next, so a function is never
-    read across a fence; an unterminated final fence (output cut by the token cap) simply leaves
-    the last segment open to the end of the text.
+    Returns ``(lines, closed)`` pairs: *closed* is true when a fence (```python, ```, ~~~) or a
+    chat marker (<|im_end|>) ends the run. A function is never read across a fence; an
+    unterminated final fence (output cut by the token cap) leaves the last run open.
     """
-    segments: list[list[str]] = [[]]
+    segments: list[tuple[list[str], bool]] = []
+    current: list[str] = []
     for raw in text.replace("\r\n", "\n").replace("\r", "\n").split("\n"):
         if _CHAT_TOKEN.search(raw):
             # <|im_start|>assistant, <|im_end|>: formatting, never code. Keep what precedes it.
             head = _CHAT_TOKEN.split(raw)[0]
             if head.strip():
-                segments[-1].append(head)
-            segments.append([])
+                current.append(head.expandtabs(4))
+        elif not _FENCE.match(raw):
+            current.append(raw.expandtabs(4))
             continue
-        if _FENCE.match(raw):
-            segments.append([])
-            continue
-        segments[-1].append(raw.expandtabs(4))
-    return [s for s in segments if s]
+        segments.append((current, True))
+        current = []
+    segments.append((current, False))
+    return [(lines, closed) for lines, closed in segments if lines]
 
 
 def _indent(line: str) -> int:
@@ -153,8 +154,7 @@ def extract_function(text: str, entry_point: str) -> str | None:
         raise ValueError(f"entry_point {entry_point!r} is not a Python identifier")
     def_line = re.compile(rf"^\s*(async\s+)?def\s+{re.escape(entry_point)}\s*\(")
     segments = _segments(text)
-    for i, lines in enumerate(segments):
-        closed = i < len(segments) - 1
+    for lines, closed in segments:
         for j, line in enumerate(lines):
             if def_line.match(line):
                 found = _function_at(lines, j, entry_point, closed)

@@ -36,6 +36,9 @@ from . import artifacts
 from .artifacts import ArtifactError, parse_schema_id, sha256_file, validate
 
 MANIFEST = "MANIFEST.json"
+# Snakemake marks a directory() output with an empty .snakemake_timestamp after the job; it holds
+# nothing, so verify tolerates it (empty only) rather than fail every pipeline-built bundle.
+TOLERATED_EMPTY = {".snakemake_timestamp"}
 TABLE_SCHEMA = "pairbench.table/v1"
 FIXTURE_KIND = "fixture_manifest"
 
@@ -178,7 +181,8 @@ def verify_bundle(bundle_dir: str | os.PathLike, *, clean_source: str | os.PathL
     problems: list[str] = []
     listed = {e["path"]: e for e in manifest["files"]}
     on_disk = {p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file() or p.is_symlink()}
-    for rel in sorted(on_disk - set(listed) - {MANIFEST}):
+    tolerated = {rel for rel in on_disk & TOLERATED_EMPTY if (root / rel).is_file() and (root / rel).stat().st_size == 0}
+    for rel in sorted(on_disk - set(listed) - {MANIFEST} - tolerated):
         problems.append(f"{rel}: in the bundle but not listed in {MANIFEST}")
 
     for rel, entry in sorted(listed.items()):
