@@ -113,4 +113,39 @@ def model_arg(build: dict, root: str | Path) -> str:
     if build["conversion"] is not None:
         p = Path(build["conversion"]["path"])
         return str(p if p.is_absolute() else (Path(root) / p).resolve())
+    if build["model"]["kind"] == "gguf" and build["model"]["arg"]:  # a non-embedded engine reads the GGUF
+        p = Path(build["model"]["arg"])
+        return str(p if p.is_absolute() else (Path(root) / p).resolve())
     return build["model"]["arg"]
+
+
+def build_external_arm(arm: str, arm_cfg: dict, arm_dir: str | Path, source: dict, model: dict, log: str | Path,
+                       source_sha256: str, root: str | Path) -> dict:
+    """Build a non-embedded arm with its engine profile's (or the arm's) build command; the
+    ``build`` artifact body. The server later reads the GGUF itself (no conversion)."""
+    from .engines import build_external
+
+    log = Path(log)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text("")
+    t0 = time.perf_counter()
+    out = build_external(arm, arm_cfg, arm_dir, log)
+    path = Path(model["path"]).resolve() if model.get("path") else None
+    try:
+        rel = path.relative_to(Path(root).resolve()).as_posix() if path else None
+    except ValueError:
+        rel = str(path)
+    return {
+        "arm": arm,
+        "native_version": out["native_version"] or "unknown",
+        "source_version": source["version"],
+        "patched_tree_sha256": source["patched"]["tree_sha256"],
+        "model": {"name": model["name"], "kind": model["kind"], "arg": rel},
+        "conversion": None,
+        "steps": out["steps"],
+        "exit_code": 0,
+        "duration_s": time.perf_counter() - t0,
+        "python": sys.version.split()[0],
+        "engine": out["profile"],
+        "inputs": {"source": source_sha256},
+    }

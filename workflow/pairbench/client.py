@@ -120,7 +120,8 @@ def _absorb(result: StreamResult, chunk: dict, now: float) -> None:
             result.finish_reason = choice["finish_reason"]
 
 
-def stream_chat(url: str, body: dict, timeout: float, on_token=None) -> StreamResult:
+def stream_chat(url: str, body: dict, timeout: float, on_token=None,
+                path: str = "/v1/chat/completions") -> StreamResult:
     """POST a streamed chat completion and time every token's arrival.
 
     *on_token*, if given, is called with the number of tokens received so far each time it grows
@@ -133,11 +134,11 @@ def stream_chat(url: str, body: dict, timeout: float, on_token=None) -> StreamRe
     t0 = time.perf_counter()
     deadline = t0 + timeout
     try:
-        with http().stream("POST", url + "/v1/chat/completions", json=body,
+        with http().stream("POST", url + path, json=body,
                           timeout=httpx.Timeout(timeout, connect=10.0)) as resp:
             if resp.status_code != 200:
                 resp.read()
-                raise ClientError(f"POST /v1/chat/completions: HTTP {resp.status_code}: {resp.text[:200]}")
+                raise ClientError(f"POST {path}: HTTP {resp.status_code}: {resp.text[:200]}")
             n_events = 0
             for line in resp.iter_lines():
                 now = time.perf_counter() - t0

@@ -18,7 +18,9 @@ from typing import Any
 MODEL_FILES = {"smollm2-135m": "resources/SmolLM2-135M-Instruct.Q4_1.gguf"}
 NAMED_CONTEXT = {"tiny": 2048}
 
-ARM_DEFAULTS = {"source": "engine", "patches": [], "args": [], "env": {}}
+EMBEDDED_SOURCE = "engine"
+ARM_DEFAULTS = {"source": None, "patches": [], "args": [], "env": {}, "engine": "embedded", "threads": None,
+                "build": None, "launch": None}
 SERVER_DEFAULTS = {"threads": None, "startup_timeout_s": 120, "request_timeout_s": 300, "stop_timeout_s": 10}
 VALIDATE_DEFAULTS = {"cases": ["token_counts", "done_marker", "python_function", "matches_baseline"], "timeout_s": 5, "agreement": 1.0, "retries": 0}
 STATS_DEFAULTS = {
@@ -46,6 +48,13 @@ def normalized(config: dict) -> dict:
     cfg["arms"] = {
         name: {**copy.deepcopy(ARM_DEFAULTS), **(arm or {})} for name, arm in cfg.get("arms", {}).items()
     }
+    for arm in cfg["arms"].values():
+        # source null: engine/ for the embedded engine; an installed package (no tree) for the others.
+        if arm["source"] is None and arm["engine"] == ARM_DEFAULTS["engine"]:
+            arm["source"] = EMBEDDED_SOURCE
+        if isinstance(arm["source"], dict) and set(arm["source"]) == {"path"}:
+            arm["source"] = arm["source"]["path"]
+    cfg["allow_external"] = cfg.get("allow_external", False) in (True, "true")
     cfg["server"] = {**SERVER_DEFAULTS, **(cfg.get("server") or {})}
     cfg["validate"] = {**copy.deepcopy(VALIDATE_DEFAULTS), **(cfg.get("validate") or {})}
     cfg["stats"] = {**copy.deepcopy(STATS_DEFAULTS), **(cfg.get("stats") or {})}
@@ -191,14 +200,28 @@ def check_config(config: dict, root: Path) -> None:
     if baseline_arm(cfg) == candidate_arm(cfg):
         raise ConfigError(f"candidate: the candidate arm must differ from the baseline ({baseline_arm(cfg)!r})")
     for name, arm in cfg["arms"].items():
-        src = root / arm["source"]
-        if not src.is_dir():
-            raise ConfigError(f"arms.{name}.source: directory {arm['source']} does not exist")
-        if not (src / "VERSION").is_file():
-            raise ConfigError(f"arms.{name}.source: {arm['source']} has no VERSION file")
+        from .engines import EngineError, load_profile
+
+        try:
+            profile = load_profile(arm["engine"])
+        except EngineError as exc:
+            raise ConfigError(f"arms.{name}.engine: {exc}") from None
+        if isinstance(arm["source"], str):
+            src = root / arm["source"]
+            if not src.is_dir():
+                raise ConfigError(f"arms.{name}.source: directory {arm['source']} does not exist")
+            if profile.name == "embedded" and not (src / "VERSION").is_file():
+                raise ConfigError(f"arms.{name}.source: {arm['source']} has no VERSION file")
+        elif arm["source"] is None and arm["patches"]:
+            raise ConfigError(f"arms.{name}.patches: engine {profile.name} has no source to patch "
+                              f"(give arms.{name}.source: {{git: ..., tag: ...}} or a path)")
         for i, patch in enumerate(arm["patches"]):
             if not (root / patch).is_file():
                 raise ConfigError(f"arms.{name}.patches[{i}]: patch file {patch} does not exist")
+    external_engines = sorted({a["engine"] for a in cfg["arms"].values() if a["engine"] != ARM_DEFAULTS["engine"]})
+    if external_engines and resolve_model(cfg["model"], root)["kind"] == "named":
+        raise ConfigError(f"model: engine(s) {', '.join(external_engines)} need a .gguf model file, "
+                          f"not the named model {cfg['model']!r}")
     context = model_context(cfg["model"], root)
     for i, length in enumerate(cfg["lengths"]):
         if length + cfg["output_tokens"] + CONTEXT_MARGIN > context:

@@ -29,7 +29,8 @@ import time
 from pathlib import Path
 
 from .artifacts import sha256_bytes
-from .client import ClientError, StreamResult, get_json, steady_request_body, stream_chat
+from .client import ClientError, StreamResult, get_json, http, steady_request_body, stream_chat
+from .engines import EngineError
 from .server_proc import Server, ServerError
 
 progress_log = logging.getLogger("pairbench.progress")
@@ -122,8 +123,13 @@ def client_timings(result: StreamResult, prompt_tokens: int) -> dict:
 
 
 def steady_record(result: StreamResult | None, error: str | None, *, length: int, output_tokens: int,
-                  round_: int, arm: str, prompt_sha256: str) -> dict:
-    """One steady record (docs/contracts.md §2), gated; a failed request becomes a flagged record."""
+                  round_: int, arm: str, prompt_sha256: str, gated: tuple | None = None) -> dict:
+    """One steady record (docs/contracts.md §2), gated; a failed request becomes a flagged record.
+
+    *gated* is a non-embedded engine's ``(gates, flags, facts)`` from ``engines.ArmEngine.gates``;
+    a gate it cannot decide is None (e.g. ``cold_cache`` where the engine gives no evidence): the
+    record is flagged, and only a gate that is False makes it not ok.
+    """
     rec = {"length": length, "round": round_, "arm": arm, "kind": "steady", "prompt_sha256": prompt_sha256}
     if result is None:
         rec.update({"output_sha256": None, "prompt_tokens": None, "completion_tokens": None, "tokens_cached": None,
@@ -132,42 +138,62 @@ def steady_record(result: StreamResult | None, error: str | None, *, length: int
                     "gates": {"prompt_tokens": False, "completion_tokens": False, "cold_cache": False},
                     "flags": [f"request: {error}"], "ok": False})
         return rec
-    gates, flags = gate(result, length, output_tokens)
     usage = result.usage or {}
+    if gated is None:
+        gates, flags = gate(result, length, output_tokens)
+        facts = {"prompt_tokens": usage.get("prompt_tokens"), "completion_tokens": usage.get("completion_tokens"),
+                 "tokens_cached": cached_tokens(result)}
+    else:
+        gates, flags, facts = gated
     mem = result.memory or {}
     rec.update({
         "output_sha256": sha256_bytes(result.text.encode()),
-        "prompt_tokens": usage.get("prompt_tokens"),
-        "completion_tokens": usage.get("completion_tokens"),
-        "tokens_cached": cached_tokens(result),
+        "prompt_tokens": facts["prompt_tokens"],
+        "completion_tokens": facts["completion_tokens"],
+        "tokens_cached": facts["tokens_cached"],
         **client_timings(result, length),
         "engine": engine_timings(result.timings),
         "kv_bytes": mem.get("kv_bytes"),
         "peak_rss_bytes": mem.get("peak_rss_bytes"),
         "gates": gates,
         "flags": flags,
-        "ok": all(gates.values()),
+        "ok": all(g is not False for g in gates.values()),
     })
     return rec
 
 
-def diagnostic_request(url: str, timeout: float, seed: int) -> dict:
-    """The first request of a launch: timed, recorded apart, never a steady sample."""
-    body = steady_request_body(FIRST_REQUEST, FIRST_REQUEST_TOKENS, seed)
+def diagnostic_request(url: str, timeout: float, seed: int, engine=None) -> dict:
+    """The first request of a launch: timed, recorded apart, never a steady sample.
+
+    *engine* (``engines.ArmEngine``) speaks a non-embedded engine's dialect; None: the embedded one.
+    """
+    if engine is None:
+        path, body = "/v1/chat/completions", steady_request_body(FIRST_REQUEST, FIRST_REQUEST_TOKENS, seed)
+    else:
+        path, body = engine.request(FIRST_REQUEST, FIRST_REQUEST_TOKENS, seed)
     try:
-        r = stream_chat(url, body, timeout)
+        r = stream_chat(url, body, timeout, path=path)
     except ClientError as exc:
         return {"ok": False, "error": str(exc), "ttft_ms": None, "e2e_ms": None, "completion_tokens": None,
                 "prompt_tokens": None, "tokens_cached": None}
     usage = r.usage or {}
+    counts = {"completion_tokens": usage.get("completion_tokens"), "prompt_tokens": usage.get("prompt_tokens"),
+              "tokens_cached": cached_tokens(r)}
+    if engine is not None:
+        from .engines import cold_cache_evidence, native_counts
+
+        reply = {"usage": r.usage, "timings": r.timings, "tokens_cached": r.tokens_cached}
+        prompt, completion = native_counts(engine.profile, reply, streamed_tokens=len(r.token_times))
+        counts = {"completion_tokens": completion, "prompt_tokens": prompt,
+                  "tokens_cached": cold_cache_evidence(engine.profile, reply, prompt or 0)["cached_tokens"]}
     return {"ok": bool(r.token_times), "error": None, "ttft_ms": r.ttft_s * 1e3 if r.ttft_s is not None else None,
-            "e2e_ms": r.e2e_s * 1e3, "completion_tokens": usage.get("completion_tokens"),
-            "prompt_tokens": usage.get("prompt_tokens"), "tokens_cached": cached_tokens(r)}
+            "e2e_ms": r.e2e_s * 1e3, **counts}
 
 
 def run_visit(*, visit: dict, arm_dir: Path, model_arg: str, plan: dict, prompts: dict[int, dict],
               fixtures: dict[int, dict], server_cfg: dict, arm_cfg: dict, server_log: Path,
-              inputs: dict, attempt: int = 1, pid_path: Path | None = None) -> tuple[dict, dict[int, dict]]:
+              inputs: dict, attempt: int = 1, pid_path: Path | None = None,
+              engine=None) -> tuple[dict, dict[int, dict]]:
     """Measure one visit. Returns ``(measure_body, {length: {"text", "token_ids"}})``.
 
     *prompts* maps length to the private prompts body; *fixtures* maps length to the fixture body.
@@ -183,48 +209,78 @@ def run_visit(*, visit: dict, arm_dir: Path, model_arg: str, plan: dict, prompts
 
     srv = Server(arm_dir, model_arg, plan["max_context"], server_log, threads=server_cfg["threads"],
                  extra_args=arm_cfg["args"], env=arm_cfg["env"], startup_timeout_s=server_cfg["startup_timeout_s"],
-                 stop_timeout_s=server_cfg["stop_timeout_s"], pid_path=pid_path, owner=f"measure {visit['id']}")
+                 stop_timeout_s=server_cfg["stop_timeout_s"], pid_path=pid_path, owner=f"measure {visit['id']}",
+                 launch=engine.launch if engine else None)
     t_visit = time.perf_counter()
+    log_start = server_log.stat().st_size if server_log.exists() else 0
     first_length = plan["lengths"][0]
     try:
         with srv:
             try:
-                version = get_json(srv.url, "/version")
-            except ClientError as exc:
+                version = (get_json(srv.url, "/version") if engine is None
+                           else {"native": engine.version(http(), srv.url)})
+            except (ClientError, EngineError) as exc:
                 raise VisitError(f"{where(first_length)}: GET /version failed: {exc}") from None
-            first = diagnostic_request(srv.url, timeout, plan["seed"])
+            first = diagnostic_request(srv.url, timeout, plan["seed"], engine)
             for length in plan["lengths"]:
                 rnd = next(r for r in prompts[length]["rounds"] if r["round"] == round_)
                 fx = next(r for r in fixtures[length]["rounds"] if r["round"] == round_)
+                path = "/v1/chat/completions"
                 body = steady_request_body(rnd["messages"], plan["output_tokens"], plan["seed"])
                 label = f"{visit['id']} arm={arm} round={round_} length={length}"
                 progress_log.info("[measure] %s: request sent (attempt %d)", label, attempt)
+                gated, n_tok = None, None
                 try:
-                    result = stream_chat(srv.url, body, timeout,
+                    if engine is not None:
+                        path, body = engine.request(rnd["messages"], plan["output_tokens"], plan["seed"])
+                        if engine.profile.data["tokens"]["prompt"] == "tokenize":  # its only prompt count
+                            n_tok = len(engine.tokenize(http(), srv.url, rnd["messages"]))
+                        engine.flush(http(), srv.url)  # unmeasured; only for engines that need it
+                        req_log = server_log.stat().st_size
+                    result = stream_chat(srv.url, body, timeout, path=path,
                                          on_token=RequestProgress(label, plan["output_tokens"]))
-                except ClientError as exc:
+                except (ClientError, EngineError) as exc:
                     try:  # a crashed server may take a moment to be reaped
                         code = srv.proc.wait(timeout=1.0)
                     except subprocess.TimeoutExpired:
                         code = None
                     state = "" if code is None else f"; the server exited with status {code}"
                     raise VisitError(f"{where(length)}: engine fault: {exc}{state}") from None
+                if engine is not None:
+                    log_text = None
+                    if engine.needs_log:  # what the server logged during this one request
+                        with open(server_log, "rb") as fh:
+                            fh.seek(req_log)
+                            log_text = fh.read().decode(errors="replace")
+                    gated = engine.gates({"usage": result.usage, "timings": result.timings,
+                                          "tokens_cached": result.tokens_cached}, length=length,
+                                         output_tokens=plan["output_tokens"], streamed_tokens=len(result.token_times),
+                                         tokenize_count=n_tok, log_text=log_text)
                 rec = steady_record(result, None, length=length, output_tokens=plan["output_tokens"], round_=round_,
-                                    arm=arm, prompt_sha256=fx["prompt_sha256"])
+                                    arm=arm, prompt_sha256=fx["prompt_sha256"], gated=gated)
                 rec.update({"visit_index": visit["index"], "attempt": attempt})
-                if result is not None and not srv.alive():
+                if not srv.alive():
                     rec["flags"].append("server: exited during the request")
                     rec["ok"] = False
                 records.append(rec)
-                outputs[length] = {"text": result.text if result else "", "token_ids": result.token_ids if result else []}
+                outputs[length] = {"text": result.text, "token_ids": result.token_ids}
     except ServerError as exc:
         raise VisitError(f"{where(first_length)}: the engine failed to start: {exc}") from None
     facts = srv.facts
+    server = {"ready_s": facts.get("ready_s"), "exit_code": facts.get("exit_code"), "stop": facts.get("stop"),
+              "argv": facts.get("argv")}
+    if engine is not None:
+        from .engines import count_log_prefix_hits
+
+        with open(server_log, "rb") as fh:  # this visit's part of the server log
+            fh.seek(log_start)
+            hits = count_log_prefix_hits(engine.profile, fh.read().decode(errors="replace"))
+        server.update({"engine": engine.name, "cold_cache_proof": engine.profile.cold_cache_proof,
+                       "log_prefix_hits": hits})
     body = {
         "visit": {k: visit[k] for k in ("index", "round", "arm", "position", "id")},
         "attempt": attempt,
-        "server": {"ready_s": facts.get("ready_s"), "exit_code": facts.get("exit_code"), "stop": facts.get("stop"),
-                   "argv": facts.get("argv")},
+        "server": server,
         "native_version": version.get("native"),
         "first_request": first,
         "records": records,
@@ -236,7 +292,7 @@ def run_visit(*, visit: dict, arm_dir: Path, model_arg: str, plan: dict, prompts
 
 
 def run_warmup(*, arm: str, arm_dir: Path, model_arg: str, plan: dict, server_cfg: dict, arm_cfg: dict,
-               server_log: Path, inputs: dict) -> dict:
+               server_log: Path, inputs: dict, engine=None) -> dict:
     """Launch the arm once: health, version, a first-request diagnostic and a smoke check.
 
     The smoke check sends the same short request twice with ``cache_prompt: false`` and checks the
@@ -245,14 +301,17 @@ def run_warmup(*, arm: str, arm_dir: Path, model_arg: str, plan: dict, server_cf
     timeout = server_cfg["request_timeout_s"]
     srv = Server(arm_dir, model_arg, plan["max_context"], server_log, threads=server_cfg["threads"],
                  extra_args=arm_cfg["args"], env=arm_cfg["env"], startup_timeout_s=server_cfg["startup_timeout_s"],
-                 stop_timeout_s=server_cfg["stop_timeout_s"])
+                 stop_timeout_s=server_cfg["stop_timeout_s"], launch=engine.launch if engine else None)
     with srv:
-        health = get_json(srv.url, "/health")
-        version = get_json(srv.url, "/version")
-        first = diagnostic_request(srv.url, timeout, plan["seed"])
+        if engine is None:
+            health = get_json(srv.url, "/health")
+            version = get_json(srv.url, "/version")
+        else:  # its health probe answered 200 (server_proc); not every engine has a JSON /health
+            health, version = {"status": "ok"}, {"native": engine.version(http(), srv.url)}
+        first = diagnostic_request(srv.url, timeout, plan["seed"], engine)
         smoke = []
         for _ in range(2):
-            d = diagnostic_request(srv.url, timeout, plan["seed"])
+            d = diagnostic_request(srv.url, timeout, plan["seed"], engine)
             smoke.append(d)
     problems = []
     for i, d in enumerate(smoke, start=1):

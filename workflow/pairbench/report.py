@@ -41,14 +41,31 @@ def compared_section(plan: dict, sources: dict, builds: dict) -> list[str]:
         s, b = sources[arm], builds[arm]
         patches = ", ".join(f"`{p['path'].split('/')[-1]}`" for p in s["patches"]) or "none"
         role = "baseline" if arm == plan["baseline"] else ("candidate" if arm == plan["candidate"] else "other")
-        rows.append([f"`{arm}` ({role})", f"`{s['source'].split('/')[-1]}` @ {s['version']}", patches,
-                     f"`{b['native_version']}`", s["patched"]["tree_sha256"][:12]])
+        src = s["source"]
+        if isinstance(src, dict):  # a git tag: the repository's name only, never its path or URL
+            where = f"`{src['git'].rstrip('/').split('/')[-1].removesuffix('.git')}` @ {s['version']}"
+            where += f" ({s['git']['commit'][:12]})" if s.get("git") else ""
+        elif src is None:
+            where = "installed package"
+        else:
+            where = f"`{src.split('/')[-1]}` @ {s['version']}"
+        rows.append([f"`{arm}` ({role})", where, patches, f"`{b['native_version']}`", s["patched"]["tree_sha256"][:12]])
     out = ["## What was compared", ""]
     out += _table(["arm", "source @ version", "patches", "native engine", "source tree sha256"], rows)
     out.append(f"Model `{plan['model']['name']}`; every steady request had exactly the stated input length "
                f"(native tokens, chat template included) and generated exactly {plan['output_tokens']} tokens "
                "(greedy, end-of-sequence ignored, prefix cache off).")
     out.append("")
+    for arm in plan["arms"]:  # engines other than the embedded one: how the cold cache was shown
+        e = builds[arm].get("engine")
+        if not e:
+            continue
+        strength = {"strong": "proven per request", "weak": "shown per request only by the absence of a "
+                    "cached-token count (weak)", "none": "NOT proven: this engine gives no server-side evidence"}
+        out.append(f"- `{arm}` runs engine `{e['engine']}`; cold cache {strength[e['cold_cache_proof']]}. "
+                   f"{e.get('cold_cache_how', '')}")
+    if any(builds[a].get("engine") for a in plan["arms"]):
+        out.append("")
     return out
 
 

@@ -62,7 +62,7 @@ class Server:
     def __init__(self, cwd: str | Path, model_arg: str, max_context: int, log_path: str | Path,
                  threads: int | None = None, extra_args: list[str] = (), env: dict | None = None,
                  startup_timeout_s: float = 120.0, stop_timeout_s: float = 10.0,
-                 pid_path: str | Path | None = None, owner: str = ""):
+                 pid_path: str | Path | None = None, owner: str = "", launch=None):
         self.cwd = Path(cwd)
         self.model_arg = model_arg
         self.max_context = max_context
@@ -77,6 +77,10 @@ class Server:
         self.proc: subprocess.Popen | None = None
         self.port: int | None = None
         self.facts: dict = {}
+        # A non-embedded engine: ``launch(port) -> pairbench.engines.LaunchSpec`` gives its argv,
+        # env, cwd, health path and readiness timeout (see engines.ArmEngine.launch).
+        self.launch = launch
+        self.health_path = "/health"
 
     @property
     def url(self) -> str:
@@ -84,8 +88,15 @@ class Server:
 
     def start(self) -> None:
         self.port = free_port()
-        cmd = serve_command(self.model_arg, self.port, self.max_context, self.threads, self.extra_args)
-        env = {**os.environ, **self.env, "PYTHONUNBUFFERED": "1"}
+        cwd = self.cwd
+        if self.launch is not None:
+            spec = self.launch(self.port)
+            cmd, cwd, self.health_path = spec.argv, Path(spec.cwd), spec.health_path
+            self.startup_timeout_s = spec.ready_timeout_s
+            env = {**os.environ, **spec.env, "PYTHONUNBUFFERED": "1"}
+        else:
+            cmd = serve_command(self.model_arg, self.port, self.max_context, self.threads, self.extra_args)
+            env = {**os.environ, **self.env, "PYTHONUNBUFFERED": "1"}
         # The engine under test must come from src/<arm>/ (the cwd), never from an installed copy.
         env.pop("PYTHONPATH", None)
         if self.pid_path is not None:
@@ -95,13 +106,14 @@ class Server:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         logfile = open(self.log_path, "ab")
         t0 = time.perf_counter()
-        self.proc = subprocess.Popen(cmd, cwd=self.cwd, env=env, stdout=logfile, stderr=subprocess.STDOUT,
+        self.proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=logfile, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, start_new_session=True,
                                      preexec_fn=recovery.die_with_parent)
         logfile.close()
         if self.pid_path is not None:
             recovery.record_server(self.pid_path, self.proc.pid, cmd, self.owner)
-        self.facts = {"argv": ["python", *cmd[1:]], "port_kind": "ephemeral"}
+        argv = spec.public()["argv"] if self.launch is not None else ["python", *cmd[1:]]
+        self.facts = {"argv": argv, "port_kind": "ephemeral"}
         self.wait_healthy(t0)
 
     def wait_healthy(self, t0: float) -> None:
@@ -113,7 +125,7 @@ class Server:
                 raise ServerError(f"server exited with status {code} before becoming healthy; "
                                   f"log tail:\n{_tail(self.log_path)}")
             try:
-                resp = http().get(self.url + "/health", timeout=2.0)
+                resp = http().get(self.url + self.health_path, timeout=2.0)
                 polls += 1
                 if resp.status_code == 200:
                     break

@@ -105,8 +105,15 @@ def apply_patches(arm: str, patches: list[str], arm_dir: Path, root: Path) -> li
 
 def export_source(arm: str, source: str, patches: list[str], arm_dir: str | Path, root: str | Path,
                   plan_sha256: str) -> dict:
-    """Export *source* into ``arm_dir/engine/``, apply *patches*; return the ``source`` artifact body."""
+    """Export *source* into ``arm_dir/engine/``, apply *patches*; return the ``source`` artifact body.
+
+    *source* may also be ``{"git": <path or URL>, "tag": <tag>}`` (exported clean at the tag into
+    ``arm_dir/`` itself, so patches are against the repository's own paths) or None (an installed
+    engine: an empty tree, no patches).
+    """
     root, arm_dir = Path(root), Path(arm_dir)
+    if source is None or isinstance(source, dict):
+        return _export_external(arm, source, patches, arm_dir, root, plan_sha256)
     src = root / source
     version_file = src / "VERSION"
     if not version_file.is_file():
@@ -130,3 +137,47 @@ def export_source(arm: str, source: str, patches: list[str], arm_dir: str | Path
         "patched": {"files": len(patched), "tree_sha256": tree_sha256(patched), "changed": changed},
         "inputs": {"plan": plan_sha256},
     }
+
+
+def _export_external(arm: str, source: dict | None, patches: list[str], arm_dir: Path, root: Path,
+                     plan_sha256: str) -> dict:
+    """The git-tag (or installed, ``None``) source of a non-embedded arm; see :func:`export_source`."""
+    from .gitsource import export_tag
+
+    if arm_dir.exists():
+        shutil.rmtree(arm_dir)
+    git = None
+    if source is None:
+        arm_dir.mkdir(parents=True)
+        version = "installed"
+    else:
+        repo = source["git"]
+        if not is_url_like(repo) and not Path(repo).is_absolute():
+            repo = str((root / repo).resolve())
+        exp = export_tag(repo, source["tag"], arm_dir, cache_dir=root / "resources" / "cache" / "git")
+        git = {"tag": exp.tag, "commit": exp.commit, "tree": exp.tree, "tag_object": exp.tag_object}
+        version = exp.tag
+    pristine = manifest(arm_dir)
+    applied = apply_patches(arm, patches, arm_dir, root)
+    patched = manifest(arm_dir)
+    changed = sorted(p for p in set(pristine) | set(patched) if pristine.get(p) != patched.get(p))
+    if patches and not changed:
+        raise PatchError(f"arms.{arm}.patches: the patches applied but changed no file of the exported tree")
+    body = {
+        "arm": arm,
+        "source": None if source is None else {"git": source["git"], "tag": source["tag"]},
+        "version": version,
+        "pristine": {"files": len(pristine), "tree_sha256": tree_sha256(pristine), "manifest": pristine},
+        "patches": applied,
+        "patched": {"files": len(patched), "tree_sha256": tree_sha256(patched), "changed": changed},
+        "inputs": {"plan": plan_sha256},
+    }
+    if git is not None:
+        body["git"] = git
+    return body
+
+
+def is_url_like(repo: str) -> bool:
+    from .gitsource import is_url
+
+    return is_url(repo)

@@ -12,13 +12,14 @@ import logging
 from pathlib import Path
 
 from . import build as pb_build
+from . import engines
 from . import config as pb_config
 from . import fixtures as pb_fixtures
 from . import measure as pb_measure
 from . import plan as pb_plan
 from . import source as pb_source
 from .artifacts import read_artifact, sha256_file, write_artifact
-from .client import tokenize_messages
+from .client import http, tokenize_messages
 from .server_proc import Server
 
 log = logging.getLogger("pairbench")
@@ -42,15 +43,46 @@ def build_stage(build_path: str, source_path: str, arm: str, arm_dir: str, model
                 build_log: str, root: str) -> None:
     source = read_artifact(source_path, "source")
     info = pb_config.resolve_model(model, Path(root))
-    body = pb_build.build_arm(arm, arm_dir, source, info, Path(root) / cache_dir, build_log,
-                              source_sha256=sha256_file(source_path), root=root)
+    plan = read_artifact(Path(source_path).parent.parent / "plan.json", "plan")
+    if plan["arms"][arm].get("engine", "embedded") != "embedded":
+        engines.plan_opt_in(plan)  # never build someone else's code without consent
+        body = pb_build.build_external_arm(arm, plan["arms"][arm], arm_dir, source, info, build_log,
+                                           source_sha256=sha256_file(source_path), root=root)
+    else:
+        body = pb_build.build_arm(arm, arm_dir, source, info, Path(root) / cache_dir, build_log,
+                                  source_sha256=sha256_file(source_path), root=root)
     write_artifact(build_path, "build", body)
 
 
-def _server(arm_dir: str, build: dict, plan: dict, server_cfg: dict, arm_cfg: dict, server_log: str, root: str) -> Server:
+def _engine(arm_dir: str, build: dict, plan: dict, server_cfg: dict, arm_cfg: dict, root: str):
+    """A non-embedded arm's ``engines.ArmEngine`` (None for the embedded engine). Checks opt-in first:
+    nothing external is launched or contacted without ``allow_external: true``."""
+    if arm_cfg.get("engine", "embedded") == "embedded":
+        return None
+    engines.plan_opt_in(plan)
+    model = pb_build.model_arg(build, root)
+    arm = {**arm_cfg, "threads": arm_cfg.get("threads") or server_cfg["threads"]}
+    return engines.arm_adapter(arm, model=model, model_path=model, ctx=plan["max_context"], src_dir=arm_dir,
+                               repo_root=root)
+
+
+def _threads(server_cfg: dict, arm_cfg: dict):
+    return arm_cfg.get("threads") or server_cfg["threads"]
+
+
+def _server(arm_dir: str, build: dict, plan: dict, server_cfg: dict, arm_cfg: dict, server_log: str, root: str,
+            engine=None) -> Server:
     return Server(arm_dir, pb_build.model_arg(build, root), plan["max_context"], server_log,
-                  threads=server_cfg["threads"], extra_args=arm_cfg["args"], env=arm_cfg["env"],
-                  startup_timeout_s=server_cfg["startup_timeout_s"], stop_timeout_s=server_cfg["stop_timeout_s"])
+                  threads=_threads(server_cfg, arm_cfg), extra_args=arm_cfg["args"], env=arm_cfg["env"],
+                  startup_timeout_s=server_cfg["startup_timeout_s"], stop_timeout_s=server_cfg["stop_timeout_s"],
+                  launch=engine.launch if engine else None)
+
+
+def _tokenizer(srv: Server, engine):
+    """messages -> the server's own token ids, in that engine's dialect."""
+    if engine is None:
+        return lambda m: tokenize_messages(srv.url, m)
+    return lambda m: engine.tokenize(http(), srv.url, m)
 
 
 def fixtures_stage(fixture_paths: list[str], prompt_paths: list[str], plan_path: str, build_paths: list[str],
@@ -64,15 +96,17 @@ def fixtures_stage(fixture_paths: list[str], prompt_paths: list[str], plan_path:
     # finished messages and must agree token for token. One server at a time.
     results = {}
     first = arms[0]
-    with _server(arm_dirs[0], builds[first], plan, server_cfg, arm_cfgs[first], server_log, root) as srv:
+    eng = _engine(arm_dirs[0], builds[first], plan, server_cfg, arm_cfgs[first], root)
+    with _server(arm_dirs[0], builds[first], plan, server_cfg, arm_cfgs[first], server_log, root, eng) as srv:
         for length in plan["lengths"]:
             results[length] = pb_fixtures.build_fixture(length, plan["output_tokens"], plan["seed"], plan["salts"],
-                                                        first, lambda m: tokenize_messages(srv.url, m))
+                                                        first, _tokenizer(srv, eng))
             log.info("fixture %d: fitted %d round(s) with %s's tokenizer", length, plan["rounds"], first)
     for arm, arm_dir in zip(arms[1:], arm_dirs[1:]):
-        with _server(arm_dir, builds[arm], plan, server_cfg, arm_cfgs[arm], server_log, root) as srv:
+        eng = _engine(arm_dir, builds[arm], plan, server_cfg, arm_cfgs[arm], root)
+        with _server(arm_dir, builds[arm], plan, server_cfg, arm_cfgs[arm], server_log, root, eng) as srv:
             for length in plan["lengths"]:
-                pb_fixtures.check_tokenizer(*results[length], arm, lambda m: tokenize_messages(srv.url, m))
+                pb_fixtures.check_tokenizer(*results[length], arm, _tokenizer(srv, eng))
                 log.info("fixture %d: %s agrees token for token", length, arm)
     for length, fpath, ppath in zip(plan["lengths"], fixture_paths, prompt_paths):
         fixture, prompts = results[length]
@@ -86,9 +120,12 @@ def warmup_stage(warmup_path: str, plan_path: str, build_path: str, arm: str, ar
                  server_cfg: dict, server_log: str, root: str) -> None:
     plan = read_artifact(plan_path, "plan")
     build = read_artifact(build_path, "build")
+    engine = _engine(arm_dir, build, plan, server_cfg, arm_cfg, root)
+    server_cfg = {**server_cfg, "threads": _threads(server_cfg, arm_cfg)}
     body = pb_measure.run_warmup(arm=arm, arm_dir=Path(arm_dir), model_arg=pb_build.model_arg(build, root),
                                  plan=plan, server_cfg=server_cfg, arm_cfg=arm_cfg, server_log=Path(server_log),
-                                 inputs={"plan": sha256_file(plan_path), "build": sha256_file(build_path)})
+                                 inputs={"plan": sha256_file(plan_path), "build": sha256_file(build_path)},
+                                 engine=engine)
     if not body["smoke_ok"]:
         log.warning("warmup of %s: %s", arm, "; ".join(body["problems"]))
     write_artifact(warmup_path, "warmup", body)
@@ -111,13 +148,15 @@ def measure_stage(measure_path: str, output_paths: list[str], marker_path: str, 
     prompts = {p["length"]: p for p in (read_artifact(p, "prompts") for p in prompt_paths)}
     inputs = {"plan": sha256_file(plan_path), "build": sha256_file(build_path),
               **{f"fixture.{n}": sha256_file(p) for n, p in zip(plan["lengths"], fixture_paths)}}
+    engine = _engine(arm_dir, build, plan, server_cfg, arm_cfg, root)
+    server_cfg = {**server_cfg, "threads": _threads(server_cfg, arm_cfg)}
     orphaned = (lambda: recovery.kill_stale(pid_path)) if pid_path else (lambda: None)
     with recovery.SnakemakeWatchdog(orphaned):
         body, outputs = pb_measure.run_visit(
             visit=visit, arm_dir=Path(arm_dir), model_arg=pb_build.model_arg(build, root), plan=plan,
             prompts=prompts, fixtures=fixtures, server_cfg=server_cfg, arm_cfg=arm_cfg,
             server_log=Path(server_log), inputs=inputs, attempt=attempt,
-            pid_path=Path(pid_path) if pid_path else None)
+            pid_path=Path(pid_path) if pid_path else None, engine=engine)
     for length, path in zip(plan["lengths"], output_paths):
         write_artifact(path, "output", {"visit": visit["id"], "length": length, **outputs[length],
                                         "inputs": {"plan": inputs["plan"]}})

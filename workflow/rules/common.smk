@@ -61,6 +61,8 @@ def arm_source_files(cfg, arm, root):
     """Every file of the arm's source tree, so editing the source re-exports it."""
     from pairbench.source import source_files
 
+    if not isinstance(cfg["arms"][arm]["source"], str):
+        return []  # a git tag is immutable; an installed engine has no source tree
     src = Path(cfg["arms"][arm]["source"])
     return [str(src / f) for f in source_files(root / src)]
 

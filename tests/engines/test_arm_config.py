@@ -1,0 +1,97 @@
+"""Arm-level config for real engines (engine, source {git, tag} | null, threads, allow_external) and
+the git-tag export + patch path through pairbench.source."""
+
+import subprocess
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+
+from pairbench import config as pb_config
+from pairbench.source import PatchError, export_source
+
+from .test_gitsource import git
+
+REPO = Path(__file__).resolve().parents[2]
+SCHEMA = yaml.safe_load((REPO / "workflow" / "schemas" / "config.schema.yaml").read_text())
+
+
+def cfg(**arms):
+    return {"label": "t", "model": "smollm2-135m", "arms": arms, "lengths": [160], "output_tokens": 8,
+            "rounds": 2, "seed": 0}
+
+
+def schema_errors(c):
+    return [pb_config.format_schema_error(e) for e in jsonschema.Draft202012Validator(SCHEMA).iter_errors(c)]
+
+
+def test_schema_accepts_engine_arms_and_rejects_half_a_git_source():
+    ok = cfg(a={"engine": "llama-server", "source": {"git": "https://example.invalid/x.git", "tag": "b1"},
+                "threads": 2, "build": ["make"], "launch": ["x", "{port}"]},
+             b={"engine": "llama-cpp-python", "source": None}, c={"source": {"path": "engine"}})
+    assert schema_errors({**ok, "allow_external": "true"}) == []
+    assert schema_errors(cfg(a={"source": {"git": "x"}}, b={}))  # no tag
+    assert any("allow_external" in e for e in schema_errors({**ok, "allow_external": "yes"}))
+
+
+def test_normalized_defaults_for_engines():
+    c = pb_config.normalized({**cfg(a={"engine": "vllm"}, b={"source": {"path": "engine"}}), "allow_external": "true"})
+    assert c["arms"]["a"]["source"] is None and c["arms"]["a"]["threads"] is None
+    assert c["arms"]["b"]["source"] == "engine" and c["arms"]["b"]["engine"] == "embedded"
+    assert c["allow_external"] is True
+    assert pb_config.normalized(cfg(a={}, b={}))["allow_external"] is False
+
+
+def test_check_config_names_the_culprit(smollm2_gguf):
+    with pytest.raises(pb_config.ConfigError, match=r"arms\.b\.engine: .*no profile 'tgi'"):
+        pb_config.check_config(cfg(a={}, b={"engine": "tgi"}), REPO)
+    with pytest.raises(pb_config.ConfigError, match=r"arms\.b\.patches: engine vllm has no source to patch"):
+        pb_config.check_config(cfg(a={}, b={"engine": "vllm", "patches": ["p.patch"]}), REPO)
+    with pytest.raises(pb_config.ConfigError, match=r"model: engine\(s\) llama-cpp-python need a \.gguf"):
+        pb_config.check_config({**cfg(a={"engine": "llama-cpp-python"}, b={"engine": "llama-cpp-python"}),
+                                "model": "tiny", "lengths": [400]}, REPO)
+    pb_config.check_config(cfg(a={"engine": "llama-cpp-python", "threads": 1},
+                               b={"engine": "llama-cpp-python", "threads": 2}), REPO)
+
+
+@pytest.fixture
+def upstream(tmp_path):
+    repo = tmp_path / "llama"
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "main")
+    (repo / "src").mkdir()
+    (repo / "src" / "kv.c").write_text("int kv_bits = 16;\nint other = 0;\n")
+    git(repo, "add", ".")
+    git(repo, "commit", "-q", "-m", "base")
+    git(repo, "tag", "b100")
+    (repo / "src" / "kv.c").write_text("int kv_bits = 16;\nint other = 1;\n")
+    git(repo, "commit", "-q", "-am", "later")
+    return repo
+
+
+def write_patch(root: Path, name: str, old: str, new: str) -> str:
+    (root / name).write_text(f"--- a/src/kv.c\n+++ b/src/kv.c\n@@ -1,2 +1,2 @@\n-{old}\n+{new}\n int other = 0;\n")
+    return name
+
+
+def test_git_source_exported_at_tag_then_patched(upstream, tmp_path):
+    patch = write_patch(tmp_path, "kv8.patch", "int kv_bits = 16;", "int kv_bits = 8;")
+    body = export_source("candidate", {"git": str(upstream), "tag": "b100"}, [patch], tmp_path / "src" / "candidate",
+                         tmp_path, plan_sha256="0" * 64)
+    assert (tmp_path / "src" / "candidate" / "src" / "kv.c").read_text() == "int kv_bits = 8;\nint other = 0;\n"
+    assert body["git"]["commit"] == git(upstream, "rev-parse", "b100") and body["version"] == "b100"
+    assert body["patched"]["changed"] == ["src/kv.c"] and body["source"] == {"git": str(upstream), "tag": "b100"}
+    assert git(upstream, "status", "--porcelain") == ""  # the user's checkout untouched
+
+
+def test_git_source_patch_that_does_not_apply_names_hunk(upstream, tmp_path):
+    patch = write_patch(tmp_path, "stale.patch", "int kv_bits = 32;", "int kv_bits = 8;")
+    with pytest.raises(PatchError, match=r"patches\[0\]: patch stale.patch does not apply: first failure at src/kv.c"):
+        export_source("candidate", {"git": str(upstream), "tag": "b100"}, [patch], tmp_path / "src" / "c",
+                      tmp_path, plan_sha256="0" * 64)
+
+
+def test_installed_engine_has_an_empty_tree(tmp_path):
+    body = export_source("a", None, [], tmp_path / "src" / "a", tmp_path, plan_sha256="0" * 64)
+    assert body["source"] is None and body["version"] == "installed" and body["pristine"]["files"] == 0
