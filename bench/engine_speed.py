@@ -11,7 +11,7 @@ and reports medians, then ratios against the issue's targets:
 Arms (all fed the same prompt token ids, greedy, EOS ignored, same thread count):
   engine          our engine through its Python API (``engine.load`` + ``engine.generate``), fp32
   engine+fp16     the same with ``engine.kernels.quantize_`` (fp16 weights for matrix-vector products)
-  engine+fp16+1t  the same, decode steps on 1 intra-op thread (``engine.kernels.threads(1)``)
+  engine+fp16+1t  the same, decode steps on 1 intra-op thread (``generate(..., decode_threads=1)``, the server's default)
   engine-http     ``python -m engine serve`` over HTTP, engine-reported timings (``--server``)
   transformers    ``LlamaForCausalLM.generate`` on the same GGUF (HF's own dequantizer), float32
   llama.cpp       llama-cpp-python, n_threads = --threads (skipped when not importable)
@@ -80,24 +80,22 @@ def rates(t0: float, stamps: list[float], prompt_len: int) -> dict:
 
 class EngineArm:
     """``decode_threads``: if set, decode steps (every token after the first) run on that many
-    intra-op threads (``engine.kernels.threads``) while prefill keeps ``--threads``."""
+    intra-op threads (``generate(decode_threads=...)``) while prefill keeps ``--threads``."""
 
     def __init__(self, loaded, label: str, decode_threads: int | None = None):
         self.loaded, self.label, self.decode_threads = loaded, label, decode_threads
 
     def run(self, ids: list[int], n_new: int) -> dict:
-        from engine import kernels
         from engine.generate import generate
 
         model = self.loaded.model
         stamps = []
         t0 = time.perf_counter()
-        gen = generate(model, ids, n_new, ignore_eos=True)
+        gen = generate(model, ids, n_new, ignore_eos=True, decode_threads=self.decode_threads)
         next(gen)  # prefill + first token
         stamps.append(time.perf_counter())
-        with kernels.threads(self.decode_threads or torch.get_num_threads()):
-            for _ in gen:
-                stamps.append(time.perf_counter())
+        for _ in gen:
+            stamps.append(time.perf_counter())
         return rates(t0, stamps, len(ids))
 
 

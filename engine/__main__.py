@@ -16,6 +16,9 @@ def main(argv=None) -> int:
     serve.add_argument("--port", type=int, required=True)
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    serve.add_argument("--decode-threads", type=int, default=1,
+                       help="intra-op threads for each decode step (default 1: faster than 2 on this "
+                            "project's 2-core machines, see docs/perf.md; 0 = same as --threads)")
     serve.add_argument("--max-context", type=int, default=None,
                        help="KV cache positions (default: min(model context, 4096))")
     serve.add_argument("--linear", choices=["fp16", "fp32"], default="fp16",
@@ -30,7 +33,8 @@ def main(argv=None) -> int:
         from .server import serve as run_server
 
         return run_server(args.model, host=args.host, port=args.port, threads=args.threads,
-                          max_context=args.max_context, linear=args.linear)
+                          max_context=args.max_context, linear=args.linear,
+                          decode_threads=args.decode_threads or None)
     if args.command == "convert":
         from .weights import convert
 

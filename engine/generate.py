@@ -8,6 +8,7 @@ write, which is how the server reuses a cached common prefix.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 
@@ -27,6 +28,28 @@ def decode_one(model: Transformer, token_id: int, pos: int) -> torch.Tensor:
     return model(torch.tensor([[token_id]], dtype=torch.long), pos)
 
 
+@contextmanager
+def intra_op_threads(n: int | None):
+    """Run the enclosed ops on ``n`` torch intra-op threads (None: leave the count alone).
+
+    Why decode gets its own count: a decode step is a chain of small ops (GEMVs over 576-wide rows,
+    attention over one query), and with 2 threads each ends in an OpenMP barrier; when the other core
+    is busy those barriers stall, and measured decode was several times slower than on 1 thread
+    (docs/perf.md). Prefill is a few big GEMMs and keeps every thread.
+    """
+    if n is not None and n < 1:
+        raise ValueError(f"intra_op_threads: n must be >= 1, got {n}")
+    if n is None or n == torch.get_num_threads():
+        yield
+        return
+    saved = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(saved)
+
+
 def sample(logits: torch.Tensor, temperature: float = 0.0, generator: torch.Generator | None = None) -> int:
     """Greedy (argmax, deterministic) at temperature 0, else a draw from softmax(logits / T)."""
     if temperature <= 0:
@@ -43,9 +66,10 @@ def token_limit(prompt_len: int, max_tokens: int, max_context: int) -> int:
 
 def generate(model: Transformer, prompt_ids: list[int], max_tokens: int, *, stop_ids=frozenset(),
              temperature: float = 0.0, seed: int | None = None, ignore_eos: bool = False,
-             start: int = 0) -> Iterator[int]:
+             start: int = 0, decode_threads: int | None = None) -> Iterator[int]:
     """Yield up to ``token_limit(...)`` generated ids. Positions < ``start`` must already hold this
     prompt's KV (a reused prefix). Stops early at a stop id (not yielded) unless ``ignore_eos``.
+    ``decode_threads`` sets the intra-op threads of each decode step (prefill keeps the process's).
 
     Afterwards the cache holds the prompt plus every yielded token except the last one when the
     limit was reached (it was never fed back); after a stop id it holds all yielded tokens."""
@@ -66,7 +90,8 @@ def generate(model: Transformer, prompt_ids: list[int], max_tokens: int, *, stop
         yield token
         if i + 1 == limit:
             return
-        logits = decode_one(model, token, pos)
+        with intra_op_threads(decode_threads):
+            logits = decode_one(model, token, pos)
         pos += 1
 
 

@@ -142,27 +142,3 @@ if __name__ == "__main__":
         print(f"W {r['shape'][0]:>5}x{r['shape'][1]:<5} rows {r['rows']:>2}: max abs err {r['max_abs']:.2e}, "
               f"relative to max |y| {r['rel_to_max']:.2e}")
 
-
-class threads:
-    """Context manager: run the enclosed ops on ``n`` intra-op threads, then restore the count.
-
-    Decode is a chain of ~20 small ops per layer; with 2 threads each one ends in an OpenMP barrier,
-    and on a 2-core machine whose other core is busy that barrier waits for a time slice. Measured at
-    load 10 (docs/perf.md): SDPA over a 2K KV cache 4.2 ms at 1 thread vs 28 ms at 2. So the engine
-    should decode on 1 thread and keep 2 for prefill:  ``with kernels.threads(1): decode_one(...)``.
-    """
-
-    def __init__(self, n: int):
-        if n < 1:
-            raise ValueError(f"kernels.threads: n must be >= 1, got {n}")
-        self.n, self.saved = n, None
-
-    def __enter__(self) -> "threads":
-        self.saved = torch.get_num_threads()
-        if self.saved != self.n:
-            torch.set_num_threads(self.n)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self.saved != self.n:
-            torch.set_num_threads(self.saved)

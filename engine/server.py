@@ -102,8 +102,10 @@ def longest_common_prefix(a: list[int], b: list[int]) -> int:
 class Engine:
     """The loaded model plus the prefix-cache bookkeeping; ``lock`` serialises generations."""
 
-    def __init__(self, spec: str, max_context: int | None, linear: str = "fp32"):
+    def __init__(self, spec: str, max_context: int | None, linear: str = "fp32",
+                 decode_threads: int | None = None):
         self.spec, self.requested_context, self.linear = spec, max_context, linear
+        self.decode_threads = decode_threads
         self.loaded = None  # set once loading finishes; /health says 503 until then
         self.lock = threading.Lock()
         self.cached: list[int] = []  # tokens whose KV is valid at positions 0..len-1
@@ -162,7 +164,8 @@ class Engine:
             t0 = time.perf_counter()
             t_first = t_last = None
             gen = generate(self.loaded.model, ids, p["max_tokens"], stop_ids=tok.stop_ids,
-                           temperature=p["temperature"], seed=p["seed"], ignore_eos=p["ignore_eos"], start=reuse)
+                           temperature=p["temperature"], seed=p["seed"], ignore_eos=p["ignore_eos"], start=reuse,
+                           decode_threads=self.decode_threads)
             try:
                 for token in gen:
                     t_last = time.perf_counter()
@@ -390,11 +393,11 @@ def make_server(engine: Engine, host: str, port: int) -> ThreadingHTTPServer:
 
 
 def serve(spec: str, host: str = "127.0.0.1", port: int = 8080, threads: int | None = None,
-          max_context: int | None = None, linear: str = "fp16") -> int:
+          max_context: int | None = None, linear: str = "fp16", decode_threads: int | None = 1) -> int:
     """Listen at once (``/health`` answers 503 while loading), load the model, serve until SIGTERM/SIGINT."""
     if threads is not None:
         torch.set_num_threads(threads)
-    engine = Engine(spec, max_context, linear)
+    engine = Engine(spec, max_context, linear, decode_threads)
     server = make_server(engine, host, port)
     thread = threading.Thread(target=server.serve_forever, name="http", daemon=True)
     thread.start()
@@ -414,6 +417,7 @@ def serve(spec: str, host: str = "127.0.0.1", port: int = 8080, threads: int | N
             return 2
         print(f"{NATIVE} ready: model {engine.loaded.name} on http://{host}:{server.server_address[1]} "
               f"(max_context {engine.max_context}, linear {linear}, threads {torch.get_num_threads()}, "
+              f"decode threads {decode_threads or torch.get_num_threads()}, "
               f"loaded in {time.perf_counter() - t0:.1f} s)", file=sys.stderr, flush=True)
         threading.Event().wait()
     except SystemExit as e:

@@ -52,10 +52,13 @@ def test_quantize_swaps_engine_linears_and_keeps_outputs():
     assert torch.allclose(got, ref, rtol=0, atol=REL_BOUND * float(ref.abs().max()) * 4)
 
 
-def test_threads_context_restores_count():
+def test_decode_threads_context_restores_count():
+    from engine.generate import intra_op_threads
+
     before = torch.get_num_threads()
-    with kernels.threads(1):
+    with intra_op_threads(1):
         assert torch.get_num_threads() == 1
     assert torch.get_num_threads() == before
     with pytest.raises(ValueError, match="n must be >= 1"):
-        kernels.threads(0)
+        with intra_op_threads(0):
+            pass
