@@ -11,7 +11,7 @@ rule build:
         arm_dir=f"{RES}/src/{{arm}}",
         model=CFG["model"],
         cache_dir="resources/cache/converted",
-        root=str(ROOT),
+        root=lambda wildcards: str(ROOT),  # a function: the checkout root, not a file prefix
     log:
         job=f"{LOGS}/build/{{arm}}.log",
         steps=f"{LOGS}/build/{{arm}}.steps.log",
