@@ -231,7 +231,7 @@ def test_artifact_from_all_cases_validates_and_carries_no_text():
     assert entries[0]["selected"] and not entries[1]["selected"]
     assert entries[1]["excluded_because"][0].startswith("python_function: fail:")
     doc = {"schema": "pairbench.validate/v1", "inputs": {"measure": "0" * 64}, "round": 1,
-           "arm": "candidate", "attempt": 0, "cases": list(validate.CASES),
+           "arm": "candidate", "attempt": 1, "cases": list(validate.CASES),
            "options": dict(validate.DEFAULT_OPTIONS), "records": entries}
     artifacts.validate("validate", doc)
     assert "return a" not in json.dumps(doc)

@@ -114,14 +114,18 @@ def _manifest_root(run_dir: Path, rel: str, data: dict) -> Path | None:
 
 
 def _check_source_tree(result: AuditResult, rel: str, data: dict, run_dir: Path) -> None:
-    """``source/<arm>.json`` pins the exported tree ``src/<arm>/engine/`` after its patches:
-    ``patched.tree_sha256`` over every file, ``pristine.manifest`` per file for those no patch changed."""
+    """``source/<arm>.json`` pins the exported tree after its patches: ``patched.tree_sha256`` over
+    every file, ``pristine.manifest`` per file for those no patch changed. The embedded engine (a
+    ``source`` folder name) is exported to ``src/<arm>/engine/``; a git-tag or installed engine
+    (``source`` an object or null) to ``src/<arm>/`` itself (see pairbench.source.export_source)."""
     from pairbench.source import manifest, tree_sha256
 
     patched = data.get("patched") or {}
     if "tree_sha256" not in patched:
         return
-    tree = run_dir / "src" / Path(rel).stem / "engine"
+    tree = run_dir / "src" / Path(rel).stem
+    if isinstance(data.get("source"), str):
+        tree = tree / "engine"
     tree_rel = tree.relative_to(run_dir).as_posix()
     if not tree.is_dir():
         result.add(tree_rel, "manifest", f"exported source tree recorded in {rel} is missing")
