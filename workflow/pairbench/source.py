@@ -31,13 +31,19 @@ class PatchError(Exception):
 
 
 def source_files(src: str | Path) -> list[str]:
-    """Files of a source tree, relative and sorted, without byte-code caches."""
+    """Files of a source tree, relative and sorted, without byte-code caches.
+
+    Also without the empty ``.snakemake_timestamp`` that Snakemake leaves at the top of a
+    ``directory()`` output: an external arm's tree is ``src/<arm>/`` itself, and that marker is the
+    workflow's, not the source's."""
     src = Path(src)
     out = []
     for dirpath, dirnames, filenames in os.walk(src):
         dirnames[:] = sorted(d for d in dirnames if d not in ("__pycache__", ".pytest_cache"))
         for name in filenames:
             if name.endswith((".pyc", ".pyo")):
+                continue
+            if name == ".snakemake_timestamp" and Path(dirpath) == src:
                 continue
             out.append((Path(dirpath) / name).relative_to(src).as_posix())
     return sorted(out)
