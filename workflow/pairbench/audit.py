@@ -124,7 +124,7 @@ def _check_source_tree(result: AuditResult, rel: str, data: dict, run_dir: Path)
     if "tree_sha256" not in patched:
         return
     tree = run_dir / "src" / Path(rel).stem
-    if isinstance(data.get("source"), str):
+    if isinstance(data.get("source", "engine"), str):
         tree = tree / "engine"
     tree_rel = tree.relative_to(run_dir).as_posix()
     if not tree.is_dir():
