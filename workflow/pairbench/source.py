@@ -128,20 +128,28 @@ def export_source(arm: str, source: str, patches: list[str], arm_dir: str | Path
         shutil.rmtree(arm_dir)
     dest = arm_dir / "engine"
     shutil.copytree(src, dest, ignore=IGNORE)
-    pristine = manifest(dest)
-    applied = apply_patches(arm, patches, arm_dir, root)
-    patched = manifest(dest)
-    changed = sorted(p for p in set(pristine) | set(patched) if pristine.get(p) != patched.get(p))
-    if patches and not changed:
-        raise PatchError(f"arms.{arm}.patches: the patches applied but changed no file under {source}")
     return {
         "arm": arm,
         "source": source,
         "version": version_file.read_text().strip(),
+        **_patch_and_record(arm, patches, dest, arm_dir, root, f"under {source}"),
+        "inputs": {"plan": plan_sha256},
+    }
+
+
+def _patch_and_record(arm: str, patches: list[str], tree: Path, patch_cwd: Path, root: Path, where: str) -> dict:
+    """Apply *patches* (from *patch_cwd*) and return the source record's ``pristine``, ``patches`` and
+    ``patched`` parts for *tree*; patches that change no file are an error naming the arm."""
+    pristine = manifest(tree)
+    applied = apply_patches(arm, patches, patch_cwd, root)
+    patched = manifest(tree)
+    changed = sorted(p for p in set(pristine) | set(patched) if pristine.get(p) != patched.get(p))
+    if patches and not changed:
+        raise PatchError(f"arms.{arm}.patches: the patches applied but changed no file {where}")
+    return {
         "pristine": {"files": len(pristine), "tree_sha256": tree_sha256(pristine), "manifest": pristine},
         "patches": applied,
         "patched": {"files": len(patched), "tree_sha256": tree_sha256(patched), "changed": changed},
-        "inputs": {"plan": plan_sha256},
     }
 
 
@@ -163,19 +171,11 @@ def _export_external(arm: str, source: dict | None, patches: list[str], arm_dir:
         exp = export_tag(repo, source["tag"], arm_dir, cache_dir=root / "resources" / "cache" / "git")
         git = {"tag": exp.tag, "commit": exp.commit, "tree": exp.tree, "tag_object": exp.tag_object}
         version = exp.tag
-    pristine = manifest(arm_dir)
-    applied = apply_patches(arm, patches, arm_dir, root)
-    patched = manifest(arm_dir)
-    changed = sorted(p for p in set(pristine) | set(patched) if pristine.get(p) != patched.get(p))
-    if patches and not changed:
-        raise PatchError(f"arms.{arm}.patches: the patches applied but changed no file of the exported tree")
     body = {
         "arm": arm,
         "source": None if source is None else {"git": source["git"], "tag": source["tag"]},
         "version": version,
-        "pristine": {"files": len(pristine), "tree_sha256": tree_sha256(pristine), "manifest": pristine},
-        "patches": applied,
-        "patched": {"files": len(patched), "tree_sha256": tree_sha256(patched), "changed": changed},
+        **_patch_and_record(arm, patches, arm_dir, arm_dir, root, "of the exported tree"),
         "inputs": {"plan": plan_sha256},
     }
     if git is not None:
