@@ -110,6 +110,13 @@ def result(**kw):
     return r
 
 
+def test_engine_decode_rate_counts_the_same_intervals_as_the_client():
+    # predicted_ms spans the 3 decode steps after the first token (llama.cpp's convention)
+    t = pb_measure.engine_timings({"prompt_n": 10, "prompt_ms": 50.0, "predicted_n": 4, "predicted_ms": 400.0})
+    assert t["decode_tok_s"] == pytest.approx(3 / 0.4)
+    assert t["decode_tok_s"] == pytest.approx(pb_measure.client_timings(result(), 10)["decode_tok_s"])
+
+
 def test_client_timings_from_token_arrival():
     t = pb_measure.client_timings(result(), 10)
     assert t["ttft_ms"] == pytest.approx(100.0)
