@@ -127,22 +127,16 @@ def client_timings(result: StreamResult, prompt_tokens: int) -> dict:
             "prefill_tok_s": prompt_tokens / ttft if ttft else None, "decode_tok_s": decode}
 
 
-def steady_record(result: StreamResult | None, error: str | None, *, length: int, output_tokens: int,
+def steady_record(result: StreamResult, *, length: int, output_tokens: int,
                   round_: int, arm: str, prompt_sha256: str, gated: tuple | None = None) -> dict:
-    """One steady record (docs/contracts.md §2), gated; a failed request becomes a flagged record.
+    """One steady record (docs/contracts.md §2) of a completed request, gated. (A request that
+    failed is an engine fault: :func:`run_visit` raises :class:`VisitError` instead.)
 
     *gated* is a non-embedded engine's ``(gates, flags, facts)`` from ``engines.ArmEngine.gates``;
     a gate it cannot decide is None (e.g. ``cold_cache`` where the engine gives no evidence): the
     record is flagged, and only a gate that is False makes it not ok.
     """
     rec = {"length": length, "round": round_, "arm": arm, "kind": "steady", "prompt_sha256": prompt_sha256}
-    if result is None:
-        rec.update({"output_sha256": None, "prompt_tokens": None, "completion_tokens": None, "tokens_cached": None,
-                    "ttft_ms": None, "e2e_ms": None, "prefill_tok_s": None, "decode_tok_s": None, "engine": None,
-                    "kv_bytes": None, "peak_rss_bytes": None,
-                    "gates": {"prompt_tokens": False, "completion_tokens": False, "cold_cache": False},
-                    "flags": [f"request: {error}"], "ok": False})
-        return rec
     usage = result.usage or {}
     if gated is None:
         gates, flags = gate(result, length, output_tokens)
@@ -261,7 +255,7 @@ def run_visit(*, visit: dict, arm_dir: Path, model_arg: str, plan: dict, prompts
                                           "tokens_cached": result.tokens_cached}, length=length,
                                          output_tokens=plan["output_tokens"], streamed_tokens=len(result.token_times),
                                          tokenize_count=n_tok, log_text=log_text)
-                rec = steady_record(result, None, length=length, output_tokens=plan["output_tokens"], round_=round_,
+                rec = steady_record(result, length=length, output_tokens=plan["output_tokens"], round_=round_,
                                     arm=arm, prompt_sha256=fx["prompt_sha256"], gated=gated)
                 rec.update({"visit_index": visit["index"], "attempt": attempt})
                 if not srv.alive():
