@@ -112,7 +112,7 @@ def test_only_selected_rows_count_and_the_rest_are_listed_with_reasons(known):
     assert excluded == {("stock", 11, "prompt_tokens: got 257, planned 256"),
                         ("patched", 3, "superseded: visit retried after connection reset")}
     assert s["counts"] == {"rows": 30, "selected": 28, "excluded": 2, "retries": 1, "unpaired": 0}
-    assert s["disclosures"]["retries"] == [{"arm": "patched", "length": 256, "round": 3, "attempt": 2,
+    assert s["disclosures"]["retries"] == [{"arm": "patched", "length": 256, "round": 3, "attempt": 2, "retry": 0,
                                             "selected": False}]
 
 

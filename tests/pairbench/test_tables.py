@@ -27,14 +27,31 @@ def test_selection_joins_gates_and_validation():
                       gates={"prompt_tokens": False, "completion_tokens": True, "cold_cache": True})
     measures = [visit("a", 1, record("a", 1, 400), record("a", 1, 480)), visit("b", 1, bad_gate, record("b", 1, 480))]
     validations = {
-        "r01-a": {"records": [verdicts(400, token_counts="pass"), verdicts(480, token_counts="pass", done_marker="fail")]},
-        "r01-b": {"records": [verdicts(400, token_counts="fail"), verdicts(480, token_counts="pass")]},
+        ("r01-a", 0): {"records": [verdicts(400, token_counts="pass"), verdicts(480, token_counts="pass", done_marker="fail")]},
+        ("r01-b", 0): {"records": [verdicts(400, token_counts="fail"), verdicts(480, token_counts="pass")]},
     }
     df = tables.measurements_frame(measures, validations)
     assert list(df.columns) == tables.COLUMNS
     assert df["selected"].tolist() == [True, False, False, True]
     assert df["reason"].tolist() == ["", "case done_marker fail", "gate prompt_tokens + case token_counts fail", ""]
     assert df.loc[0, "engine_decode_tok_s"] == 101.0
+
+
+def test_a_validation_retry_supersedes_the_record_it_re_measured():
+    measures = [visit("a", 1, record("a", 1, 400), record("a", 1, 480, decode=50.0)),
+                {**visit("a", 1, record("a", 1, 480, decode=90.0)), "retry": 1}]
+    validations = {
+        ("r01-a", 0): {"records": [verdicts(400, python_function="pass"), verdicts(480, python_function="timeout")]},
+        ("r01-a", 1): {"records": [verdicts(480, python_function="pass")]},
+    }
+    df = tables.measurements_frame(measures, validations)
+    assert df[["length", "retry", "selected", "reason"]].values.tolist() == [
+        [400, 0, True, ""], [480, 0, False, "superseded by retry 1"], [480, 1, True, ""]]
+    assert df[df["selected"]]["decode_tok_s"].tolist() == [100.0, 90.0], "the retry's record counts, once"
+    # a retry that fails again is the latest record: excluded for its own reason, not superseded
+    validations[("r01-a", 1)] = {"records": [verdicts(480, python_function="timeout")]}
+    df = tables.measurements_frame(measures, validations)
+    assert df["reason"].tolist() == ["", "superseded by retry 1", "case python_function timeout"]
 
 
 def test_unvalidated_records_are_not_selected_and_reasons_stay_short():

@@ -76,7 +76,9 @@ def test_retry_is_recorded_and_disclosed(run):
     summary = read_artifact(run.run / "stats" / "summary.json", "summary")
     assert {(r["round"], r["arm"], r["attempt"]) for r in summary["disclosures"]["retries"]} == {(2, "candidate", 2)}
     landing = (run.run / "report" / "landing.rst").read_text()
-    assert "Retried visits" in landing and re.search(r"\* - 2\n\s+- candidate\n\s+- 2", landing)
+    # one row per re-measured record: round, arm, length, attempt, validation retry (none), outcome
+    assert "Retries (attempt > 1" in landing
+    assert re.search(r"\* - 2\n\s+- candidate\n\s+- 4[04]0\n\s+- 2\n\s+- 0\n\s+- used", landing), landing
 
 
 def audit_cli(run_dir: Path) -> subprocess.CompletedProcess:

@@ -8,12 +8,16 @@
   leaving every other visit's files byte-identical (and untouched);
 - invalid configs and a non-applying patch fail with errors that name the key / the patch and hunk;
 - with the fake engine misbehaving per arm, each gate fires, and flagged records are kept,
-  excluded from the statistics and listed in the report.
+  excluded from the statistics and listed in the report;
+- an output whose tests never finish times the validator out, and the visit earns a validation
+  retry: its own jobs and artifacts, the original kept and superseded, the retry in the report.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
 import subprocess
 import sys
@@ -44,8 +48,9 @@ def copy_repo(dest: Path) -> Path:
     return dest
 
 
-def snakemake(work: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-    proc = subprocess.run([sys.executable, "-m", "snakemake", *args], cwd=work, capture_output=True, text=True)
+def snakemake(work: Path, *args: str, check: bool = True, env: dict | None = None) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, "-m", "snakemake", *args], cwd=work, capture_output=True, text=True,
+                          env={**os.environ, **(env or {})})
     if check and proc.returncode != 0:
         raise AssertionError(f"snakemake {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n"
                              f"{proc.stderr[-8000:]}")
@@ -214,3 +219,75 @@ def test_each_gate_fires_and_flagged_records_are_kept_and_disclosed(scratch):
     summary = read_artifact(res / "stats" / "summary.json", "summary")
     assert summary["counts"]["excluded"] >= 4
     assert all(v["verdict"] == "inconclusive" for by_m in summary["paired"].values() for v in by_m.values())
+
+
+RETRY_CONFIG = """\
+label: vretry
+model: tiny
+arms:
+  baseline: {source: tests/fakes/engine, env: {FAKE_ENGINE_OUTPUT_TEXT: &add "def add(a, b):\\n    return a + b\\n\\n# done\\n"}}
+  candidate:
+    source: tests/fakes/engine
+    # the candidate's first steady request (r01-candidate, 412 tokens) answers with an endless loop
+    env: {FAKE_ENGINE_OUTPUT_TEXT: *add, FAKE_ENGINE_ONCE_TEXT: "def add(a, b):\\n    while True:\\n        pass\\n"}
+baseline: baseline
+candidate: candidate
+lengths: [412, 452]  # both fixtures ask for add() (pairbench.tasks.task_for)
+output_tokens: 48
+rounds: 2
+seed: 0
+validate: {cases: [token_counts, done_marker, python_function], timeout_s: 1, retries: 2}
+"""
+
+
+def test_validator_timeout_earns_a_disclosed_partial_visit_retry(scratch):
+    cfg = scratch / "vretry.yaml"
+    cfg.write_text(RETRY_CONFIG)
+    once = scratch / "once-vretry"  # the fake's shared state, outside the config (never published)
+    env = {"FAKE_ENGINE_ONCE_FILE": str(once)}
+    proc = snakemake(scratch, "--cores", "2", "--configfile", str(cfg), env=env)
+    assert once.exists(), "the endless loop was sent"
+    res = scratch / "results" / "vretry"
+    log = proc.stdout + proc.stderr
+    assert "rule measure_retry:" in log and "checkpoint validate_retry:" in log, "the retry is its own jobs"
+
+    # the original is kept, untouched by the retry; the retry re-measured only the timed-out length
+    original = read_artifact(res / "measure" / "r01-candidate.json", "measure")
+    assert [r["length"] for r in original["records"]] == [412, 452] and "retry" not in original
+    first = read_artifact(res / "validate" / "r01-candidate.json", "validate")
+    assert {r["length"]: r["verdicts"]["python_function"]["verdict"] for r in first["records"]} == {
+        412: "timeout", 452: "pass"}
+    retry = read_artifact(res / "measure" / "r01-candidate.retry1.json", "measure")
+    assert retry["retry"] == 1 and [r["length"] for r in retry["records"]] == [412]
+    assert retry["retry_reasons"][0]["length"] == 412
+    assert retry["retry_reasons"][0]["reason"].startswith("case python_function timeout:")
+    assert read_artifact(res / "validate" / "r01-candidate.retry1.json", "validate")["records"][0]["selected"]
+    assert not list((res / "measure").glob("*.retry2.json")), "a passing retry earns no further retry"
+    assert sorted(p.name for p in (res / "measure").glob("*.retry*")) == ["r01-candidate.retry1.json"]
+
+    df = pd.read_csv(res / "tables" / "measurements.csv")
+    assert len(df) == 2 * 2 * 2 + 1
+    cell = df[(df["round"] == 1) & (df["arm"] == "candidate") & (df["length"] == 412)]
+    assert cell[["retry", "selected"]].values.tolist() == [[0, False], [1, True]]
+    assert cell["reason"].iloc[0] == "superseded by retry 1"
+    assert df["selected"].sum() == 8, "every (round, arm, length) has exactly one selected record"
+    summary = read_artifact(res / "stats" / "summary.json", "summary")
+    assert [(r["round"], r["arm"], r["length"], r["retry"], r["selected"])
+            for r in summary["disclosures"]["retries"]] == [(1, "candidate", 412, 1, True)]
+
+    readme = (res / "publish" / "README.md").read_text()
+    assert ("Retries: 1 disclosed: 0 engine-fault re-attempt(s) of a measurement job and 1 partial-visit "
+            "validation retry(ies) (1 validator timeout).") in readme
+    assert "- r01-candidate retry 1, length 412 (partial visit, validator timeout): the visit's own " \
+           "measurement was excluded: case python_function timeout:" in readme
+    assert "its new record passed and is the one used" in readme
+    landing = (res / "report" / "landing.rst").read_text()
+    assert "- 1\n     - candidate\n     - 412\n     - 1\n     - 1\n     - used" in landing, landing
+    assert read_artifact(res / "audit.json", "audit")["ok"]
+    assert verify_bundle(res / "publish") == []
+
+    # resumable: nothing left to do, and deleting the retry redoes the retry alone
+    assert "Nothing to be done" in snakemake(scratch, "-n", "--configfile", str(cfg), env=env).stdout
+    (res / "measure" / "r01-candidate.retry1.json").unlink()
+    dry = snakemake(scratch, "-n", "--configfile", str(cfg), env=env).stdout
+    assert "measure_retry" in dry and not re.search(r"^rule measure:", dry, re.M), dry[-3000:]

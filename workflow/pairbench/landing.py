@@ -5,7 +5,7 @@ through docutils, which can ``.. include::`` a file but cannot compute anything.
 ``tables/paired.csv`` and ``tables/measurements.csv`` into a compact RST snippet
 (``results/<label>/report/landing.rst``) that the description includes: one row per input length and
 metric with the median paired ratio, its CI, the p-value and the verdict (the full-precision columns
-stay in the Summary category), and every visit that needed more than one attempt.
+stay in the Summary category), and every retry (engine-fault re-attempts and validation retries).
 """
 
 from __future__ import annotations
@@ -38,12 +38,27 @@ def verdict_rows(paired: pd.DataFrame) -> list[list[str]]:
 
 
 def retry_rows(measurements: pd.DataFrame) -> list[list[str]]:
-    """[round, arm, attempt] for every visit whose kept attempt is above 1."""
-    if "attempt" not in measurements.columns:
+    """[round, arm, length, attempt, retry, outcome] for every row measured by a retry.
+
+    A retry is an engine-fault re-attempt of a measurement job (``attempt`` > 1; one row per visit)
+    or a validation retry (``retry`` > 0, a partial visit: one row per re-measured length).
+    """
+    cols = measurements.columns
+    attempt = pd.to_numeric(measurements["attempt"], errors="coerce") if "attempt" in cols else None
+    retry = pd.to_numeric(measurements["retry"], errors="coerce") if "retry" in cols else None
+    if attempt is None and retry is None:
         return []
-    df = measurements[pd.to_numeric(measurements["attempt"], errors="coerce") > 1]
-    df = df.drop_duplicates(subset=["round", "arm", "attempt"]).sort_values(["round", "arm"])
-    return [[str(int(r["round"])), str(r["arm"]), str(int(r["attempt"]))] for _, r in df.iterrows()]
+    mask = pd.Series(False, index=measurements.index)
+    if attempt is not None:
+        mask |= attempt > 1
+    if retry is not None:
+        mask |= retry > 0
+    df = measurements[mask].copy()
+    df["_attempt"] = attempt[mask].fillna(1).astype(int) if attempt is not None else 1
+    df["_retry"] = retry[mask].fillna(0).astype(int) if retry is not None else 0
+    df = df.sort_values(["round", "arm", "_retry", "length"])
+    return [[str(int(r["round"])), str(r["arm"]), str(int(r["length"])), str(r["_attempt"]), str(r["_retry"]),
+             "used" if bool(r["selected"]) else "excluded"] for _, r in df.iterrows()]
 
 
 def _list_table(title: str, header: list[str], rows: list[list[str]], cls: str) -> str:
@@ -68,10 +83,13 @@ def landing_rst(paired_csv: str | Path, measurements_csv: str | Path) -> str:
                      "(see tables/summary.csv and the excluded rows in stats/summary.json).\n")
     retries = retry_rows(measurements)
     if retries:
-        parts.append(_list_table("Retried visits (an engine fault failed the earlier attempts)",
-                                 ["round", "arm", "attempt"], retries, "pairbench-retries"))
+        parts.append(_list_table("Retries (attempt > 1: an engine fault failed the earlier attempts of the job; "
+                                 "retry > 0: a validation retry re-measured the record)",
+                                 ["round", "arm", "length", "attempt", "retry", "outcome"], retries,
+                                 "pairbench-retries"))
     else:
-        parts.append("Retried visits: none (every visit succeeded at its first attempt).\n")
+        parts.append("Retries: none (every visit succeeded at its first attempt and none needed a "
+                     "validation retry).\n")
     return "\n".join(parts)
 
 

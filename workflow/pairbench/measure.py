@@ -192,12 +192,13 @@ def diagnostic_request(url: str, timeout: float, seed: int, engine=None) -> dict
 def run_visit(*, visit: dict, arm_dir: Path, model_arg: str, plan: dict, prompts: dict[int, dict],
               fixtures: dict[int, dict], server_cfg: dict, arm_cfg: dict, server_log: Path,
               inputs: dict, attempt: int = 1, pid_path: Path | None = None,
-              engine=None) -> tuple[dict, dict[int, dict]]:
+              engine=None, lengths: list[int] | None = None) -> tuple[dict, dict[int, dict]]:
     """Measure one visit. Returns ``(measure_body, {length: {"text", "token_ids"}})``.
 
     *prompts* maps length to the private prompts body; *fixtures* maps length to the fixture body.
     *attempt* is Snakemake's attempt number (1 = first); *pid_path* the server's pid file (see
-    :mod:`pairbench.recovery`). Raises :class:`VisitError` on an engine fault.
+    :mod:`pairbench.recovery`); *lengths* a subset of the plan's, in its order, for a partial visit
+    (a validation retry; default: every length). Raises :class:`VisitError` on an engine fault.
     """
     round_, arm = visit["round"], visit["arm"]
     timeout = server_cfg["request_timeout_s"]
@@ -212,7 +213,8 @@ def run_visit(*, visit: dict, arm_dir: Path, model_arg: str, plan: dict, prompts
                  launch=engine.launch if engine else None)
     t_visit = time.perf_counter()
     log_start = server_log.stat().st_size if server_log.exists() else 0
-    first_length = plan["lengths"][0]
+    lengths = list(plan["lengths"]) if lengths is None else [n for n in plan["lengths"] if n in set(lengths)]
+    first_length = lengths[0]
     try:
         with srv:
             try:
@@ -221,7 +223,7 @@ def run_visit(*, visit: dict, arm_dir: Path, model_arg: str, plan: dict, prompts
             except (ClientError, EngineError) as exc:
                 raise VisitError(f"{where(first_length)}: GET /version failed: {exc}") from None
             first = diagnostic_request(srv.url, timeout, plan["seed"], engine)
-            for length in plan["lengths"]:
+            for length in lengths:
                 rnd = next(r for r in prompts[length]["rounds"] if r["round"] == round_)
                 fx = next(r for r in fixtures[length]["rounds"] if r["round"] == round_)
                 path = "/v1/chat/completions"

@@ -16,6 +16,9 @@ import math
 
 import pandas as pd
 
+from . import retries
+from .retries import measure_key
+
 LEAK_GATE_MARKER = "<!-- pairbench:leak-gate -->"
 
 
@@ -90,7 +93,11 @@ def plan_section(plan: dict, fixtures: dict) -> list[str]:
     return out
 
 
-def gates_section(measures: list[dict], validations: dict[str, dict], df: pd.DataFrame) -> list[str]:
+def gates_section(measures: list[dict], validations: dict[tuple[str, int], dict], df: pd.DataFrame) -> list[str]:
+    """Gates, case verdicts per arm x length, every excluded record with its reasons, every retry.
+
+    *validations* maps (visit id, retry) to the validate body (``pairbench.retries.validation_key``).
+    """
     out = ["## Gates and validation", ""]
     records = [r for m in measures for r in m["records"]]
     flagged = [r for r in records if not r["ok"]]
@@ -102,7 +109,7 @@ def gates_section(measures: list[dict], validations: dict[str, dict], df: pd.Dat
     for (arm, length), g in df.groupby(["arm", "length"], sort=True):
         cases: dict[str, dict[str, int]] = {}
         for m in measures:
-            v = validations.get(m["visit"]["id"])
+            v = validations.get(measure_key(m))
             if not v or m["visit"]["arm"] != arm:
                 continue
             for rec in v["records"]:
@@ -115,22 +122,55 @@ def gates_section(measures: list[dict], validations: dict[str, dict], df: pd.Dat
                              for c, v in sorted(cases.items())) or "–"
         rows.append([f"`{arm}`", int(length), f"{int(g['selected'].sum())}/{len(g)}", verdicts])
     out += _table(["arm", "length", "selected/total", "case verdicts"], rows)
+    if "retry" in df.columns and (pd.to_numeric(df["retry"], errors="coerce") > 0).any():
+        out += ["selected/total counts every measurement, a retried record's superseded original included; "
+                "case verdicts likewise.", ""]
     excluded = []
     for m in measures:
-        v = validations.get(m["visit"]["id"])
+        v = validations.get(measure_key(m))
         vby = {r["length"]: r for r in v["records"]} if v else {}
         for r in m["records"]:
             reasons = list(r["flags"]) + list((vby.get(r["length"]) or {}).get("excluded_because", []))
             if reasons:
-                excluded.append(f"- {m['visit']['id']} length {r['length']} (attempt {r['attempt']}): "
+                excluded.append(f"- {retries.label(*measure_key(m))} length {r['length']} (attempt {r['attempt']}): "
                                 + "; ".join(reasons))
     if excluded:
         out += ["Excluded records and why:", "", *excluded, ""]
-    retries = [m for m in measures if m["attempt"] > 0]
-    out.append(f"Retries: {len(retries)}." + ("" if not retries else " " + ", ".join(
-        f"{m['visit']['id']} attempt {m['attempt']}" for m in retries)))
-    out.append("")
-    return out
+    return out + retries_section(measures, df)
+
+
+def retries_section(measures: list[dict], df: pd.DataFrame) -> list[str]:
+    """Every retry, with its reason and what became of it: engine-fault re-attempts of a job
+    (``attempt`` > 1) and validation retries (``measure/<visit>.retry<N>.json``)."""
+    faults = [m for m in measures if m["attempt"] > 1]
+    partial = [m for m in measures if retries.retry_number(m) > 0]
+    kinds = {}
+    for m in partial:
+        for r in m["retry_reasons"]:
+            k = retries.kind_of(r["reason"])
+            kinds[k] = kinds.get(k, 0) + 1
+    head = (f"Retries: {len(faults) + len(partial)} disclosed: {len(faults)} engine-fault re-attempt(s) of a "
+            f"measurement job and {len(partial)} partial-visit validation retry(ies)")
+    if kinds:
+        head += " (" + ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())) + ")"
+    out = ["### Retries", "", head + ".", ""]
+    selected = {(int(r.round), str(r.arm), int(r.length), int(r.retry)): bool(r.selected)
+                for r in df.itertuples()} if "retry" in df.columns else {}
+    for m in faults:
+        out.append(f"- {retries.label(*retries.measure_key(m))}: attempt {m['attempt']}: an engine fault failed "
+                   f"the earlier attempt(s) of this job (their server logs are kept under private/logs/); "
+                   "the records of this attempt are the ones reported.")
+    for m in partial:
+        n, vid = retries.retry_number(m), m["visit"]["id"]
+        for r in m["retry_reasons"]:
+            used = selected.get((m["visit"]["round"], m["visit"]["arm"], r["length"], n))
+            outcome = {True: "its new record passed and is the one used", False: "its new record was excluded too",
+                       None: "its new record is not in the measurements table"}[used]
+            before = "the visit's own measurement" if n == 1 else f"retry {n - 1}"
+            out.append(f"- {vid} retry {n}, length {r['length']} (partial visit, {retries.kind_of(r['reason'])}): "
+                       f"{before} was excluded: {r['reason']}. Re-measured after every visit; {outcome}; the "
+                       f"earlier record is kept, superseded.")
+    return out + [""]
 
 
 def timing_section(agreement: pd.DataFrame) -> list[str]:
@@ -151,7 +191,7 @@ def diagnostics_section(warmups: dict, measures: list[dict]) -> list[str]:
     rows = [[f"`{arm}`", _f(w["server"]["ready_s"], ".2f"), _f(w["first_request"]["ttft_ms"]),
              "ok" if w["smoke_ok"] else "FAILED: " + "; ".join(w["problems"])] for arm, w in warmups.items()]
     out += _table(["arm", "launch to healthy (s)", "first request TTFT (ms)", "smoke check"], rows)
-    rows = [[m["visit"]["id"], _f(m["server"]["ready_s"], ".2f"), _f(m["first_request"]["ttft_ms"]),
+    rows = [[retries.label(*measure_key(m)), _f(m["server"]["ready_s"], ".2f"), _f(m["first_request"]["ttft_ms"]),
              _f(m["duration_s"], ".1f")] for m in measures]
     out += _table(["visit", "launch to healthy (s)", "first request TTFT (ms)", "visit (s)"], rows)
     return out

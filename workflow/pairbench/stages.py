@@ -140,9 +140,65 @@ def measure_stage(measure_path: str, output_paths: list[str], marker_path: str, 
     A watchdog ends the job, after killing its server, if the Snakemake that started it is killed, so
     the orphaned job never goes on measuring beside the rerun (see pairbench.recovery).
     """
-    from . import recovery
+    plan = read_artifact(plan_path, "plan")
+    body, outputs, inputs = _measure(plan, plan_path, build_path, fixture_paths, prompt_paths, visit, arm_dir,
+                                     arm_cfg, server_cfg, server_log, root, attempt, pid_path, lengths=None)
+    for length, path in zip(plan["lengths"], output_paths):
+        write_artifact(path, "output", {"visit": visit["id"], "length": length, **outputs[length],
+                                        "inputs": {"plan": inputs["plan"]}})
+    write_artifact(measure_path, "measure", body)
+    # Ordering marker for the next visit (see workflow/rules/common.smk: previous_visit).
+    Path(marker_path).parent.mkdir(parents=True, exist_ok=True)
+    Path(marker_path).write_text(visit["id"] + "\n")
+
+
+def measure_retry_stage(measure_path: str, outputs_dir: str, plan_path: str, build_path: str,
+                        fixture_paths: list[str], prompt_paths: list[str], previous_measure_path: str,
+                        previous_validate_path: str, retry: int, retry_on: list[str], visit: dict, arm_dir: str,
+                        arm_cfg: dict, server_cfg: dict, server_log: str, root: str, attempt: int = 1,
+                        pid_path: str | None = None) -> None:
+    """Validation retry *retry* of one visit: re-measure the lengths whose previous measurement
+    (the visit itself, or retry *retry* - 1) was excluded for a kind in *retry_on* (pairbench.retries).
+
+    Writes ``measure/<visit>.retry<N>.json`` (with ``retry`` and ``retry_reasons``) and one private
+    output per re-measured length under *outputs_dir*; the previous artifacts are only read.
+    """
+    from . import retries
 
     plan = read_artifact(plan_path, "plan")
+    previous = read_artifact(previous_measure_path, "measure")
+    validation = read_artifact(previous_validate_path, "validate")
+    if previous["visit"]["id"] != visit["id"] or retries.retry_number(previous) != retry - 1:
+        raise ValueError(f"{previous_measure_path}: not retry {retry - 1} of visit {visit['id']}")
+    if retries.validation_key(validation) != (visit["id"], retry - 1):
+        raise ValueError(f"{previous_validate_path}: not the validation of retry {retry - 1} of visit {visit['id']}")
+    reasons = retries.retry_reasons(validation, retry_on)
+    if not reasons:
+        raise ValueError(f"{visit['id']} retry {retry}: {previous_validate_path} excludes no record for "
+                         f"{', '.join(retry_on)}; there is nothing to retry")
+    log.info("%s retry %d: re-measuring length(s) %s: %s", visit["id"], retry, ", ".join(map(str, sorted(reasons))),
+             " | ".join(f"{n}: {why}" for n, why in sorted(reasons.items())))
+    body, outputs, inputs = _measure(plan, plan_path, build_path, fixture_paths, prompt_paths, visit, arm_dir,
+                                     arm_cfg, server_cfg, server_log, root, attempt, pid_path,
+                                     lengths=sorted(reasons))
+    body["retry"] = retry
+    body["retry_reasons"] = [{"length": n, "reason": why[:1000]} for n, why in sorted(reasons.items())]
+    body["inputs"].update({"previous_measure": sha256_file(previous_measure_path),
+                           "previous_validate": sha256_file(previous_validate_path)})
+    out = Path(outputs_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    for length in sorted(reasons):
+        write_artifact(out / f"{length}.json", "output", {"visit": visit["id"], "length": length, **outputs[length],
+                                                          "retry": retry, "inputs": {"plan": inputs["plan"]}})
+    write_artifact(measure_path, "measure", body)
+
+
+def _measure(plan: dict, plan_path: str, build_path: str, fixture_paths: list[str], prompt_paths: list[str],
+             visit: dict, arm_dir: str, arm_cfg: dict, server_cfg: dict, server_log: str, root: str, attempt: int,
+             pid_path: str | None, lengths: list[int] | None) -> tuple[dict, dict, dict]:
+    """Launch, measure *lengths* (None: all) of *visit* under the orphan watchdog: (body, outputs, inputs)."""
+    from . import recovery
+
     build = read_artifact(build_path, "build")
     fixtures = {f["length"]: f for f in (read_artifact(p, "fixture") for p in fixture_paths)}
     prompts = {p["length"]: p for p in (read_artifact(p, "prompts") for p in prompt_paths)}
@@ -156,25 +212,23 @@ def measure_stage(measure_path: str, output_paths: list[str], marker_path: str, 
             visit=visit, arm_dir=Path(arm_dir), model_arg=pb_build.model_arg(build, root), plan=plan,
             prompts=prompts, fixtures=fixtures, server_cfg=server_cfg, arm_cfg=arm_cfg,
             server_log=Path(server_log), inputs=inputs, attempt=attempt,
-            pid_path=Path(pid_path) if pid_path else None, engine=engine)
-    for length, path in zip(plan["lengths"], output_paths):
-        write_artifact(path, "output", {"visit": visit["id"], "length": length, **outputs[length],
-                                        "inputs": {"plan": inputs["plan"]}})
+            pid_path=Path(pid_path) if pid_path else None, engine=engine, lengths=lengths)
     for rec in body["records"]:
         if not rec["ok"]:
             log.warning("%s length %d flagged: %s", visit["id"], rec["length"], "; ".join(rec["flags"]))
-    write_artifact(measure_path, "measure", body)
-    # Ordering marker for the next visit (see workflow/rules/common.smk: previous_visit).
-    Path(marker_path).parent.mkdir(parents=True, exist_ok=True)
-    Path(marker_path).write_text(visit["id"] + "\n")
+    return body, outputs, inputs
 
 
 def validate_stage(validate_path: str, measure_path: str, output_paths: list[str], fixture_paths: list[str],
                    baseline_output_paths: list[str], cases: list[str], options: dict) -> None:
-    """Run the configured functional cases on every steady record of one visit."""
+    """Run the configured functional cases on every steady record of one visit, or of one of its
+    validation retries (*output_paths* may name a retry's outputs folder)."""
+    from . import retries
     from . import validate as pb_validate
 
     measure = read_artifact(measure_path, "measure")
+    output_paths = [str(f) for p in output_paths
+                    for f in (sorted(Path(p).glob("*.json")) if Path(p).is_dir() else [p])]
     inputs = {"measure": sha256_file(measure_path)}
 
     def load(paths: list[str], kind: str, role: str) -> dict[int, dict]:
@@ -201,13 +255,16 @@ def validate_stage(validate_path: str, measure_path: str, output_paths: list[str
             options=options)
         # A failed request has no output hash in its record; its (empty) private output has one.
         entry = pb_validate.record_entry({**rec, "output_sha256": sha256_text(out["text"])}, fx, verdicts)
+        entry.update({"ok": rec["ok"], "flags": list(rec["flags"])})  # retries are decided from this artifact
         records.append(entry)
         selected = entry["selected"]
         if not selected:
             log.warning("%s length %d not selected: %s", measure["visit"]["id"], n,
                         "; ".join(records[-1]["excluded_because"]))
+    retry = retries.retry_number(measure)
     write_artifact(validate_path, "validate", {
         "round": measure["visit"]["round"], "arm": measure["visit"]["arm"], "attempt": measure["attempt"],
+        **({"retry": retry} if retry else {}),
         "cases": list(cases), "options": options, "records": records, "inputs": inputs})
 
 
@@ -221,15 +278,13 @@ def stats_stage(summary_path: str, measurements_csv: str, summary_csv: str, pair
                 timing_csv: str, plan_path: str, measure_paths: list[str], validate_paths: list[str],
                 stats_cfg: dict) -> None:
     """measurements.csv from the visits and their verdicts, then the summary and its flat tables."""
+    from . import retries
     from . import stats as pb_stats
     from . import tables
 
     plan = read_artifact(plan_path, "plan")
     measures = [read_artifact(p, "measure") for p in measure_paths]
-    validations = {}
-    for p in validate_paths:
-        v = read_artifact(p, "validate")
-        validations[f"r{v['round']:02d}-{v['arm']}"] = v
+    validations = _validations(validate_paths)
     df = tables.measurements_frame(measures, validations)
     from .artifacts import atomic_write_text
 
@@ -238,14 +293,26 @@ def stats_stage(summary_path: str, measurements_csv: str, summary_csv: str, pair
                                  metrics=stats_cfg["metrics"], trim=stats_cfg["trim"], alpha=stats_cfg["alpha"],
                                  noise=stats_cfg["noise"], seed=plan["seed"])
     summary["inputs"] = {"plan": sha256_file(plan_path),
-                         **{f"measure.{m['visit']['id']}": sha256_file(p) for m, p in zip(measures, measure_paths)},
-                         **{f"validate.{vid}": sha256_file(p) for vid, p in zip(validations, validate_paths)}}
+                         **{f"measure.{retries.label(*retries.measure_key(m))}": sha256_file(p)
+                            for m, p in zip(measures, measure_paths)},
+                         **{f"validate.{retries.label(*key)}": sha256_file(p) for key, p in zip(validations, validate_paths)}}
     write_artifact(summary_path, "summary", summary)
     flat = pb_stats.summary_tables(summary)
     atomic_write_text(summary_csv, flat["summary"].to_csv(index=False))
     atomic_write_text(paired_csv, flat["paired"].to_csv(index=False))
     atomic_write_text(ratios_csv, flat["ratios"].to_csv(index=False))
     atomic_write_text(timing_csv, tables.timing_agreement(df).to_csv(index=False))
+
+
+def _validations(paths: list[str]) -> dict[tuple[str, int], dict]:
+    """Validate artifacts by (visit id, retry), in *paths* order."""
+    from .retries import validation_key
+
+    out = {}
+    for p in paths:
+        v = read_artifact(p, "validate")
+        out[validation_key(v)] = v
+    return out
 
 
 def plots_stage(ratios_png: str, drift_png: str, summary_path: str, measurements_csv: str) -> None:
@@ -276,10 +343,7 @@ def publish_stage(*, publish_dir: str, private_dir: str, plan_path: str, source_
     prompts = {p["length"]: p for p in (read_artifact(p, "prompts") for p in prompt_paths)}
     warmups = {w["arm"]: w for w in (read_artifact(p, "warmup") for p in warmup_paths)}
     measures = [read_artifact(p, "measure") for p in measure_paths]
-    validations = {}
-    for p in validate_paths:
-        v = read_artifact(p, "validate")
-        validations[f"r{v['round']:02d}-{v['arm']}"] = v
+    validations = _validations(validate_paths)
     summary = read_artifact(summary_path, "summary")
     df = pd.read_csv(tables["measurements"])
     agreement = pb_tables.timing_agreement(df)

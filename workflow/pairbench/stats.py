@@ -396,11 +396,13 @@ def summarize(df: pd.DataFrame, *, baseline: str, candidate: str,
                          "attempt": _int_or_none(row.get("attempt")),
                          "reason": _excluded_reason(row)})
     retries = []
-    if "attempt" in df.columns:
-        for idx, row in df[pd.to_numeric(df["attempt"], errors="coerce") > 1].iterrows():
-            retries.append({"arm": str(row["arm"]), "length": int(row["length"]),
-                            "round": int(row["round"]), "attempt": int(row["attempt"]),
-                            "selected": bool(row["selected"])})
+    attempt = pd.to_numeric(df["attempt"], errors="coerce") if "attempt" in df.columns else pd.Series(1, df.index)
+    retry = pd.to_numeric(df["retry"], errors="coerce") if "retry" in df.columns else pd.Series(0, df.index)
+    for idx, row in df[(attempt > 1) | (retry > 0)].iterrows():
+        n = int(retry[idx]) if retry[idx] == retry[idx] else 0
+        retries.append({"arm": str(row["arm"]), "length": int(row["length"]),
+                        "round": int(row["round"]), "attempt": int(attempt[idx]) if attempt[idx] == attempt[idx] else 1,
+                        "retry": n, "selected": bool(row["selected"])})
     unpaired = []
     for length in lengths:
         for metric in metrics[:1]:  # rounds pair the same way for every metric
@@ -572,8 +574,12 @@ def report_markdown(summary: dict) -> str:
                    f"{e['reason']}")
     for r in disc["retries"]:
         state = "used" if r["selected"] else "not used"
-        out.append(f"- retry: `{r['arm']}` round {r['round']}, {r['length']} tokens, attempt "
-                   f"{r['attempt']} ({state})")
+        what = []
+        if r.get("retry"):
+            what.append(f"validation retry {r['retry']}")
+        if r["attempt"] > 1:
+            what.append(f"attempt {r['attempt']} after an engine fault")
+        out.append(f"- retry: `{r['arm']}` round {r['round']}, {r['length']} tokens, {' and '.join(what)} ({state})")
     for u in disc["unpaired"]:
         out.append(f"- unpaired (partial visit): `{u['arm']}` round {u['round']}, {u['length']} "
                    f"tokens has no partner in the other arm; it counts in the per-arm figures only")

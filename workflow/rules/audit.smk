@@ -33,6 +33,7 @@ rule provenance:
         per_arm=expand(f"{RES}/{{stage}}/{{arm}}.json", stage=["source", "build", "warmup"], arm=ARMS),
         fixtures=expand(f"{RES}/fixtures/{{length}}.json", length=LENGTHS),
         per_visit=expand(f"{RES}/{{stage}}/{{visit}}.json", stage=["measure", "validate"], visit=VISIT_IDS),
+        retries=lambda wc: chain_artifacts(0, retries_only=True) + chain_artifacts(1, retries_only=True),
         stats=rules.stats.output,
         plots=rules.plots.output,
         landing=rules.landing.output,

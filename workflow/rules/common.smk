@@ -14,6 +14,8 @@ from snakemake.utils import validate
 
 from pairbench import config as pb_config
 from pairbench import plan as pb_plan
+from pairbench import retries as pb_retries
+from pairbench.artifacts import read_artifact
 
 
 def own_config(config, config_settings):
@@ -51,6 +53,7 @@ wildcard_constraints:
     arm="|".join(ARMS),
     length="|".join(LENGTHS),
     visit="|".join(VISIT_IDS),
+    n="[1-9][0-9]*",
 
 
 def arm_patches(cfg, arm):
@@ -112,6 +115,54 @@ def validate_options(cfg):
     """The validation options handed to pairbench.validate.run_cases."""
     v = cfg["validate"]
     return {"min_agreement": v["agreement"], "timeout_s": v["timeout_s"]}
+
+
+def measure_path(res, visit_id, n):
+    """The visit's own measure artifact (n = 0) or that of its validation retry n."""
+    return f"{res}/measure/{pb_retries.label(visit_id, n)}.json"
+
+
+def validate_path(res, visit_id, n):
+    return f"{res}/validate/{pb_retries.label(visit_id, n)}.json"
+
+
+def validation_chain(visit_id):
+    """[(measure, validate), ...] of one visit: the visit itself, then each validation retry it earned.
+
+    Retry n+1 is earned when retry n's validation excludes a record for a kind in validate.retry_on
+    and fewer than validate.retries retries were made. Reading a validation needs it to exist: until
+    it does, the checkpoint raises and Snakemake adds its job and asks again once it has run.
+    """
+    n = 0
+    chain = [(measure_path(RES, visit_id, 0), validate_path(RES, visit_id, 0))]
+    while n < CFG["validate"]["retries"]:
+        if n == 0:
+            checkpoints.validate.get(visit=visit_id)
+        else:
+            checkpoints.validate_retry.get(visit=visit_id, n=str(n))
+        if not pb_retries.retry_reasons(read_artifact(chain[-1][1], "validate"), CFG["validate"]["retry_on"]):
+            break
+        n += 1
+        chain.append((measure_path(RES, visit_id, n), validate_path(RES, visit_id, n)))
+    return chain
+
+
+def chain_artifacts(kind, retries_only=False):
+    """Every visit's measure (kind 0) or validate (kind 1) artifacts, its retries' included."""
+    return [pair[kind] for v in VISIT_IDS for pair in validation_chain(v)[1 if retries_only else 0:]]
+
+
+def retry_after(visit_id, n):
+    """Ordering-only inputs of a visit's validation retry n: retries run one at a time, after every
+    visit was measured and validated, in plan order (all of an earlier visit's retries first).
+    Nothing else (no visit, no validation) runs beside one, whatever --cores is."""
+    if n > 1:
+        return []  # retry n-1's validation is already an input
+    v = visit_by_id(VISITS, visit_id)
+    after = [validate_path(RES, u, 0) for u in VISIT_IDS]
+    if v["index"] > 1:
+        after.append(validation_chain(VISITS[v["index"] - 2]["id"])[-1][1])
+    return [ancient(p) for p in dict.fromkeys(after)]
 
 
 def all_artifacts(cfg, res, visit_ids, lengths):

@@ -36,3 +36,40 @@ rule measure:
         "../envs/pairbench.yaml"
     script:
         "../scripts/measure.py"
+
+
+rule measure_retry:
+    """Validation retry N of one visit: a partial visit of the lengths whose previous measurement
+    (the visit, or retry N-1) was excluded for a kind in validate.retry_on (pairbench.retries).
+    Only ever requested by the validation checkpoints (common.smk: validation_chain)."""
+    input:
+        plan=f"{RES}/plan.json",
+        build=lambda wc: f"{RES}/build/{visit_by_id(VISITS, wc.visit)['arm']}.json",
+        warmups=expand(f"{RES}/warmup/{{arm}}.json", arm=ARMS),
+        fixtures=expand(f"{RES}/fixtures/{{length}}.json", length=LENGTHS),
+        prompts=expand(f"{RES}/private/prompts/{{length}}.json", length=LENGTHS),
+        previous_measure=lambda wc: measure_path(RES, wc.visit, int(wc.n) - 1),
+        previous_validate=lambda wc: validate_path(RES, wc.visit, int(wc.n) - 1),
+        # Ordering only: after every visit's own validation and every earlier visit's retries.
+        after=lambda wc: retry_after(wc.visit, int(wc.n)),
+    output:
+        measure=f"{RES}/measure/{{visit}}.retry{{n}}.json",
+        outputs=directory(f"{RES}/private/outputs/{{visit}}.retry{{n}}"),
+    params:
+        visit=lambda wc: visit_by_id(VISITS, wc.visit),
+        arm_dir=lambda wc: f"{RES}/src/{visit_by_id(VISITS, wc.visit)['arm']}",
+        arm_config=lambda wc: CFG["arms"][visit_by_id(VISITS, wc.visit)["arm"]],
+        server=CFG["server"],
+        root=str(ROOT),
+        pid_file=f"{RES}/private/servers/measure.json",
+        retry_on=CFG["validate"]["retry_on"],
+    resources:
+        attempt=lambda wc, attempt: attempt,
+    retries: CFG["retries"]
+    log:
+        job=f"{LOGS}/measure/{{visit}}.retry{{n}}.log",
+        server=f"{RES}/private/logs/measure/{{visit}}.retry{{n}}.log",
+    conda:
+        "../envs/pairbench.yaml"
+    script:
+        "../scripts/measure.py"

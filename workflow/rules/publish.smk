@@ -9,8 +9,9 @@ rule publish:
         fixtures=expand(f"{RES}/fixtures/{{length}}.json", length=LENGTHS),
         prompts=expand(f"{RES}/private/prompts/{{length}}.json", length=LENGTHS),
         warmups=expand(f"{RES}/warmup/{{arm}}.json", arm=ARMS),
-        measures=expand(f"{RES}/measure/{{visit}}.json", visit=VISIT_IDS),
-        validations=expand(f"{RES}/validate/{{visit}}.json", visit=VISIT_IDS),
+        # every visit's, then each validation retry's after it (common.smk: validation_chain)
+        measures=lambda wc: chain_artifacts(0),
+        validations=lambda wc: chain_artifacts(1),
         summary=f"{RES}/stats/summary.json",
         measurements=f"{RES}/tables/measurements.csv",
         summary_csv=f"{RES}/tables/summary.csv",

@@ -4,8 +4,9 @@
 rule stats:
     input:
         plan=f"{RES}/plan.json",
-        measures=expand(f"{RES}/measure/{{visit}}.json", visit=VISIT_IDS),
-        validations=expand(f"{RES}/validate/{{visit}}.json", visit=VISIT_IDS),
+        # every visit's, then each validation retry's after it (common.smk: validation_chain)
+        measures=lambda wc: chain_artifacts(0),
+        validations=lambda wc: chain_artifacts(1),
     output:
         summary=f"{RES}/stats/summary.json",
         measurements=report(f"{RES}/tables/measurements.csv", caption="../report/measurements.rst", category="2 Measurements"),

@@ -1,4 +1,4 @@
-"""Snakemake entry point for the `validate` rule: the functional cases on one visit's records (the logic lives in pairbench.stages)."""
+"""Snakemake entry point for the `validate` and `validate_retry` rules: the functional cases on one visit's records (the logic lives in pairbench.stages)."""
 import sys
 
 sys.stderr = open(snakemake.log[0], "w")
@@ -12,7 +12,9 @@ logging.getLogger("httpx").setLevel(logging.WARNING)
 
 from pairbench import stages  # noqa: E402
 
+outputs = snakemake.input.outputs  # validate_retry: the retry's outputs folder, a single path
 stages.validate_stage(
-    snakemake.output.validate, snakemake.input.measure, list(snakemake.input.outputs), list(snakemake.input.fixtures),
+    snakemake.output.validate, snakemake.input.measure, [outputs] if isinstance(outputs, str) else list(outputs),
+    list(snakemake.input.fixtures),
     list(snakemake.input.baseline_outputs), snakemake.params.cases, snakemake.params.options,
 )

@@ -21,6 +21,9 @@ underscores, e.g. ``FAKE_ENGINE_PROMPT_EXTRA=1``):
 --hang                completion requests never answer
 --malformed-sse       streamed chunks are not valid JSON
 --slow-start S        /health answers 503 "loading" for S seconds after start
+--once-text T         with --once-file F: the first steady request (max_tokens above 8, the size of the
+                      harness's first-request diagnostics) of all launches sharing F emits T instead of
+                      --output-text; F is created then, so later launches answer normally
 --fail-start          exit with status 3 before listening
 """
 
@@ -73,6 +76,18 @@ class Fake:
         self.started = time.monotonic()
         self.lock = threading.Lock()
         self.previous: list[int] = []
+
+    def output_text(self, body: dict) -> str:
+        """--output-text, or --once-text for the first steady request across launches (see --once-file)."""
+        opts = self.opts
+        if opts.once_text is not None and opts.once_file and body.get("max_tokens", 16) > 8:
+            try:
+                with open(opts.once_file, "x") as fh:  # exclusive create: exactly one request ever wins
+                    fh.write("once-text sent\n")
+                return opts.once_text
+            except FileExistsError:
+                pass
+        return opts.output_text
 
     def tokenize(self, body: dict) -> list[int]:
         if "messages" in body:
@@ -184,7 +199,7 @@ class Handler(BaseHTTPRequestHandler):
             t0 = time.perf_counter()
             time.sleep(opts.prefill_us * 1e-6 * max(0, len(prompt) - cached))
             t1 = time.perf_counter()
-            text_ids = encode(opts.output_text) or [OFFSET + 32]
+            text_ids = encode(self.fake.output_text(body)) or [OFFSET + 32]
             out = [text_ids[i % len(text_ids)] for i in range(n_out)]
             usage = {"prompt_tokens": len(prompt) + opts.prompt_extra, "completion_tokens": n_out,
                      "total_tokens": len(prompt) + opts.prompt_extra + n_out,
@@ -274,6 +289,8 @@ def parser() -> argparse.ArgumentParser:
     crash = env("crash-after", None)
     s.add_argument("--crash-after", type=int, default=int(crash) if crash is not None else None)
     s.add_argument("--slow-start", type=float, default=float(env("slow-start", 0.0)))
+    s.add_argument("--once-text", default=env("once-text", None))
+    s.add_argument("--once-file", default=env("once-file", None))
     return p
 
 
