@@ -171,7 +171,8 @@ def test_html_report_shows_the_verdict_table_in_a_real_browser(run, tmp_path):
     allowed = {"faster", "slower", "no detectable difference", "inconclusive"}
     assert {row[-1] for row in verdicts[1:]} <= allowed
     retries = next(rows for cls, rows in tables.items() if "pairbench-retries" in cls)
-    assert retries[1:] == [["2", "candidate", "2"]]
+    # round, arm, length, attempt, validation retry, outcome: both lengths of the re-attempted visit
+    assert retries[1:] == [["2", "candidate", "400", "2", "0", "used"], ["2", "candidate", "440", "2", "0", "used"]]
     text = " ".join(parser.text)
     for category in ("1 Summary", "2 Measurements", "3 Plots", "4 Audit"):
         assert category in text
