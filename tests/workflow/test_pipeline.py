@@ -291,3 +291,14 @@ def test_validator_timeout_earns_a_disclosed_partial_visit_retry(scratch):
     (res / "measure" / "r01-candidate.retry1.json").unlink()
     dry = snakemake(scratch, "-n", "--configfile", str(cfg), env=env).stdout
     assert "measure_retry" in dry and not re.search(r"^rule measure:", dry, re.M), dry[-3000:]
+
+    # re-measuring the visit itself (its output passes now) retires the retry it no longer needs:
+    # moved under private/superseded/, out of the run, which audits clean
+    (res / "measure" / "r01-candidate.json").unlink()
+    snakemake(scratch, "--cores", "1", "--configfile", str(cfg), env=env)
+    assert not list(res.glob("*/r01-candidate.retry*")) and not list(res.glob("private/outputs/*.retry*"))
+    assert list((res / "private" / "superseded").glob("*/validate/r01-candidate.retry1.json"))
+    df = pd.read_csv(res / "tables" / "measurements.csv")
+    assert len(df) == 8 and df["selected"].all() and (df["retry"] == 0).all()
+    assert "Retries: 0 disclosed" in (res / "publish" / "README.md").read_text()
+    assert read_artifact(res / "audit.json", "audit")["ok"]

@@ -36,6 +36,9 @@ KIND = "audit"
 HEX64 = re.compile(r"^[0-9a-f]{64}$")
 # JSON files here need not be pairbench artifacts (raw engine outputs, exported sources).
 RAW_JSON_PREFIXES = ("private/", "src/")
+# Validation retries retired when the validation they came from was redone (pairbench.stages.
+# retire_later_retries): kept for the record, no longer part of the run, so not audited.
+RETIRED_PREFIX = "private/superseded/"
 
 
 @dataclass
@@ -182,9 +185,14 @@ def audit_run(run_dir: str | Path, extra_files: Iterable[str | Path] = ()) -> Au
             result.add("provenance.json", "schema", str(exc))
     path_of_recorded_sha = {a["sha256"]: p for p, a in recorded.items()}
 
+    retired = [rel for rel in sha_of if rel.startswith(RETIRED_PREFIX)]
+    if retired:
+        result.warnings.append(f"{len(retired)} file(s) under {RETIRED_PREFIX}: retired validation retries, "
+                               "kept but no longer part of the run (not audited)")
+
     # 1 + 2 + 4: schema, inputs, manifests.
     for rel in sorted(sha_of):
-        if not rel.endswith(".json"):
+        if not rel.endswith(".json") or rel.startswith(RETIRED_PREFIX):
             continue
         path = run_dir / rel
         try:

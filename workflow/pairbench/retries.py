@@ -92,3 +92,20 @@ def measure_key(measure: dict) -> tuple[str, int]:
 def validation_key(validation: dict) -> tuple[str, int]:
     """(visit id, retry) of a validate artifact: the same key as its measure artifact's."""
     return f"r{validation['round']:02d}-{validation['arm']}", retry_number(validation)
+
+
+def later_retries(res_dir, visit_id: str, n: int) -> list:
+    """Existing files of a visit's retries after retry *n* (n = 0: all of them), newest last.
+
+    They derive from a validation that is being redone, so they no longer belong to the run; the
+    validate stage moves them under ``private/superseded/`` (kept, never deleted).
+    """
+    from pathlib import Path
+
+    res = Path(res_dir)
+    found = []
+    for path in sorted(res.glob(f"*/{visit_id}.retry*.json")) + sorted(res.glob(f"private/*/{visit_id}.retry*")):
+        tail = path.name.removeprefix(f"{visit_id}.retry").removesuffix(".json").removesuffix(".log")
+        if tail.isdigit() and int(tail) > n and "superseded" not in path.parts:
+            found.append(path)
+    return found

@@ -262,10 +262,34 @@ def validate_stage(validate_path: str, measure_path: str, output_paths: list[str
             log.warning("%s length %d not selected: %s", measure["visit"]["id"], n,
                         "; ".join(records[-1]["excluded_because"]))
     retry = retries.retry_number(measure)
+    retire_later_retries(validate_path, measure["visit"]["id"], retry)
     write_artifact(validate_path, "validate", {
         "round": measure["visit"]["round"], "arm": measure["visit"]["arm"], "attempt": measure["attempt"],
         **({"retry": retry} if retry else {}),
         "cases": list(cases), "options": options, "records": records, "inputs": inputs})
+
+
+def retire_later_retries(validate_path: str, visit_id: str, retry: int) -> None:
+    """Move the visit's retries after *retry* to ``private/superseded/`` before validating anew.
+
+    They were made from the validation being redone; if it still earns retries, the pipeline makes
+    them again from the new one. Moving (never deleting) keeps what was measured, out of the run.
+    """
+    import shutil
+    import time
+
+    from . import retries
+
+    res = Path(validate_path).parent.parent
+    stale = retries.later_retries(res, visit_id, retry)
+    if not stale:
+        return
+    dest = res / "private" / "superseded" / time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+    for path in stale:
+        target = dest / path.relative_to(res)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(str(path), str(target))
+        log.warning("%s: made from a validation now redone; moved to %s", path, target)
 
 
 def sha256_text(text: str) -> str:
