@@ -300,5 +300,5 @@ def test_validator_timeout_earns_a_disclosed_partial_visit_retry(scratch):
     assert list((res / "private" / "superseded").glob("*/validate/r01-candidate.retry1.json"))
     df = pd.read_csv(res / "tables" / "measurements.csv")
     assert len(df) == 8 and df["selected"].all() and (df["retry"] == 0).all()
-    assert "Retries: 0 disclosed" in (res / "publish" / "README.md").read_text()
+    assert "Retries: none (" in (res / "publish" / "README.md").read_text()
     assert read_artifact(res / "audit.json", "audit")["ok"]

@@ -153,6 +153,8 @@ def retries_section(measures: list[dict], df: pd.DataFrame) -> list[str]:
             f"measurement job and {len(partial)} partial-visit validation retry(ies)")
     if kinds:
         head += " (" + ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())) + ")"
+    if not faults and not partial:
+        head = "Retries: none (no engine fault re-attempted a measurement job; no record earned a validation retry)"
     out = ["### Retries", "", head + ".", ""]
     selected = {(int(r.round), str(r.arm), int(r.length), int(r.retry)): bool(r.selected)
                 for r in df.itertuples()} if "retry" in df.columns else {}
