@@ -228,8 +228,10 @@ arms:
   baseline: {source: tests/fakes/engine, env: {FAKE_ENGINE_OUTPUT_TEXT: &add "def add(a, b):\\n    return a + b\\n\\n# done\\n"}}
   candidate:
     source: tests/fakes/engine
-    # the candidate's first steady request (r01-candidate, 412 tokens) answers with an endless loop
-    env: {FAKE_ENGINE_OUTPUT_TEXT: *add, FAKE_ENGINE_ONCE_TEXT: "def add(a, b):\\n    while True:\\n        pass\\n"}
+    # the candidate's first 5 steady requests answer with an endless loop: both lengths of its
+    # visits r01-candidate and r02-candidate, then r01-candidate's retry 1 at 412
+    env: {FAKE_ENGINE_OUTPUT_TEXT: *add, FAKE_ENGINE_ONCE_COUNT: "5",
+          FAKE_ENGINE_ONCE_TEXT: "def add(a, b):\\n    while True:\\n        pass\\n"}
 baseline: baseline
 candidate: candidate
 lengths: [412, 452]  # both fixtures ask for add() (pairbench.tasks.task_for)
@@ -243,62 +245,80 @@ validate: {cases: [token_counts, done_marker, python_function], timeout_s: 1, re
 def test_validator_timeout_earns_a_disclosed_partial_visit_retry(scratch):
     cfg = scratch / "vretry.yaml"
     cfg.write_text(RETRY_CONFIG)
-    once = scratch / "once-vretry"  # the fake's shared state, outside the config (never published)
+    once = scratch / "once-vretry"  # the fake's shared count, outside the config (never published)
     env = {"FAKE_ENGINE_ONCE_FILE": str(once)}
     proc = snakemake(scratch, "--cores", "2", "--configfile", str(cfg), env=env)
-    assert once.exists(), "the endless loop was sent"
+    assert once.read_text() == "5", "every endless loop was sent"
     res = scratch / "results" / "vretry"
     log = proc.stdout + proc.stderr
-    assert "rule measure_retry:" in log and "checkpoint validate_retry:" in log, "the retry is its own jobs"
+    assert "rule measure_retry:" in log and "checkpoint validate_retry:" in log, "retries are their own jobs"
 
-    # the original is kept, untouched by the retry; the retry re-measured only the timed-out length
+    def lengths(name):
+        return [r["length"] for r in read_artifact(res / "measure" / name, "measure")["records"]]
+
+    def python_function(name):
+        return {r["length"]: r["verdicts"]["python_function"]["verdict"]
+                for r in read_artifact(res / "validate" / name, "validate")["records"]}
+
+    # the originals are kept, untouched; each retry re-measured only what timed out, and a retry
+    # that timed out again earned the next (validate.retries: 2)
     original = read_artifact(res / "measure" / "r01-candidate.json", "measure")
-    assert [r["length"] for r in original["records"]] == [412, 452] and "retry" not in original
-    first = read_artifact(res / "validate" / "r01-candidate.json", "validate")
-    assert {r["length"]: r["verdicts"]["python_function"]["verdict"] for r in first["records"]} == {
-        412: "timeout", 452: "pass"}
-    retry = read_artifact(res / "measure" / "r01-candidate.retry1.json", "measure")
-    assert retry["retry"] == 1 and [r["length"] for r in retry["records"]] == [412]
-    assert retry["retry_reasons"][0]["length"] == 412
+    assert lengths("r01-candidate.json") == [412, 452] and "retry" not in original
+    assert python_function("r01-candidate.json") == {412: "timeout", 452: "timeout"}
+    assert python_function("r02-candidate.json") == {412: "timeout", 452: "timeout"}
+    assert lengths("r01-candidate.retry1.json") == [412, 452]
+    assert python_function("r01-candidate.retry1.json") == {412: "timeout", 452: "pass"}
+    assert lengths("r01-candidate.retry2.json") == [412]
+    assert python_function("r01-candidate.retry2.json") == {412: "pass"}
+    assert lengths("r02-candidate.retry1.json") == [412, 452]
+    assert python_function("r02-candidate.retry1.json") == {412: "pass", 452: "pass"}
+    assert sorted(p.name for p in (res / "measure").glob("*.retry*")) == [
+        "r01-candidate.retry1.json", "r01-candidate.retry2.json", "r02-candidate.retry1.json"]
+    retry = read_artifact(res / "measure" / "r01-candidate.retry2.json", "measure")
+    assert retry["retry"] == 2 and retry["retry_reasons"][0]["length"] == 412
     assert retry["retry_reasons"][0]["reason"].startswith("case python_function timeout:")
-    assert read_artifact(res / "validate" / "r01-candidate.retry1.json", "validate")["records"][0]["selected"]
-    assert not list((res / "measure").glob("*.retry2.json")), "a passing retry earns no further retry"
-    assert sorted(p.name for p in (res / "measure").glob("*.retry*")) == ["r01-candidate.retry1.json"]
+    # retries run one at a time, after every visit and validation, in plan order
+    jobs = re.findall(r"^\s+output: \S+/measure/(\S+)\.json", log, re.M)
+    assert jobs.index("r01-candidate.retry1") > max(jobs.index(v) for v in ("r01-baseline", "r02-baseline"))
+    assert jobs.index("r01-candidate.retry1") < jobs.index("r01-candidate.retry2") < jobs.index(
+        "r02-candidate.retry1"), jobs
 
     df = pd.read_csv(res / "tables" / "measurements.csv")
-    assert len(df) == 2 * 2 * 2 + 1
+    assert len(df) == 2 * 2 * 2 + 5
     cell = df[(df["round"] == 1) & (df["arm"] == "candidate") & (df["length"] == 412)]
-    assert cell[["retry", "selected"]].values.tolist() == [[0, False], [1, True]]
-    assert cell["reason"].iloc[0] == "superseded by retry 1"
+    assert cell[["retry", "selected"]].values.tolist() == [[0, False], [1, False], [2, True]]
+    assert cell["reason"].tolist()[:2] == ["superseded by retry 2", "superseded by retry 2"]
     assert df["selected"].sum() == 8, "every (round, arm, length) has exactly one selected record"
     summary = read_artifact(res / "stats" / "summary.json", "summary")
-    assert [(r["round"], r["arm"], r["length"], r["retry"], r["selected"])
-            for r in summary["disclosures"]["retries"]] == [(1, "candidate", 412, 1, True)]
+    assert sorted((r["round"], r["length"], r["retry"], r["selected"]) for r in summary["disclosures"]["retries"]) == [
+        (1, 412, 1, False), (1, 412, 2, True), (1, 452, 1, True), (2, 412, 1, True), (2, 452, 1, True)]
 
     readme = (res / "publish" / "README.md").read_text()
-    assert ("Retries: 1 disclosed: 0 engine-fault re-attempt(s) of a measurement job and 1 partial-visit "
-            "validation retry(ies) (1 validator timeout).") in readme
+    assert ("Retries: 3 disclosed: 0 engine-fault re-attempt(s) of a measurement job and 3 partial-visit "
+            "validation retry(ies) (3 validator timeout).") in readme
     assert "- r01-candidate retry 1, length 412 (partial visit, validator timeout): the visit's own " \
            "measurement was excluded: case python_function timeout:" in readme
-    assert "its new record passed and is the one used" in readme
+    assert "- r01-candidate retry 2, length 412 (partial visit, validator timeout): retry 1 was excluded" in readme
+    assert readme.count("its new record passed and is the one used") == 4
+    assert readme.count("its new record was excluded too") == 1
     landing = (res / "report" / "landing.rst").read_text()
-    assert "- 1\n     - candidate\n     - 412\n     - 1\n     - 1\n     - used" in landing, landing
+    assert "- 1\n     - candidate\n     - 412\n     - 1\n     - 2\n     - used" in landing, landing
     assert read_artifact(res / "audit.json", "audit")["ok"]
     assert verify_bundle(res / "publish") == []
 
-    # resumable: nothing left to do, and deleting the retry redoes the retry alone
+    # resumable: nothing left to do, and deleting a retry's artifact redoes that retry alone
     assert "Nothing to be done" in snakemake(scratch, "-n", "--configfile", str(cfg), env=env).stdout
-    (res / "measure" / "r01-candidate.retry1.json").unlink()
+    (res / "measure" / "r02-candidate.retry1.json").unlink()
     dry = snakemake(scratch, "-n", "--configfile", str(cfg), env=env).stdout
     assert "measure_retry" in dry and not re.search(r"^rule measure:", dry, re.M), dry[-3000:]
 
-    # re-measuring the visit itself (its output passes now) retires the retry it no longer needs:
-    # moved under private/superseded/, out of the run, which audits clean
+    # re-measuring the visit itself (its output passes now) retires the retries it no longer
+    # needs: moved under private/superseded/, out of the run, which audits clean
     (res / "measure" / "r01-candidate.json").unlink()
     snakemake(scratch, "--cores", "1", "--configfile", str(cfg), env=env)
-    assert not list(res.glob("*/r01-candidate.retry*")) and not list(res.glob("private/outputs/*.retry*"))
-    assert list((res / "private" / "superseded").glob("*/validate/r01-candidate.retry1.json"))
+    assert not list(res.glob("*/r01-candidate.retry*")) and not list(res.glob("private/outputs/r01-*.retry*"))
+    assert list((res / "private" / "superseded").glob("*/validate/r01-candidate.retry2.json"))
+    assert sorted(p.name for p in (res / "measure").glob("*.retry*")) == ["r02-candidate.retry1.json"]
     df = pd.read_csv(res / "tables" / "measurements.csv")
-    assert len(df) == 8 and df["selected"].all() and (df["retry"] == 0).all()
-    assert "Retries: none (" in (res / "publish" / "README.md").read_text()
+    assert len(df) == 10 and df["selected"].sum() == 8
     assert read_artifact(res / "audit.json", "audit")["ok"]

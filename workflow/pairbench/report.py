@@ -144,11 +144,10 @@ def retries_section(measures: list[dict], df: pd.DataFrame) -> list[str]:
     (``attempt`` > 1) and validation retries (``measure/<visit>.retry<N>.json``)."""
     faults = [m for m in measures if m["attempt"] > 1]
     partial = [m for m in measures if retries.retry_number(m) > 0]
-    kinds = {}
+    kinds = {}  # per retry (a partial visit), whatever number of lengths it re-measured
     for m in partial:
-        for r in m["retry_reasons"]:
-            k = retries.kind_of(r["reason"])
-            kinds[k] = kinds.get(k, 0) + 1
+        k = " + ".join(sorted({part for r in m["retry_reasons"] for part in retries.kind_of(r["reason"]).split(" + ")}))
+        kinds[k] = kinds.get(k, 0) + 1
     head = (f"Retries: {len(faults) + len(partial)} disclosed: {len(faults)} engine-fault re-attempt(s) of a "
             f"measurement job and {len(partial)} partial-visit validation retry(ies)")
     if kinds:

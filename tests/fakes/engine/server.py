@@ -21,15 +21,17 @@ underscores, e.g. ``FAKE_ENGINE_PROMPT_EXTRA=1``):
 --hang                completion requests never answer
 --malformed-sse       streamed chunks are not valid JSON
 --slow-start S        /health answers 503 "loading" for S seconds after start
---once-text T         with --once-file F: the first steady request (max_tokens above 8, the size of the
-                      harness's first-request diagnostics) of all launches sharing F emits T instead of
-                      --output-text; F is created then, so later launches answer normally
+--once-text T         with --once-file F: the first --once-count (default 1) steady requests (max_tokens
+                      above 8, the size of the harness's first-request diagnostics) of all launches
+                      sharing F emit T instead of --output-text; F counts them, so later ones answer
+                      normally
 --fail-start          exit with status 3 before listening
 """
 
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import os
 import resource
@@ -78,16 +80,22 @@ class Fake:
         self.previous: list[int] = []
 
     def output_text(self, body: dict) -> str:
-        """--output-text, or --once-text for the first steady request across launches (see --once-file)."""
+        """--output-text, or --once-text for the first --once-count steady requests across launches."""
         opts = self.opts
-        if opts.once_text is not None and opts.once_file and body.get("max_tokens", 16) > 8:
-            try:
-                with open(opts.once_file, "x") as fh:  # exclusive create: exactly one request ever wins
-                    fh.write("once-text sent\n")
-                return opts.once_text
-            except FileExistsError:
-                pass
-        return opts.output_text
+        if opts.once_text is None or not opts.once_file or body.get("max_tokens", 16) <= 8:
+            return opts.output_text
+        fd = os.open(opts.once_file, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)  # launches never overlap, but count safely anyway
+            sent = int(os.read(fd, 64).decode() or 0)
+            if sent >= opts.once_count:
+                return opts.output_text
+            os.lseek(fd, 0, os.SEEK_SET)
+            os.ftruncate(fd, 0)
+            os.write(fd, str(sent + 1).encode())
+            return opts.once_text
+        finally:
+            os.close(fd)
 
     def tokenize(self, body: dict) -> list[int]:
         if "messages" in body:
@@ -291,6 +299,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--slow-start", type=float, default=float(env("slow-start", 0.0)))
     s.add_argument("--once-text", default=env("once-text", None))
     s.add_argument("--once-file", default=env("once-file", None))
+    s.add_argument("--once-count", type=int, default=int(env("once-count", 1)))
     return p
 
 
