@@ -19,7 +19,7 @@ def test_a_timeout_earns_a_retry_naming_the_case():
     v = validation(entry(256, python_function="timeout", token_counts="pass"),
                    entry(1024, python_function="pass", token_counts="pass"))
     assert retries.retry_reasons(v, ["timeout"]) == {
-        256: "case python_function timeout: python_function said timeout"}
+        256: {"reason": "case python_function timeout: python_function said timeout", "kinds": ["timeout"]}}
 
 
 def test_only_records_whose_every_reason_is_retryable_are_retried():
@@ -34,9 +34,10 @@ def test_only_records_whose_every_reason_is_retryable_are_retried():
     assert set(retries.retry_reasons(v, ["timeout", "gate"])) == {2}
     assert set(retries.retry_reasons(v, ["timeout", "fail", "gate"])) == {1, 2, 3, 4}
     why = retries.retry_reasons(v, ["timeout", "gate"])[2]
-    assert why == ("gate cold_cache: 7 prompt tokens came from the cache; "
-                   "case python_function timeout: python_function said timeout")
-    assert retries.kind_of(why) == "validator timeout + gate failure"
+    assert why == {"reason": "gate cold_cache: 7 prompt tokens came from the cache; "
+                             "case python_function timeout: python_function said timeout",
+                   "kinds": ["gate", "timeout"]}
+    assert retries.kind_of(why["kinds"]) == "gate failure + validator timeout"
 
 
 def test_nothing_to_retry_when_everything_passed_or_retries_are_off():
@@ -57,4 +58,60 @@ def test_keys_and_labels_match_the_file_names():
     assert retries.validation_key({"round": 3, "arm": "candidate"}) == ("r03-candidate", 0)
     assert retries.label("r03-candidate", 0) == "r03-candidate"
     assert retries.label("r03-candidate", 2) == "r03-candidate.retry2"
-    assert retries.kind_of("case done_marker fail: no function") == "case failure"
+    assert retries.kind_of(["fail"]) == "case failure" and retries.kind_of(["timeout"]) == "validator timeout"
+
+
+# --- how retries are disclosed: the bundle README's "Retries" section and the HTML landing page -------
+
+def measure(visit_id, records, attempt=1, retry=0, reasons=()):
+    rnd, arm = int(visit_id[1:3]), visit_id.split("-", 1)[1]
+    body = {"visit": {"id": visit_id, "round": rnd, "arm": arm}, "attempt": attempt,
+            "records": [{"length": n} for n in records]}
+    if retry:
+        body.update({"retry": retry, "retry_reasons": [{"length": n, "reason": f"case python_function {k}: x",
+                                                        "kinds": [k]} for n, k in reasons]})
+    return body
+
+
+def table(rows):
+    import pandas as pd
+
+    return pd.DataFrame([dict(zip(("round", "arm", "length", "attempt", "retry", "selected", "reason"), r))
+                         for r in rows])
+
+
+def test_report_lists_every_retry_with_its_reason_and_outcome():
+    from pairbench.report import retries_section
+
+    measures = [measure("r01-b", [256, 1024]), measure("r01-c", [256, 1024], attempt=2),
+                measure("r02-c", [256, 1024]),
+                measure("r02-c", [256, 1024], retry=1, reasons=[(256, "timeout"), (1024, "timeout")]),
+                measure("r02-c", [256], retry=2, reasons=[(256, "timeout")])]
+    df = table([(1, "b", 256, 1, 0, True, ""), (1, "b", 1024, 1, 0, True, ""),
+                (1, "c", 256, 2, 0, True, ""), (1, "c", 1024, 2, 0, True, ""),
+                (2, "c", 256, 1, 0, False, "superseded by retry 2"), (2, "c", 1024, 1, 0, False, "superseded by retry 1"),
+                (2, "c", 256, 1, 1, False, "superseded by retry 2"), (2, "c", 1024, 1, 1, True, ""),
+                (2, "c", 256, 1, 2, False, "case python_function timeout")])
+    text = "\n".join(retries_section(measures, df))
+    assert ("Retries: 3 disclosed: 1 engine-fault re-attempt(s) of a measurement job and 2 partial-visit "
+            "validation retry(ies) (2 validator timeout).") in text
+    assert "- r01-c: attempt 2: an engine fault failed the earlier attempt(s)" in text
+    assert ("- r02-c retry 1, length 256 (partial visit, validator timeout): the visit's own measurement was "
+            "excluded: case python_function timeout: x. Re-measured after every visit; its new record was "
+            "excluded too and then superseded by retry 2;") in text
+    assert "- r02-c retry 1, length 1024 (partial visit, validator timeout): the visit's own measurement " \
+           "was excluded: case python_function timeout: x. Re-measured after every visit; its new record " \
+           "passed and is the one used;" in text
+    assert "- r02-c retry 2, length 256 (partial visit, validator timeout): retry 1 was excluded" in text
+    assert text.count("its new record was excluded too;") == 1
+    assert "Retries: none" in "\n".join(retries_section(measures[:1], df.iloc[:2]))
+
+
+def test_landing_page_has_a_row_per_retried_record():
+    from pairbench.landing import retry_rows
+
+    df = table([(1, "b", 256, 1, 0, True, ""), (1, "c", 256, 2, 0, True, ""), (1, "c", 1024, 2, 0, True, ""),
+                (2, "c", 256, 1, 0, False, "superseded by retry 1"), (2, "c", 256, 1, 1, True, "")])
+    assert retry_rows(df) == [["1", "c", "256", "2", "0", "used"], ["1", "c", "1024", "2", "0", "used"],
+                              ["2", "c", "256", "1", "1", "used"]]
+    assert retry_rows(df.drop(columns=["attempt", "retry"])) == []

@@ -192,7 +192,8 @@ lengths: [400, 480]
 output_tokens: 8
 rounds: 2
 seed: 0
-validate: {cases: [token_counts]}
+# gate failures alone earn a retry: only the cache arm's (the others also fail token_counts)
+validate: {cases: [token_counts], retries: 1, retry_on: [gate]}
 """
 
 
@@ -202,20 +203,28 @@ def test_each_gate_fires_and_flagged_records_are_kept_and_disclosed(scratch):
     snakemake(scratch, "--cores", "1", "--configfile", str(cfg))
     res = scratch / "results" / "gates"
     df = pd.read_csv(res / "tables" / "measurements.csv")
-    assert len(df) == 4 * 2 * 2, "every record is kept"
-    by_arm = {arm: g for arm, g in df.groupby("arm")}
+    assert len(df) == 4 * 2 * 2 + 2 * 2, "every record is kept, the cache arm's retried records too"
+    latest = df[~df["reason"].fillna("").str.startswith("superseded")]
+    by_arm = {arm: g for arm, g in latest.groupby("arm")}
     assert by_arm["baseline"]["selected"].all()
     for arm, gate in (("prompt", "prompt_tokens"), ("completion", "completion_tokens"), ("cache", "cold_cache")):
         g = by_arm[arm]
-        assert not g["ok"].any() and not g["selected"].any()
+        assert len(g) == 4 and not g["ok"].any() and not g["selected"].any()
         assert g["reason"].str.match(rf"gate [a-z_ ]*\b{gate}\b").all(), g["reason"].tolist()
-    flags = [f for p in sorted((res / "measure").glob("*-cache.json")) for r in read_artifact(p, "measure")["records"]
+    flags = [f for p in sorted((res / "measure").glob("*-cache*.json")) for r in read_artifact(p, "measure")["records"]
              for f in r["flags"]]
-    assert flags and all(f.startswith("cold_cache: 7 prompt tokens came from the cache") for f in flags)
+    assert len(flags) == 8 and all(f.startswith("cold_cache: 7 prompt tokens came from the cache") for f in flags)
+    # retry_on: [gate] retried the cache arm's records (a gate failure and nothing else), not the
+    # others' (their token_counts case failed too); the retry failed the gate again
+    assert sorted(p.name for p in (res / "measure").glob("*.retry*")) == ["r01-cache.retry1.json",
+                                                                          "r02-cache.retry1.json"]
     readme = (res / "publish" / "README.md").read_text()
-    assert "12 flagged and excluded from the statistics" in readme
+    assert "16 flagged and excluded from the statistics" in readme
     assert "prompt_tokens: got 401, planned 400" in readme
     assert "completion_tokens: got 6, planned 8" in readme
+    assert "and 2 partial-visit validation retry(ies) (2 gate failure)." in readme
+    assert readme.count("(partial visit, gate failure): the visit's own measurement was excluded: gate cold_cache") == 4
+    assert readme.count("its new record was excluded too;") == 4
     summary = read_artifact(res / "stats" / "summary.json", "summary")
     assert summary["counts"]["excluded"] >= 4
     assert all(v["verdict"] == "inconclusive" for by_m in summary["paired"].values() for v in by_m.values())
@@ -321,4 +330,17 @@ def test_validator_timeout_earns_a_disclosed_partial_visit_retry(scratch):
     assert sorted(p.name for p in (res / "measure").glob("*.retry*")) == ["r02-candidate.retry1.json"]
     df = pd.read_csv(res / "tables" / "measurements.csv")
     assert len(df) == 10 and df["selected"].sum() == 8
+    assert read_artifact(res / "audit.json", "audit")["ok"]
+
+    # lowering validate.retries to 0 (not part of the plan: nothing is re-measured) leaves the
+    # remaining retry out of the run: the stats stage moves it under private/superseded/
+    cfg0 = scratch / "vretry0.yaml"
+    cfg0.write_text(RETRY_CONFIG.replace("retries: 2}", "retries: 0}"))
+    proc = snakemake(scratch, "--cores", "1", "--configfile", str(cfg0), env=env)
+    assert not re.search(r"rule (measure|measure_retry|validate|validate_retry):", proc.stdout + proc.stderr)
+    assert not list(res.glob("*/*.retry*")) and not list(res.glob("private/outputs/*.retry*"))
+    assert list((res / "private" / "superseded").glob("*/measure/r02-candidate.retry1.json"))
+    df = pd.read_csv(res / "tables" / "measurements.csv")
+    assert len(df) == 8 and df["selected"].sum() == 6, "r02-candidate's timed-out records are excluded again"
+    assert "Retries: none (" in (res / "publish" / "README.md").read_text()
     assert read_artifact(res / "audit.json", "audit")["ok"]

@@ -40,8 +40,9 @@ def verdict_rows(paired: pd.DataFrame) -> list[list[str]]:
 def retry_rows(measurements: pd.DataFrame) -> list[list[str]]:
     """[round, arm, length, attempt, retry, outcome] for every row measured by a retry.
 
-    A retry is an engine-fault re-attempt of a measurement job (``attempt`` > 1; one row per visit)
-    or a validation retry (``retry`` > 0, a partial visit: one row per re-measured length).
+    A retry is an engine-fault re-attempt of a measurement job (``attempt`` > 1: a row for each
+    record of that visit) or a validation retry (``retry`` > 0, a partial visit: a row for each
+    re-measured length).
     """
     cols = measurements.columns
     attempt = pd.to_numeric(measurements["attempt"], errors="coerce") if "attempt" in cols else None

@@ -146,7 +146,7 @@ def retries_section(measures: list[dict], df: pd.DataFrame) -> list[str]:
     partial = [m for m in measures if retries.retry_number(m) > 0]
     kinds = {}  # per retry (a partial visit), whatever number of lengths it re-measured
     for m in partial:
-        k = " + ".join(sorted({part for r in m["retry_reasons"] for part in retries.kind_of(r["reason"]).split(" + ")}))
+        k = retries.kind_of(sorted({kind for r in m["retry_reasons"] for kind in r["kinds"]}))
         kinds[k] = kinds.get(k, 0) + 1
     head = (f"Retries: {len(faults) + len(partial)} disclosed: {len(faults)} engine-fault re-attempt(s) of a "
             f"measurement job and {len(partial)} partial-visit validation retry(ies)")
@@ -155,8 +155,8 @@ def retries_section(measures: list[dict], df: pd.DataFrame) -> list[str]:
     if not faults and not partial:
         head = "Retries: none (no engine fault re-attempted a measurement job; no record earned a validation retry)"
     out = ["### Retries", "", head + ".", ""]
-    selected = {(int(r.round), str(r.arm), int(r.length), int(r.retry)): bool(r.selected)
-                for r in df.itertuples()} if "retry" in df.columns else {}
+    rows = {(int(r.round), str(r.arm), int(r.length), int(r.retry)): r for r in df.itertuples()} \
+        if "retry" in df.columns else {}
     for m in faults:
         out.append(f"- {retries.label(*retries.measure_key(m))}: attempt {m['attempt']}: an engine fault failed "
                    f"the earlier attempt(s) of this job (their server logs are kept under private/logs/); "
@@ -164,11 +164,17 @@ def retries_section(measures: list[dict], df: pd.DataFrame) -> list[str]:
     for m in partial:
         n, vid = retries.retry_number(m), m["visit"]["id"]
         for r in m["retry_reasons"]:
-            used = selected.get((m["visit"]["round"], m["visit"]["arm"], r["length"], n))
-            outcome = {True: "its new record passed and is the one used", False: "its new record was excluded too",
-                       None: "its new record is not in the measurements table"}[used]
+            row = rows.get((m["visit"]["round"], m["visit"]["arm"], r["length"], n))
+            if row is None:
+                outcome = "its new record is not in the measurements table"
+            elif bool(row.selected):
+                outcome = "its new record passed and is the one used"
+            elif str(row.reason).startswith("superseded"):
+                outcome = f"its new record was excluded too and then {row.reason}"
+            else:
+                outcome = "its new record was excluded too"
             before = "the visit's own measurement" if n == 1 else f"retry {n - 1}"
-            out.append(f"- {vid} retry {n}, length {r['length']} (partial visit, {retries.kind_of(r['reason'])}): "
+            out.append(f"- {vid} retry {n}, length {r['length']} (partial visit, {retries.kind_of(r['kinds'])}): "
                        f"{before} was excluded: {r['reason']}. Re-measured after every visit; {outcome}; the "
                        f"earlier record is kept, superseded.")
     return out + [""]

@@ -47,8 +47,9 @@ def exclusion_kinds(entry: dict) -> dict[str, list[str]]:
     return kinds
 
 
-def retry_reasons(validation: dict, retry_on: list[str] | tuple[str, ...]) -> dict[int, str]:
-    """``{length: why}`` for each record of a validate artifact that earns a retry under *retry_on*.
+def retry_reasons(validation: dict, retry_on: list[str] | tuple[str, ...]) -> dict[int, dict]:
+    """``{length: {"reason": why, "kinds": [...]}}`` for each record of a validate artifact that
+    earns a retry under *retry_on*.
 
     A record earns one when it was excluded and *every* reason of its exclusion is of a kind in
     *retry_on*: with the default ``[timeout]``, an output that timed out its tests is measured
@@ -59,24 +60,21 @@ def retry_reasons(validation: dict, retry_on: list[str] | tuple[str, ...]) -> di
     unknown = sorted(set(retry_on) - set(RETRY_ON))
     if unknown:
         raise ValueError(f"validate.retry_on: unknown kind(s) {unknown}; known: {list(RETRY_ON)}")
-    out: dict[int, str] = {}
+    out: dict[int, dict] = {}
     for entry in validation["records"]:
         kinds = exclusion_kinds(entry)
         if kinds and set(kinds) <= set(retry_on):
-            out[entry["length"]] = "; ".join(why for k in sorted(kinds) for why in kinds[k])
+            out[entry["length"]] = {"reason": "; ".join(why for k in sorted(kinds) for why in kinds[k]),
+                                    "kinds": sorted(kinds)}
     return out
 
 
-def kind_of(reason: str) -> str:
-    """A short label of a retry reason: ``validator timeout``, ``case failure`` or ``gate failure``."""
-    kinds = []
-    if " timeout:" in reason:
-        kinds.append("validator timeout")
-    if " fail:" in reason:
-        kinds.append("case failure")
-    if reason.startswith("gate ") or "; gate " in reason:
-        kinds.append("gate failure")
-    return " + ".join(kinds) or "other"
+KIND_LABELS = {"timeout": "validator timeout", "fail": "case failure", "gate": "gate failure"}
+
+
+def kind_of(kinds: list[str]) -> str:
+    """A short label of a retry's kinds, e.g. ``validator timeout`` or ``gate failure + validator timeout``."""
+    return " + ".join(sorted(KIND_LABELS[k] for k in kinds)) or "other"
 
 
 def label(visit_id: str, retry: int) -> str:

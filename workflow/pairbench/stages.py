@@ -177,12 +177,13 @@ def measure_retry_stage(measure_path: str, outputs_dir: str, plan_path: str, bui
         raise ValueError(f"{visit['id']} retry {retry}: {previous_validate_path} excludes no record for "
                          f"{', '.join(retry_on)}; there is nothing to retry")
     log.info("%s retry %d: re-measuring length(s) %s: %s", visit["id"], retry, ", ".join(map(str, sorted(reasons))),
-             " | ".join(f"{n}: {why}" for n, why in sorted(reasons.items())))
+             " | ".join(f"{n}: {why['reason']}" for n, why in sorted(reasons.items())))
     body, outputs, inputs = _measure(plan, plan_path, build_path, fixture_paths, prompt_paths, visit, arm_dir,
                                      arm_cfg, server_cfg, server_log, root, attempt, pid_path,
                                      lengths=sorted(reasons))
     body["retry"] = retry
-    body["retry_reasons"] = [{"length": n, "reason": why[:1000]} for n, why in sorted(reasons.items())]
+    body["retry_reasons"] = [{"length": n, "reason": why["reason"][:1000], "kinds": why["kinds"]}
+                             for n, why in sorted(reasons.items())]
     body["inputs"].update({"previous_measure": sha256_file(previous_measure_path),
                            "previous_validate": sha256_file(previous_validate_path)})
     out = Path(outputs_dir)
@@ -262,25 +263,27 @@ def validate_stage(validate_path: str, measure_path: str, output_paths: list[str
             log.warning("%s length %d not selected: %s", measure["visit"]["id"], n,
                         "; ".join(records[-1]["excluded_because"]))
     retry = retries.retry_number(measure)
-    retire_later_retries(validate_path, measure["visit"]["id"], retry)
+    retire_later_retries(Path(validate_path).parent.parent, measure["visit"]["id"], retry)
     write_artifact(validate_path, "validate", {
         "round": measure["visit"]["round"], "arm": measure["visit"]["arm"], "attempt": measure["attempt"],
         **({"retry": retry} if retry else {}),
         "cases": list(cases), "options": options, "records": records, "inputs": inputs})
 
 
-def retire_later_retries(validate_path: str, visit_id: str, retry: int) -> None:
-    """Move the visit's retries after *retry* to ``private/superseded/`` before validating anew.
+def retire_later_retries(res_dir: str | Path, visit_id: str, retry: int) -> None:
+    """Move the visit's retries after *retry* to ``private/superseded/``: they no longer belong to the run.
 
-    They were made from the validation being redone; if it still earns retries, the pipeline makes
-    them again from the new one. Moving (never deleting) keeps what was measured, out of the run.
+    Called by the validate stage before it validates anew (they were made from the validation being
+    redone; if it still earns retries, the pipeline makes them again from the new one) and by the
+    stats stage for retries beyond a visit's chain (``validate.retries`` or ``retry_on`` narrowed).
+    Moving (never deleting) keeps what was measured, out of the run.
     """
     import shutil
     import time
 
     from . import retries
 
-    res = Path(validate_path).parent.parent
+    res = Path(res_dir)
     stale = retries.later_retries(res, visit_id, retry)
     if not stale:
         return
@@ -309,6 +312,12 @@ def stats_stage(summary_path: str, measurements_csv: str, summary_csv: str, pair
     plan = read_artifact(plan_path, "plan")
     measures = [read_artifact(p, "measure") for p in measure_paths]
     validations = _validations(validate_paths)
+    chain_end: dict[str, int] = {}
+    for m in measures:
+        vid, n = retries.measure_key(m)
+        chain_end[vid] = max(chain_end.get(vid, 0), n)
+    for v in plan["visits"]:  # retries on disk that the config no longer asks for
+        retire_later_retries(Path(summary_path).parent.parent, v["id"], chain_end.get(v["id"], 0))
     df = tables.measurements_frame(measures, validations)
     from .artifacts import atomic_write_text
 

@@ -80,8 +80,14 @@ def measurements_frame(measures: list[dict], validations: dict[tuple[str, int], 
 
 
 def timing_agreement(df: pd.DataFrame) -> pd.DataFrame:
-    """Per arm × length: median client vs engine decode and prefill tok/s, and how far they disagree."""
-    ok = df[df["ok"].astype(bool)]
+    """Per arm × length: median client vs engine decode and prefill tok/s, and how far they disagree.
+
+    Over gated records, each (round, arm, length) once: a record a validation retry re-measured
+    (reason ``superseded by retry N``) is left out, its retry counts.
+    """
+    superseded = (df["reason"].fillna("").astype(str).str.startswith("superseded") if "reason" in df.columns
+                  else pd.Series(False, index=df.index))
+    ok = df[df["ok"].astype(bool) & ~superseded]
     rows = []
     for (arm, length), g in ok.groupby(["arm", "length"], sort=True):
         row = {"arm": arm, "length": int(length)}

@@ -153,15 +153,13 @@ def chain_artifacts(kind, retries_only=False):
 
 
 def retry_after(visit_id, n):
-    """Ordering-only inputs of a visit's validation retry n: retries run one at a time, after every
-    visit was measured and validated, in plan order (all of an earlier visit's retries first).
-    Nothing else (no visit, no validation) runs beside one, whatever --cores is."""
-    if n > 1:
-        return []  # retry n-1's validation is already an input
+    """Ordering-only inputs of a visit's validation retry n (every n): retries run one at a time,
+    after every visit was measured and validated, in plan order: every earlier visit's whole chain
+    of retries first (not only the previous visit's, which may have none). Nothing else (no visit,
+    no validation, no other retry) runs beside one, whatever --cores is, in a resumed run too."""
     v = visit_by_id(VISITS, visit_id)
     after = [validate_path(RES, u, 0) for u in VISIT_IDS]
-    if v["index"] > 1:
-        after.append(validation_chain(VISITS[v["index"] - 2]["id"])[-1][1])
+    after += [validation_chain(u["id"])[-1][1] for u in VISITS[: v["index"] - 1]]
     return [ancient(p) for p in dict.fromkeys(after)]
 
 
