@@ -255,7 +255,7 @@ def validate_stage(validate_path: str, measure_path: str, output_paths: list[str
             baseline_output={"text": base["text"], "token_ids": base["token_ids"]} if base else None,
             options=options)
         # A failed request has no output hash in its record; its (empty) private output has one.
-        entry = pb_validate.record_entry({**rec, "output_sha256": sha256_text(out["text"])}, fx, verdicts)
+        entry = pb_validate.record_entry({**rec, "output_sha256": pb_validate.sha256_text(out["text"])}, fx, verdicts)
         entry.update({"ok": rec["ok"], "flags": list(rec["flags"])})  # retries are decided from this artifact
         records.append(entry)
         selected = entry["selected"]
@@ -292,13 +292,8 @@ def retire_later_retries(res_dir: str | Path, visit_id: str, retry: int) -> None
         target = dest / path.relative_to(res)
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.move(str(path), str(target))
-        log.warning("%s: made from a validation now redone; moved to %s", path, target)
-
-
-def sha256_text(text: str) -> str:
-    from .artifacts import sha256_bytes
-
-    return sha256_bytes(text.encode("utf-8"))
+        log.warning("%s: no longer part of the run (its validation was redone, or the config asks for fewer "
+                    "retries); moved to %s", path, target)
 
 
 def stats_stage(summary_path: str, measurements_csv: str, summary_csv: str, paired_csv: str, ratios_csv: str,
