@@ -111,7 +111,9 @@ def test_landing_page_has_a_row_per_retried_record():
     from pairbench.landing import retry_rows
 
     df = table([(1, "b", 256, 1, 0, True, ""), (1, "c", 256, 2, 0, True, ""), (1, "c", 1024, 2, 0, True, ""),
-                (2, "c", 256, 1, 0, False, "superseded by retry 1"), (2, "c", 256, 1, 1, True, "")])
+                (2, "c", 256, 1, 0, False, "superseded by retry 2"), (2, "c", 256, 1, 1, False, "superseded by retry 2"),
+                (2, "c", 256, 1, 2, True, ""), (2, "c", 1024, 1, 1, False, "case python_function timeout")])
     assert retry_rows(df) == [["1", "c", "256", "2", "0", "used"], ["1", "c", "1024", "2", "0", "used"],
-                              ["2", "c", "256", "1", "1", "used"]]
+                              ["2", "c", "256", "1", "1", "superseded by retry 2"],
+                              ["2", "c", "1024", "1", "1", "excluded"], ["2", "c", "256", "1", "2", "used"]]
     assert retry_rows(df.drop(columns=["attempt", "retry"])) == []

@@ -58,8 +58,14 @@ def retry_rows(measurements: pd.DataFrame) -> list[list[str]]:
     df["_attempt"] = attempt[mask].fillna(1).astype(int) if attempt is not None else 1
     df["_retry"] = retry[mask].fillna(0).astype(int) if retry is not None else 0
     df = df.sort_values(["round", "arm", "_retry", "length"])
+    def outcome(r) -> str:
+        if bool(r["selected"]):
+            return "used"
+        reason = str(r["reason"]) if "reason" in df.columns and r["reason"] == r["reason"] else ""
+        return reason if reason.startswith("superseded") else "excluded"
+
     return [[str(int(r["round"])), str(r["arm"]), str(int(r["length"])), str(r["_attempt"]), str(r["_retry"]),
-             "used" if bool(r["selected"]) else "excluded"] for _, r in df.iterrows()]
+             outcome(r)] for _, r in df.iterrows()]
 
 
 def _list_table(title: str, header: list[str], rows: list[list[str]], cls: str) -> str:
