@@ -17,7 +17,6 @@ import math
 import pandas as pd
 
 from . import retries
-from .retries import measure_key
 
 LEAK_GATE_MARKER = "<!-- pairbench:leak-gate -->"
 
@@ -109,7 +108,7 @@ def gates_section(measures: list[dict], validations: dict[tuple[str, int], dict]
     for (arm, length), g in df.groupby(["arm", "length"], sort=True):
         cases: dict[str, dict[str, int]] = {}
         for m in measures:
-            v = validations.get(measure_key(m))
+            v = validations.get(retries.measure_key(m))
             if not v or m["visit"]["arm"] != arm:
                 continue
             for rec in v["records"]:
@@ -127,12 +126,12 @@ def gates_section(measures: list[dict], validations: dict[tuple[str, int], dict]
                 "case verdicts likewise.", ""]
     excluded = []
     for m in measures:
-        v = validations.get(measure_key(m))
+        v = validations.get(retries.measure_key(m))
         vby = {r["length"]: r for r in v["records"]} if v else {}
         for r in m["records"]:
             reasons = list(r["flags"]) + list((vby.get(r["length"]) or {}).get("excluded_because", []))
             if reasons:
-                excluded.append(f"- {retries.label(*measure_key(m))} length {r['length']} (attempt {r['attempt']}): "
+                excluded.append(f"- {retries.label(*retries.measure_key(m))} length {r['length']} (attempt {r['attempt']}): "
                                 + "; ".join(reasons))
     if excluded:
         out += ["Excluded records and why:", "", *excluded, ""]
@@ -198,7 +197,7 @@ def diagnostics_section(warmups: dict, measures: list[dict]) -> list[str]:
     rows = [[f"`{arm}`", _f(w["server"]["ready_s"], ".2f"), _f(w["first_request"]["ttft_ms"]),
              "ok" if w["smoke_ok"] else "FAILED: " + "; ".join(w["problems"])] for arm, w in warmups.items()]
     out += _table(["arm", "launch to healthy (s)", "first request TTFT (ms)", "smoke check"], rows)
-    rows = [[retries.label(*measure_key(m)), _f(m["server"]["ready_s"], ".2f"), _f(m["first_request"]["ttft_ms"]),
+    rows = [[retries.label(*retries.measure_key(m)), _f(m["server"]["ready_s"], ".2f"), _f(m["first_request"]["ttft_ms"]),
              _f(m["duration_s"], ".1f")] for m in measures]
     out += _table(["visit", "launch to healthy (s)", "first request TTFT (ms)", "visit (s)"], rows)
     return out

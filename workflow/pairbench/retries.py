@@ -93,7 +93,10 @@ def validation_key(validation: dict) -> tuple[str, int]:
 
 
 def later_retries(res_dir, visit_id: str, n: int) -> list:
-    """Existing files of a visit's retries after retry *n* (n = 0: all of them), newest last.
+    """Existing files of a visit's retries after retry *n* (n = 0: all of them): the measure and
+    validate artifacts (``<stage>/<visit>.retry<N>.json``) and the outputs folders
+    (``private/outputs/<visit>.retry<N>``). One folder level deep, so never what
+    ``private/superseded/`` already holds.
 
     They derive from a validation that is being redone, so they no longer belong to the run; the
     validate stage moves them under ``private/superseded/`` (kept, never deleted).
@@ -103,7 +106,7 @@ def later_retries(res_dir, visit_id: str, n: int) -> list:
     res = Path(res_dir)
     found = []
     for path in sorted(res.glob(f"*/{visit_id}.retry*.json")) + sorted(res.glob(f"private/*/{visit_id}.retry*")):
-        tail = path.name.removeprefix(f"{visit_id}.retry").removesuffix(".json").removesuffix(".log")
-        if tail.isdigit() and int(tail) > n and "superseded" not in path.parts:
+        tail = path.name.removeprefix(f"{visit_id}.retry").removesuffix(".json")
+        if tail.isdigit() and int(tail) > n:
             found.append(path)
     return found
