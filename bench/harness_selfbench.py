@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "workflow"))
-from pairbench import stats  # noqa: E402
+from pairbench.analysis import stats  # noqa: E402
 
 TARGET = 0.01
 

@@ -1,5 +1,5 @@
 """Arm-level config for real engines (engine, source {git, tag} | null, threads, allow_external) and
-the git-tag export + patch path through pairbench.source."""
+the git-tag export + patch path through pairbench.arms.source."""
 
 import subprocess
 from pathlib import Path
@@ -8,8 +8,8 @@ import jsonschema
 import pytest
 import yaml
 
-from pairbench import config as pb_config
-from pairbench.source import PatchError, export_source
+from pairbench.core import config as pb_config
+from pairbench.arms.source import PatchError, export_source
 
 from .test_gitsource import git
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pairbench import engines as E
+from pairbench.engines import profiles as E
 
 from .conftest import free_port
 

@@ -1,4 +1,4 @@
-"""Tests for pairbench.gitsource: exporting a pristine tree at a tag from a throwaway git repo."""
+"""Tests for pairbench.arms.gitsource: exporting a pristine tree at a tag from a throwaway git repo."""
 
 import hashlib
 import subprocess
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from pairbench.gitsource import GitSourceError, export_tag, is_url, resolve_tag
+from pairbench.arms.gitsource import GitSourceError, export_tag, is_url, resolve_tag
 
 
 def git(repo: Path, *args: str) -> str:

@@ -6,9 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from pairbench import envfacts, leakgate
-from pairbench.artifacts import read_artifact
-from pairbench.verify import verify_bundle
+from pairbench.publish import envfacts
+from pairbench.publish import leakgate
+from pairbench.core.artifacts import read_artifact
+from pairbench.publish.verify import verify_bundle
 
 from .pipeline_support import copy_checkout, snakemake
 

@@ -1,4 +1,4 @@
-"""Unit tests for pairbench.engines: profile loading/validation, templating, opt-in, reply gates."""
+"""Unit tests for pairbench.engines.profiles: profile loading/validation, templating, opt-in, reply gates."""
 
 import shutil
 from pathlib import Path
@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pairbench import engines as E
+from pairbench.engines import profiles as E
 
 PROFILES = ["embedded", "llama-cpp-python", "llama-server", "sglang", "vllm"]
 

@@ -15,7 +15,9 @@ import zlib
 from pathlib import Path
 from types import SimpleNamespace
 
-from pairbench import artifacts, envfacts, publish
+from pairbench.core import artifacts
+from pairbench.publish import envfacts
+from pairbench.publish import bundle as publish
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "sanitize"
 REAL_SCHEMAS = artifacts.SCHEMA_DIR

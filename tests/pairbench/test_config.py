@@ -6,7 +6,7 @@ import jsonschema
 import pytest
 import yaml
 
-from pairbench import config as pb_config
+from pairbench.core import config as pb_config
 
 REPO = Path(__file__).resolve().parents[2]
 SCHEMA = yaml.safe_load((REPO / "workflow/schemas/config.schema.yaml").read_text())

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 
-from pairbench import artifacts, envfacts
+from pairbench.core import artifacts
+from pairbench.publish import envfacts
 
 from sanitize_support import identity, planted_facts, planted_strings
 

@@ -4,8 +4,8 @@ import re
 
 import pytest
 
-from pairbench import fixtures as pb_fixtures
-from pairbench import tasks
+from pairbench.measure import fixtures as pb_fixtures
+from pairbench.validate import tasks
 
 
 def byte_tokenizer(messages):

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from pairbench import leakgate
+from pairbench.publish import leakgate
 
 from sanitize_support import png
 
@@ -95,7 +95,7 @@ def test_detector_names_count_all_three_kinds():
 def test_scrubbed_text_passes_the_whole_gate(tmp_path):
     """Scrubber and gate agree: whatever the scrubber rewrites, no detector (detect-secrets included)
     still finds in the result."""
-    from pairbench.sanitize import scrub_text
+    from pairbench.publish.sanitize import scrub_text
 
     from sanitize_support import IDS as SIDS, POSITIVES
 
@@ -112,7 +112,7 @@ def _put(root, text):
 
 
 def test_scan_cli(tmp_path, monkeypatch, capsys):
-    from pairbench import envfacts
+    from pairbench.publish import envfacts
     from pairbench.__main__ import main
 
     from sanitize_support import planted_facts

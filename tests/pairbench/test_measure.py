@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from pairbench import measure as pb_measure
-from pairbench.client import StreamResult
-from pairbench.server_proc import Server, ServerError
+from pairbench.measure import visit as pb_measure
+from pairbench.engines.client import StreamResult
+from pairbench.engines.server import Server, ServerError
 
 FAKE_SRC = Path(__file__).resolve().parents[1] / "fakes"
 LENGTHS = [120, 150]

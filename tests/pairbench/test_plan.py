@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from pairbench import plan as pb_plan
+from pairbench.core import plan as pb_plan
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -1,4 +1,4 @@
-"""Tests of pairbench.plots: the PNGs are written whole, show the panels and verdict colours the
+"""Tests of pairbench.analysis.plots: the PNGs are written whole, show the panels and verdict colours the
 summary calls for, and bad input gets an error naming what is missing."""
 
 from pathlib import Path
@@ -9,7 +9,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pairbench import plots, stats
+from pairbench.analysis import plots
+from pairbench.analysis import stats
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "stats"
 

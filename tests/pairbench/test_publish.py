@@ -8,8 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from pairbench import envfacts, publish, sanitize
-from pairbench.verify import verify_bundle
+from pairbench.publish import envfacts
+from pairbench.publish import bundle as publish
+from pairbench.publish import sanitize
+from pairbench.publish.verify import verify_bundle
 
 from sanitize_support import DATA, planted_facts, planted_run, planted_strings, png, use_test_schemas
 

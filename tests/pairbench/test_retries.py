@@ -1,8 +1,8 @@
-"""Which records earn a validation retry (pairbench.retries), decided from the validate artifact alone."""
+"""Which records earn a validation retry (pairbench.validate.retries), decided from the validate artifact alone."""
 
 import pytest
 
-from pairbench import retries
+from pairbench.validate import retries
 
 
 def entry(length, ok=True, flags=(), **verdicts):
@@ -81,7 +81,7 @@ def table(rows):
 
 
 def test_report_lists_every_retry_with_its_reason_and_outcome():
-    from pairbench.report import retries_section
+    from pairbench.publish.report import retries_section
 
     measures = [measure("r01-b", [256, 1024]), measure("r01-c", [256, 1024], attempt=2),
                 measure("r02-c", [256, 1024]),
@@ -108,7 +108,7 @@ def test_report_lists_every_retry_with_its_reason_and_outcome():
 
 
 def test_landing_page_has_a_row_per_retried_record():
-    from pairbench.landing import retry_rows
+    from pairbench.publish.landing import retry_rows
 
     df = table([(1, "b", 256, 1, 0, True, ""), (1, "c", 256, 2, 0, True, ""), (1, "c", 1024, 2, 0, True, ""),
                 (2, "c", 256, 1, 0, False, "superseded by retry 2"), (2, "c", 256, 1, 1, False, "superseded by retry 2"),

@@ -10,8 +10,8 @@ import threading
 
 import pytest
 
-from pairbench import sandbox
-from pairbench.sandbox import run_python_tests
+from pairbench.validate import sandbox
+from pairbench.validate.sandbox import run_python_tests
 
 ADD = "def add(a, b):\n    return a + b\n"
 ADD_TESTS = "assert add(2, 3) == 5\nassert add(-1, 1) == 0\n"

@@ -1,12 +1,12 @@
-"""Unit tests for pairbench.sanitize: each detector's positives and false-positive guards, the scrubber's
+"""Unit tests for pairbench.publish.sanitize: each detector's positives and false-positive guards, the scrubber's
 consistent pseudonyms, and patch identity stripping. All identifiers are synthetic."""
 
 from __future__ import annotations
 
 import pytest
 
-from pairbench import sanitize
-from pairbench.sanitize import find, scrub_text, strip_patch
+from pairbench.publish import sanitize
+from pairbench.publish.sanitize import find, scrub_text, strip_patch
 
 from sanitize_support import DATA, IDS, POSITIVES
 

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from pairbench import source as pb_source
+from pairbench.arms import source as pb_source
 
 GOOD = """--- a/engine/core.py
 +++ b/engine/core.py

@@ -1,4 +1,4 @@
-"""Tests of pairbench.stats: known answers, A/A, injected effects, inconclusive and error paths,
+"""Tests of pairbench.analysis.stats: known answers, A/A, injected effects, inconclusive and error paths,
 disclosures and the summary schema.
 
 Fixtures live in tests/data/stats/: ``known.csv`` + ``known_expected.json`` (hand-derived answers),
@@ -16,7 +16,8 @@ import pandas as pd
 import pytest
 import scipy.stats
 
-from pairbench import artifacts, stats
+from pairbench.core import artifacts
+from pairbench.analysis import stats
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "stats"
 FAST = dict(n_resamples=2000)  # enough for stable BCa ends; the default 9999 is for real runs

@@ -2,7 +2,7 @@
 
 import pandas as pd
 
-from pairbench import tables
+from pairbench.analysis import tables
 
 
 def record(arm, rnd, length, ok=True, flags=(), gates=None, decode=100.0):

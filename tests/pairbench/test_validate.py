@@ -8,8 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from pairbench import artifacts, tasks, validate
-from pairbench.validate import extract_function, is_selected, run_cases
+from pairbench.core import artifacts
+from pairbench.validate import tasks
+from pairbench.validate import cases as validate
+from pairbench.validate.cases import extract_function, is_selected, run_cases
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "validate"
 PARSER_CASES = json.loads((DATA / "outputs.json").read_text())["cases"]
@@ -58,7 +60,7 @@ def test_parser_on_stored_outputs(name):
 
 @pytest.mark.parametrize("task_name", sorted(SMOLLM2["outputs"]))
 def test_parser_on_real_smollm2_outputs(task_name):
-    """Outputs the real model produced (python -m pairbench.tasks probe); see docs/validation.md."""
+    """Outputs the real model produced (python -m pairbench.validate.tasks probe); see docs/validation.md."""
     seen = SMOLLM2["outputs"][task_name]
     task = tasks.get_task(task_name)
     text = (DATA / "smollm2" / f"{task_name}.txt").read_text()

@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from pairbench import envfacts, publish
+from pairbench.publish import envfacts
+from pairbench.publish import bundle as publish
 from pairbench.__main__ import main
-from pairbench.artifacts import dumps, sha256_file
-from pairbench.verify import messages_sha256, verify_bundle
+from pairbench.core.artifacts import dumps, sha256_file
+from pairbench.publish.verify import messages_sha256, verify_bundle
 
 from sanitize_support import planted_facts, planted_run, use_test_schemas
 

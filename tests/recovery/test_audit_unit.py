@@ -1,4 +1,4 @@
-"""Unit tests of pairbench.provenance and pairbench.audit on a small synthetic run folder.
+"""Unit tests of pairbench.integrity.provenance and pairbench.integrity.audit on a small synthetic run folder.
 
 The run folder is built with test-only artifact kinds (schemas in fixtures/schemas/), so these tests
 do not depend on the pipeline's own schemas; tests/recovery/test_audit_pipeline.py runs the same
@@ -13,7 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from pairbench import artifacts, audit, provenance, source
+from pairbench.core import artifacts
+from pairbench.integrity import audit
+from pairbench.integrity import provenance
+from pairbench.arms import source
 
 HERE = Path(__file__).resolve().parent
 REAL_SCHEMAS = HERE.parents[1] / "workflow" / "schemas"

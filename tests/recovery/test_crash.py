@@ -26,8 +26,8 @@ import subprocess
 import psutil
 import pytest
 
-from pairbench import recovery
-from pairbench.artifacts import read_artifact
+from pairbench.integrity import recovery
+from pairbench.core.artifacts import read_artifact
 
 from tests.recovery._helpers import file_has, make_workdir, snapshot, wait_until
 

@@ -1,6 +1,6 @@
 """Engine faults fail the visit with an error naming the visit, arm, round and length.
 
-Each test runs a real visit (pairbench.measure.run_visit) against the fake engine (tests/fakes/engine,
+Each test runs a real visit (pairbench.measure.visit.run_visit) against the fake engine (tests/fakes/engine,
 launched as a real server process from an exported copy, exactly as the pipeline does) told to
 misbehave through its FAKE_ENGINE_* environment: fail to start, crash mid-stream, hang, or send
 malformed server-sent events. A fault must never become a sample, leave a server running, or leave
@@ -16,7 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from pairbench import measure
+from pairbench.measure import visit as measure
 
 REPO = Path(__file__).resolve().parents[2]
 LENGTHS = [40, 48]

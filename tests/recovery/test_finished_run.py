@@ -26,8 +26,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from pairbench import recovery
-from pairbench.artifacts import read_artifact
+from pairbench.integrity import recovery
+from pairbench.core.artifacts import read_artifact
 from tests.recovery._helpers import REPO, file_has, make_workdir, snapshot, wait_until
 
 pytestmark = pytest.mark.slow
@@ -83,7 +83,7 @@ def test_retry_is_recorded_and_disclosed(run):
 
 def audit_cli(run_dir: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(REPO / "workflow")}
-    return subprocess.run([sys.executable, "-m", "pairbench.audit", str(run_dir)], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "pairbench.integrity.audit", str(run_dir)], capture_output=True,
                           text=True, env=env, timeout=120)
 
 

@@ -1,4 +1,4 @@
-"""Unit tests of pairbench.recovery with real processes and real signals: pid files, the stale-server
+"""Unit tests of pairbench.integrity.recovery with real processes and real signals: pid files, the stale-server
 sweep (whole process group, never a recycled pid), the parent-death signal, and the watchdog that
 ends a job whose Snakemake was SIGKILLed."""
 
@@ -16,7 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from pairbench import recovery
+from pairbench.integrity import recovery
 
 WORKFLOW = Path(__file__).resolve().parents[2] / "workflow"
 
@@ -81,7 +81,7 @@ def test_server_dies_with_the_job_that_launched_it(tmp_path):
     launcher = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
         import subprocess, sys, time
         sys.path.insert(0, {str(WORKFLOW)!r})
-        from pairbench.recovery import die_with_parent
+        from pairbench.integrity.recovery import die_with_parent
         p = subprocess.Popen(['sleep', '60'], start_new_session=True, preexec_fn=die_with_parent)
         open({str(pidfile)!r}, 'w').write(str(p.pid))
         time.sleep(60)
@@ -105,7 +105,7 @@ def test_watchdog_ends_an_orphaned_job(tmp_path):
     job = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
         import pathlib, psutil, sys, time
         sys.path.insert(0, {str(WORKFLOW)!r})
-        from pairbench.recovery import SnakemakeWatchdog
+        from pairbench.integrity.recovery import SnakemakeWatchdog
         cleanup = lambda: pathlib.Path({str(marker)!r}).write_text('stopped server')
         with SnakemakeWatchdog(cleanup, poll_s=0.05, ancestor=psutil.Process({ancestor.pid})):
             pathlib.Path({str(ready)!r}).write_text('watching')

@@ -27,8 +27,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from pairbench.artifacts import parse_schema_id, read_artifact
-from pairbench.verify import verify_bundle
+from pairbench.core.artifacts import parse_schema_id, read_artifact
+from pairbench.publish.verify import verify_bundle
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
@@ -57,7 +57,7 @@ def snakemake(work: Path, *args: str, check: bool = True, env: dict | None = Non
     return proc
 
 
-# pairbench.publish.build_bundle keeps its own leak-gate result and pseudonym map here, as plain
+# pairbench.publish.bundle.build_bundle keeps its own leak-gate result and pseudonym map here, as plain
 # JSON without a schema id (they never leave private/).
 NOT_ARTIFACTS = ("private/publish/leakgate.json", "private/publish/pseudonyms.json")
 
@@ -243,7 +243,7 @@ arms:
           FAKE_ENGINE_ONCE_TEXT: "def add(a, b):\\n    while True:\\n        pass\\n"}
 baseline: baseline
 candidate: candidate
-lengths: [412, 452]  # both fixtures ask for add() (pairbench.tasks.task_for)
+lengths: [412, 452]  # both fixtures ask for add() (pairbench.validate.tasks.task_for)
 output_tokens: 48
 rounds: 2
 seed: 0

@@ -3,12 +3,12 @@
 Commands:
 
 - ``verify <bundle> [--source <clean source dir>]``: offline check of a publication bundle
-  (:func:`pairbench.verify.verify_bundle`); exit status 1 and one line per problem if it fails.
+  (:func:`pairbench.publish.verify.verify_bundle`); exit status 1 and one line per problem if it fails.
 - ``audit <run dir> [--extra FILE] [--out audit.json]``: re-validate every artifact of
-  ``results/<label>`` and walk its hash chain (:func:`pairbench.audit.audit_run`); exit status 1 and
+  ``results/<label>`` and walk its hash chain (:func:`pairbench.integrity.audit.audit_run`); exit status 1 and
   one ``FAIL <file>: [check] ...`` line per finding if anything was tampered with or corrupted.
 - ``scan <dir>``: run the leak gate over a folder with this machine's identifiers
-  (:func:`pairbench.leakgate.scan`); prints ``file:line: detector`` per finding, never the values.
+  (:func:`pairbench.publish.leakgate.scan`); prints ``file:line: detector`` per finding, never the values.
 
 Other stages add their subcommands to :data:`COMMANDS`.
 """
@@ -21,7 +21,7 @@ from typing import Callable
 
 
 def _verify(args: argparse.Namespace) -> int:
-    from .verify import verify_bundle
+    from pairbench.publish.verify import verify_bundle
 
     problems = verify_bundle(args.bundle, clean_source=args.source)
     for p in problems:
@@ -35,7 +35,8 @@ def _verify(args: argparse.Namespace) -> int:
 
 
 def _scan(args: argparse.Namespace) -> int:
-    from . import envfacts, leakgate
+    from pairbench.publish import envfacts
+    from pairbench.publish import leakgate
 
     ids = envfacts.identifiers(envfacts.collect(torch=False))
     findings = leakgate.scan(args.dir, ids)
@@ -68,7 +69,7 @@ def _add_audit(sub) -> None:
 
 
 def _audit(args: argparse.Namespace) -> int:
-    from .audit import main as audit_main
+    from pairbench.integrity.audit import main as audit_main
 
     argv = [args.run_dir, *(f"--extra={e}" for e in args.extra)] + ([f"--out={args.out}"] if args.out else [])
     return audit_main(argv)

@@ -3,7 +3,7 @@
 ``provenance`` runs once every stage that writes under results/<label>/ (outside private/, src/ and
 publish/) is done, so it covers the whole folder; when a stage is added that writes there, add its
 outputs to the provenance rule's inputs (the audit flags any file provenance did not record).
-``audit`` re-validates every artifact and walks the hash chain (pairbench.audit); any finding fails
+``audit`` re-validates every artifact and walks the hash chain (pairbench.integrity.audit); any finding fails
 the job, naming the file.
 
 Also the HTML report's landing page (``snakemake --report report.html``): workflow/report/workflow.rst.

@@ -12,10 +12,10 @@ sys.path.insert(0, str(Path(workflow.basedir) / "workflow"))
 
 from snakemake.utils import validate
 
-from pairbench import config as pb_config
-from pairbench import plan as pb_plan
-from pairbench import retries as pb_retries
-from pairbench.artifacts import read_artifact
+from pairbench.core import config as pb_config
+from pairbench.core import plan as pb_plan
+from pairbench.validate import retries as pb_retries
+from pairbench.core.artifacts import read_artifact
 
 
 def own_config(config, config_settings):
@@ -62,7 +62,7 @@ def arm_patches(cfg, arm):
 
 def arm_source_files(cfg, arm, root):
     """Every file of the arm's source tree, so editing the source re-exports it."""
-    from pairbench.source import source_files
+    from pairbench.arms.source import source_files
 
     if not isinstance(cfg["arms"][arm]["source"], str):
         return []  # a git tag is immutable; an installed engine has no source tree
@@ -112,7 +112,7 @@ def baseline_outputs(visits, visit_id, baseline, lengths, res):
 
 
 def validate_options(cfg):
-    """The validation options handed to pairbench.validate.run_cases."""
+    """The validation options handed to pairbench.validate.cases.run_cases."""
     v = cfg["validate"]
     return {"min_agreement": v["agreement"], "timeout_s": v["timeout_s"]}
 

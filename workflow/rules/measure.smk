@@ -40,7 +40,7 @@ rule measure:
 
 rule measure_retry:
     """Validation retry N of one visit: a partial visit of the lengths whose previous measurement
-    (the visit, or retry N-1) was excluded for a kind in validate.retry_on (pairbench.retries).
+    (the visit, or retry N-1) was excluded for a kind in validate.retry_on (pairbench.validate.retries).
     Only ever requested by the validation checkpoints (common.smk: validation_chain)."""
     input:
         plan=f"{RES}/plan.json",

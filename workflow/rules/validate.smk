@@ -1,7 +1,7 @@
 """Stage 5: validation — the configured functional cases on every steady record of one visit.
 
 Both rules are checkpoints: whether a visit earns a validation retry (validate.retries,
-validate.retry_on; pairbench.retries) is known only once its validation has run, so the jobs after
+validate.retry_on; pairbench.validate.retries) is known only once its validation has run, so the jobs after
 it (the retry's measure_retry and validate_retry, then stats) are added to the DAG from its result.
 """
 

@@ -1,4 +1,4 @@
-"""Snakemake entry point for the `audit` rule: re-validate every artifact, walk the hash chain (logic in pairbench.audit)."""
+"""Snakemake entry point for the `audit` rule: re-validate every artifact, walk the hash chain (logic in pairbench.integrity.audit)."""
 import sys
 
 sys.stderr = open(snakemake.log[0], "w")
@@ -7,7 +7,7 @@ from pathlib import Path  # noqa: E402
 
 sys.path.insert(0, str(Path(snakemake.scriptdir).parent))  # this checkout's pairbench, never an installed copy
 
-from pairbench.audit import audit_run, write_audit  # noqa: E402
+from pairbench.integrity.audit import audit_run, write_audit  # noqa: E402
 
 result = audit_run(Path(snakemake.params.run_dir))
 for warning in result.warnings:

@@ -1,4 +1,4 @@
-"""Snakemake entry point for the `build` rule: byte-compile, convert the model (cached), read the native version (the logic lives in pairbench.stages)."""
+"""Snakemake entry point for the `build` rule: byte-compile, convert the model (cached), read the native version (the logic lives in pairbench.stages.run)."""
 import sys
 
 sys.stderr = open(snakemake.log[0], "w")
@@ -10,7 +10,7 @@ sys.path.insert(0, str(Path(snakemake.scriptdir).parent))  # this checkout's pai
 logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
 logging.getLogger("httpx").setLevel(logging.WARNING)
 
-from pairbench import stages  # noqa: E402
+from pairbench.stages import run as stages  # noqa: E402
 
 stages.build_stage(
     snakemake.output.build, snakemake.input.source, snakemake.wildcards.arm, snakemake.params.arm_dir,

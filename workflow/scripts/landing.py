@@ -1,4 +1,4 @@
-"""Snakemake entry point for the `landing` rule: the HTML report's verdict table and retry disclosure (logic in pairbench.landing)."""
+"""Snakemake entry point for the `landing` rule: the HTML report's verdict table and retry disclosure (logic in pairbench.publish.landing)."""
 import sys
 
 sys.stderr = open(snakemake.log[0], "w")
@@ -7,6 +7,6 @@ from pathlib import Path  # noqa: E402
 
 sys.path.insert(0, str(Path(snakemake.scriptdir).parent))  # this checkout's pairbench, never an installed copy
 
-from pairbench.landing import write_landing  # noqa: E402
+from pairbench.publish.landing import write_landing  # noqa: E402
 
 write_landing(snakemake.input.paired, snakemake.input.measurements, snakemake.output.landing)

@@ -1,4 +1,4 @@
-"""Snakemake entry point for the `measure` and `measure_retry` rules: one visit (or a validation retry's partial visit): launch, first request, steady requests, gates, stop (the logic lives in pairbench.stages)."""
+"""Snakemake entry point for the `measure` and `measure_retry` rules: one visit (or a validation retry's partial visit): launch, first request, steady requests, gates, stop (the logic lives in pairbench.stages.run)."""
 import sys
 
 sys.stderr = open(snakemake.log[0], "w")
@@ -14,7 +14,7 @@ _console = logging.StreamHandler(sys.__stderr__)
 _console.setFormatter(logging.Formatter("%(message)s"))
 logging.getLogger("pairbench.progress").addHandler(_console)
 
-from pairbench import stages  # noqa: E402
+from pairbench.stages import run as stages  # noqa: E402
 
 try:
     common = dict(visit=snakemake.params.visit, arm_dir=snakemake.params.arm_dir,

@@ -1,4 +1,4 @@
-"""Snakemake entry point for the `publish` rule: report and sanitized bundle (the logic lives in pairbench.stages)."""
+"""Snakemake entry point for the `publish` rule: report and sanitized bundle (the logic lives in pairbench.stages.run)."""
 import sys
 
 sys.stderr = open(snakemake.log[0], "w")
@@ -10,7 +10,7 @@ sys.path.insert(0, str(Path(snakemake.scriptdir).parent))  # this checkout's pai
 logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
 logging.getLogger("httpx").setLevel(logging.WARNING)
 
-from pairbench import stages  # noqa: E402
+from pairbench.stages import run as stages  # noqa: E402
 
 i = snakemake.input
 stages.publish_stage(

@@ -1,4 +1,4 @@
-"""Snakemake entry point for the `source` rule: export the arm's source pristine and apply its patches (the logic lives in pairbench.stages)."""
+"""Snakemake entry point for the `source` rule: export the arm's source pristine and apply its patches (the logic lives in pairbench.stages.run)."""
 import sys
 
 sys.stderr = open(snakemake.log[0], "w")
@@ -10,7 +10,7 @@ sys.path.insert(0, str(Path(snakemake.scriptdir).parent))  # this checkout's pai
 logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
 logging.getLogger("httpx").setLevel(logging.WARNING)
 
-from pairbench import stages  # noqa: E402
+from pairbench.stages import run as stages  # noqa: E402
 
 stages.source_stage(
     snakemake.output.source, snakemake.output.tree, snakemake.wildcards.arm, snakemake.input.plan,

@@ -1,0 +1,136 @@
+"""PNG plots for the report bundle: paired ratios with their CI band, and per-arm drift by round.
+
+Both take the same inputs as the statistics (``stats/summary.json`` body, ``tables/measurements.csv``
+as a DataFrame) and write one PNG each with matplotlib's Agg backend (no display needed), via a
+temporary file and ``os.replace`` so a killed job never leaves half an image.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # headless; must precede pyplot
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from pairbench.analysis.stats import METRICS, StatsInputError, _as_bool  # noqa: E402
+
+VERDICT_COLOURS = {"faster": "tab:green", "slower": "tab:red",
+                   "no detectable difference": "tab:blue", "inconclusive": "tab:orange"}
+ARM_STYLES = ("o-", "s--", "^-.", "d:")
+
+
+def _save(fig: plt.Figure, path: str | os.PathLike) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".png", dir=path.parent)
+    os.close(fd)
+    try:
+        fig.savefig(tmp, format="png", dpi=110)  # tight_layout already ran: no second "tight" pass
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    finally:
+        plt.close(fig)
+
+
+def plot_ratios(summary: dict, path: str | os.PathLike) -> None:
+    """One panel per length × metric: per-round ratios candidate/baseline, the Hodges–Lehmann
+    estimate with its CI band, the ±noise band around 1, and the verdict in the title."""
+    paired = summary.get("paired") or {}
+    lengths = sorted(paired, key=int)
+    metrics = list(summary.get("metrics") or {})
+    if not lengths or not metrics:
+        raise StatsInputError("summary has no paired results to plot (no lengths or metrics)")
+    noise = summary["params"]["noise"]
+    fig, axes = plt.subplots(len(metrics), len(lengths), squeeze=False, sharex=True,
+                             figsize=(3.6 * len(lengths) + 0.6, 2.5 * len(metrics) + 0.8))
+    for col, length in enumerate(lengths):
+        for row, metric in enumerate(metrics):
+            ax = axes[row][col]
+            p = paired[length].get(metric)
+            if p is None:
+                ax.set_axis_off()
+                continue
+            ax.axhspan(1 - noise, 1 + noise, color="0.88", lw=0, label=f"1 ± noise ({noise:g})")
+            ax.axhline(1.0, color="black", lw=0.8, ls=":")
+            colour = VERDICT_COLOURS[p["verdict"]]
+            if p["ci_low"] is not None and p["ci_high"] is not None:
+                ax.axhspan(p["ci_low"], p["ci_high"], color=colour, alpha=0.22, lw=0, label="95% CI of HL")
+            if p["hl_ratio"] is not None:
+                ax.axhline(p["hl_ratio"], color=colour, lw=1.6, label="HL estimate")
+            rounds = [q["round"] for q in p["pairs"] if q["valid"]]
+            ratios = [q["ratio"] for q in p["pairs"] if q["valid"]]
+            ax.plot(rounds, ratios, "o", color="black", ms=4, label="per-round ratio")
+            ax.grid(axis="y", alpha=0.3)
+            better = "higher" if p["higher_is_better"] else "lower"
+            ax.set_title(f"{metric} @ {length} tok: {p['verdict']}", fontsize=9, color=colour)
+            if col == 0:
+                ax.set_ylabel(f"candidate / baseline\n({better} is faster)", fontsize=8)
+            if row == len(metrics) - 1:
+                ax.set_xlabel("round", fontsize=8)
+            ax.tick_params(labelsize=7)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=4, fontsize=8, frameon=False,
+               bbox_to_anchor=(0.5, 0.0))
+    fig.suptitle(f"Paired ratios {summary['candidate']} / {summary['baseline']} by round", fontsize=11)
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
+    _save(fig, path)
+
+
+def plot_drift(df: pd.DataFrame, path: str | os.PathLike,
+               metrics: tuple[str, ...] = ("decode_tok_s", "ttft_ms")) -> None:
+    """Per arm, each metric by round (one panel per metric × length), to show drift over the run.
+
+    Selected samples are drawn as connected markers; excluded rows as grey crosses, so a gate
+    failure or retry shows where it happened.
+    """
+    missing = [c for c in ("round", "arm", "length", *metrics) if c not in df.columns]
+    if missing:
+        raise StatsInputError(f"measurements table lacks column(s) for the drift plot: {', '.join(missing)}")
+    if df.empty:
+        raise StatsInputError("measurements table is empty: nothing to plot")
+    df = df.copy()
+    df["selected"] = _as_bool(df["selected"], "selected") if "selected" in df.columns else True
+    lengths = sorted(int(v) for v in df["length"].unique())
+    arms = list(dict.fromkeys(df["arm"].astype(str)))
+    fig, axes = plt.subplots(len(metrics), len(lengths), squeeze=False, sharex=True,
+                             figsize=(3.6 * len(lengths) + 0.6, 2.6 * len(metrics) + 0.8))
+    for col, length in enumerate(lengths):
+        for row, metric in enumerate(metrics):
+            ax = axes[row][col]
+            for i, arm in enumerate(arms):
+                cell = df[(df["arm"].astype(str) == arm) & (df["length"] == length)].sort_values("round")
+                sel = cell[cell["selected"]]
+                ax.plot(sel["round"], sel[metric], ARM_STYLES[i % len(ARM_STYLES)], ms=4, lw=1,
+                        color=f"C{i}", label=arm)
+                exc = cell[~cell["selected"]]
+                if not exc.empty:
+                    ax.plot(exc["round"], exc[metric], "x", color="0.5", ms=6,
+                            label="excluded" if i == 0 else None)
+            ax.grid(alpha=0.3)
+            unit = METRICS.get(metric, {}).get("unit", "")
+            ax.set_title(f"{metric} @ {length} tok", fontsize=9)
+            if col == 0:
+                ax.set_ylabel(f"{metric} ({unit})" if unit else metric, fontsize=8)
+            if row == len(metrics) - 1:
+                ax.set_xlabel("round", fontsize=8)
+            ax.tick_params(labelsize=7)
+            rounds = np.sort(df["round"].unique())
+            if len(rounds) <= 20:
+                ax.set_xticks(rounds)
+    handles, labels = {}, {}
+    for ax in np.ravel(axes):
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(lab, h)
+    fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=len(handles),
+               fontsize=8, frameon=False, bbox_to_anchor=(0.5, 0.0))
+    fig.suptitle("Drift: each arm by round", fontsize=11)
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
+    _save(fig, path)

@@ -1,0 +1,151 @@
+"""Build an arm: byte-compile its exported source, convert the model, read its native version string.
+
+Steps (each a subprocess run from ``src/<arm>/`` with its output appended to the build log):
+
+1. ``python -m compileall -q engine`` — a syntax error in a patched file fails here, not mid-run;
+2. for a GGUF model, ``python -m engine convert <gguf> <dir>`` into the engine's fast-loading
+   format. Conversions are cached by content: the key is the sha256 of (patched source tree, model
+   file), so an unchanged source, patch set and model never convert again, whichever run label asks;
+3. ``python -m engine --version`` — the native engine string recorded with every result.
+
+A failing step raises :class:`BuildError` naming the step, its exit code and the log.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from pairbench.core.artifacts import sha256_file
+
+
+class BuildError(Exception):
+    """A build step failed; the message names the arm, the step, its exit code and the log file."""
+
+
+def _run(step: str, argv: list[str], cwd: Path, log: Path, arm: str) -> dict:
+    t0 = time.perf_counter()
+    with open(log, "a") as fh:
+        fh.write(f"$ {' '.join(argv)}\n")
+        fh.flush()
+        proc = subprocess.run(argv, cwd=cwd, stdout=subprocess.PIPE, stderr=fh, text=True)
+        fh.write(proc.stdout)
+    step_rec = {"step": step, "argv": ["python", *argv[1:]] if argv[0] == sys.executable else argv,
+                "exit_code": proc.returncode, "duration_s": time.perf_counter() - t0}
+    if proc.returncode != 0:
+        raise BuildError(f"arm {arm}: build step {step!r} exited with status {proc.returncode}; see {log}")
+    step_rec["stdout"] = proc.stdout
+    return step_rec
+
+
+def conversion_key(patched_tree_sha256: str, model_sha256: str) -> str:
+    return hashlib.sha256(f"{patched_tree_sha256}:{model_sha256}".encode()).hexdigest()
+
+
+def build_arm(arm: str, arm_dir: str | Path, source: dict, model: dict, cache_dir: str | Path,
+              log: str | Path, source_sha256: str, root: str | Path) -> dict:
+    """Build one arm; return the ``build`` artifact body.
+
+    *source* is the arm's ``source`` artifact; *model* is ``config.resolve_model``'s answer.
+    """
+    arm_dir, cache_dir, log, root = Path(arm_dir), Path(cache_dir), Path(log), Path(root)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text("")
+    t0 = time.perf_counter()
+    py = sys.executable
+    steps = [_run("byte_compile", [py, "-m", "compileall", "-q", "engine"], arm_dir, log, arm)]
+    conversion = None
+    if model["kind"] == "gguf":
+        gguf = Path(model["path"])
+        model_sha = sha256_file(gguf)
+        key = conversion_key(source["patched"]["tree_sha256"], model_sha)
+        out = cache_dir / key
+        if (out / ".complete").is_file():
+            cached = True
+        else:
+            cached = False
+            tmp = cache_dir / f".{key}.partial"
+            if tmp.exists():
+                shutil.rmtree(tmp)
+            tmp.parent.mkdir(parents=True, exist_ok=True)
+            steps.append(_run("convert", [py, "-m", "engine", "convert", str(gguf.resolve()), str(tmp.resolve())],
+                              arm_dir, log, arm))
+            (tmp / ".complete").write_text(key + "\n")
+            if out.exists():
+                shutil.rmtree(out)
+            tmp.rename(out)
+        try:
+            rel = out.resolve().relative_to(root.resolve()).as_posix()
+        except ValueError:
+            rel = str(out.resolve())
+        conversion = {"key": key, "cached": cached, "model_sha256": model_sha, "path": rel}
+        model_arg = str(out.resolve())
+    else:
+        model_arg = model["name"]
+    version = _run("version", [py, "-m", "engine", "--version"], arm_dir, log, arm)
+    native = version.pop("stdout").strip()
+    for s in steps:
+        s.pop("stdout", None)
+    steps.append(version)
+    if not native:
+        raise BuildError(f"arm {arm}: `python -m engine --version` printed nothing; see {log}")
+    return {
+        "arm": arm,
+        "native_version": native,
+        "source_version": source["version"],
+        "patched_tree_sha256": source["patched"]["tree_sha256"],
+        "model": {"name": model["name"], "kind": model["kind"], "arg": model_arg if model["kind"] == "named" else None},
+        "conversion": conversion,
+        "steps": steps,
+        "exit_code": 0,
+        "duration_s": time.perf_counter() - t0,
+        "python": sys.version.split()[0],
+        "inputs": {"source": source_sha256},
+    }
+
+
+def model_arg(build: dict, root: str | Path) -> str:
+    """What to pass as ``--model`` to this arm's server."""
+    if build["conversion"] is not None:
+        p = Path(build["conversion"]["path"])
+        return str(p if p.is_absolute() else (Path(root) / p).resolve())
+    if build["model"]["kind"] == "gguf" and build["model"]["arg"]:  # a non-embedded engine reads the GGUF
+        p = Path(build["model"]["arg"])
+        return str(p if p.is_absolute() else (Path(root) / p).resolve())
+    return build["model"]["arg"]
+
+
+def build_external_arm(arm: str, arm_cfg: dict, arm_dir: str | Path, source: dict, model: dict, log: str | Path,
+                       source_sha256: str, root: str | Path) -> dict:
+    """Build a non-embedded arm with its engine profile's (or the arm's) build command; the
+    ``build`` artifact body. The server later reads the GGUF itself (no conversion)."""
+    from pairbench.engines.profiles import build_external
+
+    log = Path(log)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text("")
+    t0 = time.perf_counter()
+    out = build_external(arm, arm_cfg, arm_dir, log)
+    path = Path(model["path"]).resolve() if model.get("path") else None
+    try:
+        rel = path.relative_to(Path(root).resolve()).as_posix() if path else None
+    except ValueError:
+        rel = str(path)
+    return {
+        "arm": arm,
+        "native_version": out["native_version"] or "unknown",
+        "source_version": source["version"],
+        "patched_tree_sha256": source["patched"]["tree_sha256"],
+        "model": {"name": model["name"], "kind": model["kind"], "arg": rel},
+        "conversion": None,
+        "steps": out["steps"],
+        "exit_code": 0,
+        "duration_s": time.perf_counter() - t0,
+        "python": sys.version.split()[0],
+        "engine": out["profile"],
+        "inputs": {"source": source_sha256},
+    }

@@ -1,0 +1,267 @@
+"""Run configuration: the checks a JSON Schema cannot express, and resolved views of the config.
+
+The schema (workflow/schemas/config.schema.yaml, applied by ``snakemake.utils.validate`` in
+workflow/rules/common.smk) catches unknown keys, wrong types and out-of-range numbers. What needs
+the filesystem or the model lives here, in plain functions that take the config as an argument:
+fewer than two arms, a patch or source path that does not exist, a length that does not fit in the
+model's context. Every error is a :class:`ConfigError` whose message starts with the config key.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+# The named models. "tiny" is the embedded engine's deterministic random-weight test model; its
+# context is fixed by engine/ (keep in step with engine's tiny config).
+MODEL_FILES = {"smollm2-135m": "resources/SmolLM2-135M-Instruct.Q4_1.gguf"}
+NAMED_CONTEXT = {"tiny": 2048}
+
+EMBEDDED_SOURCE = "engine"
+ARM_DEFAULTS = {"source": None, "patches": [], "args": [], "env": {}, "engine": "embedded", "threads": None,
+                "build": None, "launch": None}
+SERVER_DEFAULTS = {"threads": None, "startup_timeout_s": 120, "request_timeout_s": 300, "stop_timeout_s": 10}
+VALIDATE_DEFAULTS = {"cases": ["token_counts", "done_marker", "python_function", "matches_baseline"], "timeout_s": 5,
+                     "agreement": 1.0, "retries": 1, "retry_on": ["timeout"]}
+STATS_DEFAULTS = {
+    "metrics": ["decode_tok_s", "prefill_tok_s", "ttft_ms", "e2e_ms"],
+    "trim": None,
+    "alpha": 0.05,
+    "noise": 0.01,
+}
+# Headroom above the longest prompt + output for the server's KV cache (the first-request
+# diagnostic and the smoke request are short, so they always fit).
+CONTEXT_MARGIN = 16
+
+
+class ConfigError(ValueError):
+    """A config that cannot run. The message starts with the offending key."""
+
+
+def normalized(config: dict) -> dict:
+    """A deep copy of *config* with every optional section filled with its defaults.
+
+    ``snakemake.utils.validate`` fills top-level defaults but not those inside each arm (a schema
+    under ``additionalProperties``), so every consumer reads the config through this.
+    """
+    cfg = copy.deepcopy(dict(config))
+    cfg["arms"] = {
+        name: {**copy.deepcopy(ARM_DEFAULTS), **(arm or {})} for name, arm in cfg.get("arms", {}).items()
+    }
+    for arm in cfg["arms"].values():
+        # source null: engine/ for the embedded engine; an installed package (no tree) for the others.
+        if arm["source"] is None and arm["engine"] == ARM_DEFAULTS["engine"]:
+            arm["source"] = EMBEDDED_SOURCE
+        if isinstance(arm["source"], dict) and set(arm["source"]) == {"path"}:
+            arm["source"] = arm["source"]["path"]
+    cfg["allow_external"] = cfg.get("allow_external", False) in (True, "true")
+    cfg["server"] = {**SERVER_DEFAULTS, **(cfg.get("server") or {})}
+    cfg["validate"] = {**copy.deepcopy(VALIDATE_DEFAULTS), **(cfg.get("validate") or {})}
+    cfg["stats"] = {**copy.deepcopy(STATS_DEFAULTS), **(cfg.get("stats") or {})}
+    cfg.setdefault("order", "abba")
+    cfg.setdefault("baseline", None)
+    cfg.setdefault("candidate", None)
+    return cfg
+
+
+def arm_names(config: dict) -> list[str]:
+    """Arms in config order."""
+    return list(config["arms"])
+
+
+def baseline_arm(config: dict) -> str:
+    return config.get("baseline") or arm_names(config)[0]
+
+
+def candidate_arm(config: dict) -> str:
+    if config.get("candidate"):
+        return config["candidate"]
+    base = baseline_arm(config)
+    return next(a for a in arm_names(config) if a != base)
+
+
+def resolve_model(model: str, root: Path) -> dict:
+    """``{"name", "kind": "named"|"gguf", "path"}`` for a config ``model`` value.
+
+    Named models are picked by explicit name, never by sniffing a path string; anything that is not
+    a known name must be a path to a .gguf file.
+    """
+    root = Path(root)
+    if model in NAMED_CONTEXT:
+        return {"name": model, "kind": "named", "path": None}
+    if model in MODEL_FILES:
+        return {"name": model, "kind": "gguf", "path": str(root / MODEL_FILES[model])}
+    path = Path(model)
+    if not path.is_absolute():
+        path = root / path
+    if path.suffix != ".gguf":
+        raise ConfigError(
+            f"model: {model!r} is neither a known model ({', '.join(sorted([*NAMED_CONTEXT, *MODEL_FILES]))}) "
+            "nor a path to a .gguf file"
+        )
+    return {"name": path.stem, "kind": "gguf", "path": str(path)}
+
+
+# GGUF metadata value types (https://github.com/ggml-org/ggml/blob/master/docs/gguf.md): struct
+# format of each fixed-size scalar; 8 = string, 9 = array.
+_GGUF_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+
+
+def gguf_metadata(path: str | Path) -> dict:
+    """Scalar and string metadata from a GGUF header, read directly (arrays are skipped).
+
+    ``gguf.GGUFReader`` maps every tensor too, which takes seconds on a 100 MB model; the config
+    is checked on every snakemake invocation (a no-op rerun included), so only the header is read.
+    """
+    import struct
+
+    def read(fh, fmt):
+        size = struct.calcsize(fmt)
+        data = fh.read(size)
+        if len(data) != size:
+            raise ConfigError(f"model: {path} ends inside its GGUF header")
+        return struct.unpack(fmt, data)[0]
+
+    def read_str(fh):
+        return fh.read(read(fh, "<Q")).decode("utf-8", errors="replace")
+
+    def skip(fh, vtype):
+        if vtype in _GGUF_SCALARS:
+            fh.seek(struct.calcsize(_GGUF_SCALARS[vtype]), 1)
+        elif vtype == 8:
+            fh.seek(read(fh, "<Q"), 1)
+        elif vtype == 9:
+            itype, n = read(fh, "<I"), read(fh, "<Q")
+            if itype in _GGUF_SCALARS:
+                fh.seek(n * struct.calcsize(_GGUF_SCALARS[itype]), 1)
+            else:
+                for _ in range(n):
+                    skip(fh, itype)
+        else:
+            raise ConfigError(f"model: {path} has an unknown GGUF metadata type {vtype}")
+
+    out: dict = {}
+    with open(path, "rb") as fh:
+        if fh.read(4) != b"GGUF":
+            raise ConfigError(f"model: {path} is not a GGUF file (bad magic)")
+        version = read(fh, "<I")
+        if version < 2:
+            raise ConfigError(f"model: {path} is GGUF version {version}; only v2+ is supported")
+        read(fh, "<Q")  # tensor count
+        for _ in range(read(fh, "<Q")):
+            key, vtype = read_str(fh), read(fh, "<I")
+            if vtype in _GGUF_SCALARS:
+                out[key] = read(fh, _GGUF_SCALARS[vtype])
+            elif vtype == 8:
+                out[key] = read_str(fh)
+            else:
+                skip(fh, vtype)
+    return out
+
+
+def gguf_context(path: str | Path) -> int:
+    """The trained context length from a GGUF file's metadata (``<arch>.context_length``)."""
+    meta = gguf_metadata(path)
+    arch = meta.get("general.architecture")
+    if arch is None:
+        raise ConfigError(f"model: {path} has no general.architecture in its GGUF metadata")
+    ctx = meta.get(f"{arch}.context_length")
+    if ctx is None:
+        raise ConfigError(f"model: {path} has no {arch}.context_length in its GGUF metadata")
+    return int(ctx)
+
+
+def model_context(model: str, root: Path) -> int:
+    info = resolve_model(model, root)
+    if info["kind"] == "named":
+        return NAMED_CONTEXT[info["name"]]
+    path = Path(info["path"])
+    if not path.is_file():
+        hint = " (run ./install.sh)" if model in MODEL_FILES else ""
+        raise ConfigError(f"model: file {path} does not exist{hint}")
+    return gguf_context(path)
+
+
+def serve_context(config: dict) -> int:
+    """The ``--max-context`` every server gets: the longest request plus a small margin."""
+    return max(config["lengths"]) + config["output_tokens"] + CONTEXT_MARGIN
+
+
+def check_config(config: dict, root: Path) -> None:
+    """Raise :class:`ConfigError` naming the key if *config* (already schema-valid) cannot run."""
+    root = Path(root)
+    cfg = normalized(config)
+    arms = arm_names(cfg)
+    if len(arms) < 2:
+        raise ConfigError(f"arms: a paired benchmark needs at least two arms, got {len(arms)} ({', '.join(arms) or 'none'})")
+    for key in ("baseline", "candidate"):
+        if cfg.get(key) is not None and cfg[key] not in cfg["arms"]:
+            raise ConfigError(f"{key}: {cfg[key]!r} is not one of the arms ({', '.join(arms)})")
+    if baseline_arm(cfg) == candidate_arm(cfg):
+        raise ConfigError(f"candidate: the candidate arm must differ from the baseline ({baseline_arm(cfg)!r})")
+    for name, arm in cfg["arms"].items():
+        from pairbench.engines.profiles import EngineError, load_profile
+
+        try:
+            profile = load_profile(arm["engine"])
+        except EngineError as exc:
+            raise ConfigError(f"arms.{name}.engine: {exc}") from None
+        if isinstance(arm["source"], str):
+            src = root / arm["source"]
+            if not src.is_dir():
+                raise ConfigError(f"arms.{name}.source: directory {arm['source']} does not exist")
+            if profile.name == "embedded" and not (src / "VERSION").is_file():
+                raise ConfigError(f"arms.{name}.source: {arm['source']} has no VERSION file")
+        elif arm["source"] is None and arm["patches"]:
+            raise ConfigError(f"arms.{name}.patches: engine {profile.name} has no source to patch "
+                              f"(give arms.{name}.source: {{git: ..., tag: ...}} or a path)")
+        for i, patch in enumerate(arm["patches"]):
+            if not (root / patch).is_file():
+                raise ConfigError(f"arms.{name}.patches[{i}]: patch file {patch} does not exist")
+    external_engines = sorted({a["engine"] for a in cfg["arms"].values() if a["engine"] != ARM_DEFAULTS["engine"]})
+    if external_engines and resolve_model(cfg["model"], root)["kind"] == "named":
+        raise ConfigError(f"model: engine(s) {', '.join(external_engines)} need a .gguf model file, "
+                          f"not the named model {cfg['model']!r}")
+    context = model_context(cfg["model"], root)
+    for i, length in enumerate(cfg["lengths"]):
+        if length + cfg["output_tokens"] + CONTEXT_MARGIN > context:
+            raise ConfigError(
+                f"lengths[{i}]: {length} input + {cfg['output_tokens']} output tokens "
+                f"(+{CONTEXT_MARGIN} margin) exceed the context of model {cfg['model']!r} ({context})"
+            )
+    trim = cfg["stats"]["trim"]
+    if trim is not None and 2 * trim >= cfg["rounds"]:
+        raise ConfigError(f"stats.trim: trimming {trim} from each end leaves nothing of {cfg['rounds']} rounds")
+
+
+def schema_check(config: dict, schema_path: str | Path) -> None:
+    """Raise :class:`ConfigError` naming the key of the first schema violation (JSON Schema 2020-12).
+
+    ``snakemake.utils.validate`` (run afterwards, to fill defaults) reports the same problems, but
+    as a dump of the schema; this names the key first.
+    """
+    import jsonschema
+    import yaml
+
+    schema = yaml.safe_load(Path(schema_path).read_text())
+    errors = sorted(jsonschema.Draft202012Validator(schema).iter_errors(config),
+                    key=lambda e: (len(e.absolute_path), list(map(str, e.absolute_path))))
+    if errors:
+        raise ConfigError(format_schema_error(errors[0]))
+
+
+def format_schema_error(error: Any) -> str:
+    """A jsonschema ValidationError as ``config key 'a.b': message``."""
+    path = ".".join(str(p) for p in error.absolute_path)
+    if path == "arms" and error.validator == "minProperties":
+        arms = list(error.instance)
+        return (f"config key 'arms': a paired benchmark needs at least two arms, got {len(arms)} "
+                f"({', '.join(arms) or 'none'})")
+    if error.validator == "additionalProperties" and isinstance(error.instance, dict):
+        allowed = set(error.schema.get("properties", {}))
+        unknown = sorted(k for k in error.instance if k not in allowed)
+        if error.schema.get("properties"):
+            where = f"{path}." if path else ""
+            return f"config key '{where}{unknown[0]}': unknown key (allowed: {', '.join(sorted(allowed))})"
+    return f"config key '{path or '<root>'}': {error.message}"

@@ -1,0 +1,110 @@
+"""The run plan: arms, lengths, the counterbalanced visit order, per-round salts, and a config hash.
+
+Everything here is a pure function of the config, so the same config always gives the same plan
+(and Snakemake can build the same DAG from it before plan.json exists).
+
+Visit order. A *visit* is one arm in one round. Within a round every arm is visited once; across
+rounds the order is counterbalanced so drift (thermal, background load) cannot favour one arm:
+
+- ``abba``: round r runs the arms rotated by r-1 — with two arms AB, BA, AB, BA … (ABBA);
+- ``random``: seeded and balanced — within each block of k rounds (k arms) every arm goes first
+  exactly once, the block's order drawn from ``random.Random(seed)``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+
+from pairbench.core.config import arm_names, baseline_arm, candidate_arm, normalized, resolve_model, serve_context
+
+
+def round_orders(arms: list[str], rounds: int, order: str, seed: int) -> list[list[str]]:
+    """The arm order within each round (index 0 = round 1)."""
+    k = len(arms)
+    if order == "abba":
+        return [arms[(r % k):] + arms[:(r % k)] for r in range(rounds)]
+    if order == "random":
+        rng = random.Random(f"pairbench-order:{seed}")
+        out: list[list[str]] = []
+        while len(out) < rounds:
+            base = list(arms)
+            rng.shuffle(base)
+            shifts = list(range(k))
+            rng.shuffle(shifts)
+            out += [base[s:] + base[:s] for s in shifts]
+        return out[:rounds]
+    raise ValueError(f"order: unknown visit order {order!r} (abba or random)")
+
+
+def visit_id(round_: int, arm: str) -> str:
+    return f"r{round_:02d}-{arm}"
+
+
+def visits(config: dict) -> list[dict]:
+    """Every visit in run order: ``{"index", "round", "arm", "position", "id"}`` (1-based)."""
+    cfg = normalized(config)
+    out = []
+    for r, arms in enumerate(round_orders(arm_names(cfg), cfg["rounds"], cfg["order"], cfg["seed"]), start=1):
+        for pos, arm in enumerate(arms):
+            out.append({"index": len(out) + 1, "round": r, "arm": arm, "position": pos, "id": visit_id(r, arm)})
+    return out
+
+
+def round_salt(seed: int, round_: int) -> str:
+    """A short per-round token put at the very start of every prompt of that round.
+
+    Different rounds therefore share no prompt prefix (no engine can reuse an earlier round's KV),
+    while both arms of a round see identical tokens.
+    """
+    return hashlib.sha256(f"pairbench-salt:{seed}:{round_}".encode()).hexdigest()[:8]
+
+
+# Config sections that do not shape the measurement. They reach their own stages as params, so
+# changing one reruns that stage and what follows (Snakemake's params trigger), never the plan and
+# so never a visit.
+NOT_PLANNED = ("stats", "validate", "retries")
+
+
+def measurement_config(config: dict) -> dict:
+    """The part of the config the plan (and so every visit) depends on."""
+    return {k: v for k, v in normalized(config).items() if k not in NOT_PLANNED}
+
+
+def config_sha256(config: dict) -> str:
+    """sha256 of the measurement config (see :data:`NOT_PLANNED`); provenance.json records the
+    hash of the whole config."""
+    text = json.dumps(measurement_config(config), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def full_config_sha256(config: dict) -> str:
+    text = json.dumps(normalized(config), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def make_plan(config: dict, root) -> dict:
+    """The body of ``plan.json``."""
+    cfg = normalized(config)
+    model = resolve_model(cfg["model"], root)
+    return {
+        "label": cfg["label"],
+        "model": {"name": model["name"], "kind": model["kind"]},
+        "arms": {name: {"source": a["source"], "patches": list(a["patches"]), "args": list(a["args"]),
+                        "env": dict(a["env"]), "engine": a["engine"], "threads": a["threads"],
+                        "build": a["build"], "launch": a["launch"]} for name, a in cfg["arms"].items()},
+        "allow_external": bool(cfg["allow_external"]),
+        "baseline": baseline_arm(cfg),
+        "candidate": candidate_arm(cfg),
+        "lengths": list(cfg["lengths"]),
+        "output_tokens": cfg["output_tokens"],
+        "rounds": cfg["rounds"],
+        "order": cfg["order"],
+        "seed": cfg["seed"],
+        "max_context": serve_context(cfg),
+        "visits": visits(cfg),
+        "salts": {str(r): round_salt(cfg["seed"], r) for r in range(1, cfg["rounds"] + 1)},
+        "config_sha256": config_sha256(cfg),
+        "inputs": {},
+    }

@@ -1,0 +1,305 @@
+"""Audit a run folder: re-validate every artifact and walk the hash chain.
+
+``python -m pairbench.integrity.audit results/<label>`` (and the Snakemake rule ``audit``) checks, read-only:
+
+1. **schema**: every JSON artifact (a JSON file with a ``"schema": "pairbench.<kind>/v<N>"`` field)
+   re-validates against ``workflow/schemas/<kind>.schema.json`` through
+   :func:`pairbench.core.artifacts.read_artifact`; outside ``private/`` and ``src/`` every JSON file must
+   be such an artifact.
+2. **inputs** (the hash chain): every artifact's ``inputs`` object (role -> sha256; a list or an
+   object of hashes is accepted as a role's value) must resolve each hash to a file of the run folder
+   (or an ``extra`` file such as a patch or the model) with exactly that content.
+3. **provenance**: every file recorded in ``provenance.json`` still exists with the recorded sha256
+   and schema id, and no covered file is missing from it (``unrecorded``).
+4. **manifest**: the hashes inside artifacts that pin other files still match: ``source/<arm>.json``
+   over the exported tree ``src/<arm>/engine/``, ``publish/MANIFEST.json`` over ``publish/``.
+
+Any failed check is a *finding* that names the culprit file; one finding fails the audit (exit 1).
+A temporary file left by a killed job is a *warning*: it is never mistaken for an artifact.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+from pairbench.core.artifacts import ArtifactError, parse_schema_id, read_artifact, sha256_file, write_artifact
+from pairbench.integrity.provenance import covered_files, is_temporary
+
+KIND = "audit"
+HEX64 = re.compile(r"^[0-9a-f]{64}$")
+# JSON files here need not be pairbench artifacts (raw engine outputs, exported sources).
+RAW_JSON_PREFIXES = ("private/", "src/")
+# Validation retries retired when the validation they came from was redone (pairbench.stages.run.
+# retire_later_retries): kept for the record, no longer part of the run, so not audited.
+RETIRED_PREFIX = "private/superseded/"
+
+
+@dataclass
+class Finding:
+    path: str
+    check: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: [{self.check}] {self.message}"
+
+
+@dataclass
+class AuditResult:
+    label: str
+    findings: list[Finding] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    counts: dict[str, int] = field(
+        default_factory=lambda: {"artifacts": 0, "files": 0, "input_links": 0, "provenance_entries": 0}
+    )
+    provenance_sha256: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return not self.findings
+
+    def add(self, path: str, check: str, message: str) -> None:
+        self.findings.append(Finding(path, check, message))
+
+    def body(self) -> dict:
+        """The ``audit.json`` body (without the ``schema`` stamp)."""
+        return {
+            "label": self.label,
+            "ok": self.ok,
+            "counts": dict(self.counts),
+            "findings": [f.__dict__ for f in self.findings],
+            "warnings": list(self.warnings),
+            "inputs": {"provenance": self.provenance_sha256} if self.provenance_sha256 else {},
+        }
+
+
+def iter_input_hashes(inputs: Any, role: str = "") -> Iterable[tuple[str, Any]]:
+    """Flatten an ``inputs`` value into (role, hash) pairs; nested lists/objects get dotted roles."""
+    if isinstance(inputs, dict):
+        for key in sorted(inputs):
+            yield from iter_input_hashes(inputs[key], f"{role}.{key}" if role else str(key))
+    elif isinstance(inputs, list):
+        for i, value in enumerate(inputs):
+            yield from iter_input_hashes(value, f"{role}[{i}]")
+    else:
+        yield role, inputs
+
+
+def _manifest_entries(data: dict) -> Iterable[tuple[str, str]]:
+    """(relative path, sha256) pairs of a sha256 manifest held in an artifact, in either shape
+    ``{"files": {path: sha}}`` / ``{"manifest": {path: sha}}`` or a list of ``{"path", "sha256"}``."""
+    for key in ("manifest", "files"):
+        value = data.get(key)
+        if isinstance(value, dict):
+            for rel, sha in value.items():
+                if isinstance(sha, dict):
+                    sha = sha.get("sha256")
+                if isinstance(sha, str):
+                    yield rel, sha
+        elif isinstance(value, list):
+            for item in value:
+                if isinstance(item, dict) and isinstance(item.get("path"), str) and isinstance(item.get("sha256"), str):
+                    yield item["path"], item["sha256"]
+
+
+def _manifest_root(run_dir: Path, rel: str, data: dict) -> Path | None:
+    """Which folder an artifact's manifest paths are relative to, or None if it holds none."""
+    if rel == "publish/MANIFEST.json":
+        return run_dir / "publish"
+    return None
+
+
+def _check_source_tree(result: AuditResult, rel: str, data: dict, run_dir: Path) -> None:
+    """``source/<arm>.json`` pins the exported tree after its patches: ``patched.tree_sha256`` over
+    every file, ``pristine.manifest`` per file for those no patch changed. The embedded engine (a
+    ``source`` folder name) is exported to ``src/<arm>/engine/``; a git-tag or installed engine
+    (``source`` an object or null) to ``src/<arm>/`` itself (see pairbench.arms.source.export_source)."""
+    from pairbench.arms.source import manifest, tree_sha256
+
+    patched = data.get("patched") or {}
+    if "tree_sha256" not in patched:
+        return
+    tree = run_dir / "src" / Path(rel).stem
+    if isinstance(data.get("source", "engine"), str):
+        tree = tree / "engine"
+    tree_rel = tree.relative_to(run_dir).as_posix()
+    if not tree.is_dir():
+        result.add(tree_rel, "manifest", f"exported source tree recorded in {rel} is missing")
+        return
+    now = manifest(tree)
+    if tree_sha256(now) == patched["tree_sha256"]:
+        return
+    pristine = (data.get("pristine") or {}).get("manifest") or {}
+    changed = set(patched.get("changed") or [])
+    culprits = sorted(p for p in set(now) | set(pristine)
+                      if p not in changed and now.get(p) != pristine.get(p))
+    named = ", ".join(f"{tree_rel}/{p}" for p in culprits) or f"a file the patches touched ({', '.join(sorted(changed))})"
+    result.add(culprits and f"{tree_rel}/{culprits[0]}" or tree_rel, "manifest",
+               f"exported source differs from {rel} (patched tree_sha256): {named}")
+
+
+def audit_run(run_dir: str | Path, extra_files: Iterable[str | Path] = ()) -> AuditResult:
+    """Audit *run_dir* (``results/<label>``). *extra_files* may hold inputs that live outside it
+    (patches, the model file) so that hashes recorded for them resolve."""
+    run_dir = Path(run_dir)
+    result = AuditResult(label=run_dir.name)
+    if not run_dir.is_dir():
+        result.add(str(run_dir), "schema", "run folder does not exist")
+        return result
+
+    # Hash every file once: the index that input hashes resolve against.
+    sha_of: dict[str, str] = {}
+    for path in sorted(run_dir.rglob("*")):
+        if not path.is_file():
+            continue
+        rel = path.relative_to(run_dir).as_posix()
+        if is_temporary(rel):
+            result.warnings.append(f"{rel}: temporary file left by an interrupted write (not an artifact; safe to delete)")
+            continue
+        sha_of[rel] = sha256_file(path)
+    by_sha: dict[str, list[str]] = defaultdict(list)
+    for rel, sha in sha_of.items():
+        by_sha[sha].append(rel)
+    for extra in extra_files:
+        extra = Path(extra)
+        if extra.is_file():
+            by_sha[sha256_file(extra)].append(str(extra))
+    result.counts["files"] = len(sha_of)
+
+    # What provenance recorded, if it exists: lets a broken link name the file that changed.
+    recorded: dict[str, dict] = {}
+    prov_path = run_dir / "provenance.json"
+    if prov_path.exists():
+        result.provenance_sha256 = sha_of.get("provenance.json")
+        try:
+            prov = read_artifact(prov_path, "provenance")
+            recorded = {a["path"]: a for a in prov["artifacts"]}
+        except ArtifactError as exc:
+            result.add("provenance.json", "schema", str(exc))
+    path_of_recorded_sha = {a["sha256"]: p for p, a in recorded.items()}
+
+    retired = [rel for rel in sha_of if rel.startswith(RETIRED_PREFIX)]
+    if retired:
+        result.warnings.append(f"{len(retired)} file(s) under {RETIRED_PREFIX}: retired validation retries, "
+                               "kept but no longer part of the run (not audited)")
+
+    # 1 + 2 + 4: schema, inputs, manifests.
+    for rel in sorted(sha_of):
+        if not rel.endswith(".json") or rel.startswith(RETIRED_PREFIX):
+            continue
+        path = run_dir / rel
+        try:
+            data = json.loads(path.read_text())
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            if not rel.startswith(RAW_JSON_PREFIXES):
+                result.add(rel, "schema", f"corrupt artifact, not valid JSON ({exc})")
+            continue
+        schema = data.get("schema") if isinstance(data, dict) else None
+        if not (isinstance(schema, str) and schema.startswith("pairbench.")):
+            if not rel.startswith(RAW_JSON_PREFIXES):
+                result.add(rel, "schema", "JSON file without a pairbench 'schema' field")
+            continue
+        try:
+            kind, version = parse_schema_id(schema)
+            data = read_artifact(path, kind, version)
+        except (ArtifactError, ValueError) as exc:
+            result.add(rel, "schema", str(exc).replace(str(path), rel))
+            continue
+        result.counts["artifacts"] += 1
+        _check_inputs(result, rel, data, by_sha, recorded, path_of_recorded_sha, sha_of)
+        if parse_schema_id(data["schema"])[0] == "source" and rel.startswith("source/"):
+            _check_source_tree(result, rel, data, run_dir)
+        root = _manifest_root(run_dir, rel, data)
+        if root is not None:
+            _check_manifest(result, rel, data, root, run_dir, sha_of)
+
+    # 3: provenance hashes, both ways.
+    if recorded:
+        for prel, entry in sorted(recorded.items()):
+            result.counts["provenance_entries"] += 1
+            now = sha_of.get(prel)
+            if now is None:
+                result.add(prel, "provenance", "recorded in provenance.json but missing")
+            elif now != entry["sha256"]:
+                result.add(prel, "provenance",
+                           f"sha256 {now[:12]}… differs from provenance.json's {entry['sha256'][:12]}…: "
+                           "modified after the run")
+        for rel in covered_files(run_dir):
+            if rel not in recorded:
+                result.add(rel, "unrecorded", "file is not recorded in provenance.json (added after the run?)")
+    return result
+
+
+def _check_inputs(result, rel, data, by_sha, recorded, path_of_recorded_sha, sha_of) -> None:
+    inputs = data.get("inputs")
+    if not isinstance(inputs, dict):
+        result.add(rel, "inputs", "artifact records no 'inputs' object (role -> sha256)")
+        return
+    for role, sha in iter_input_hashes(inputs):
+        result.counts["input_links"] += 1
+        if sha is None:  # a role that has no input in this run (e.g. the first visit's predecessor)
+            continue
+        if not isinstance(sha, str) or not HEX64.match(sha):
+            result.add(rel, "inputs", f"input {role!r} is not a sha256: {sha!r}")
+            continue
+        if by_sha.get(sha):
+            continue
+        was = path_of_recorded_sha.get(sha)
+        if was is not None and was in sha_of:
+            result.add(rel, "inputs",
+                       f"input {role!r} sha256 {sha[:12]}… was {was} when this artifact was derived, "
+                       f"but {was} now hashes to {sha_of[was][:12]}…: {was} was modified")
+        else:
+            result.add(rel, "inputs", f"input {role!r} sha256 {sha[:12]}… resolves to no file of the run")
+
+
+def _check_manifest(result, rel, data, root: Path, run_dir: Path, sha_of) -> None:
+    for mrel, sha in _manifest_entries(data):
+        target = (root / mrel).relative_to(run_dir).as_posix() if not Path(mrel).is_absolute() else mrel
+        now = sha_of.get(target)
+        if now is None:
+            result.add(target, "manifest", f"listed in {rel}'s manifest but missing")
+        elif now != sha:
+            result.add(target, "manifest", f"sha256 {now[:12]}… differs from {rel}'s manifest ({sha[:12]}…)")
+
+
+def write_audit(result: AuditResult, out: str | Path) -> str:
+    return write_artifact(out, KIND, result.body())
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m pairbench.integrity.audit",
+        description="Re-validate every artifact of a run folder and walk its hash chain (read-only).",
+    )
+    parser.add_argument("run_dir", help="the run folder, results/<label>")
+    parser.add_argument("--extra", action="append", default=[],
+                        help="a file outside the run folder that inputs may name (patch, model); repeatable")
+    parser.add_argument("--out", help="also write the audit artifact (audit.json) here")
+    args = parser.parse_args(argv)
+    result = audit_run(args.run_dir, args.extra)
+    for warning in result.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    for finding in result.findings:
+        print(f"FAIL {finding}", file=sys.stderr)
+    c = result.counts
+    summary = (f"{c['artifacts']} artifacts re-validated, {c['input_links']} input hashes resolved, "
+               f"{c['provenance_entries']} provenance entries checked, {c['files']} files hashed")
+    if args.out:
+        write_audit(result, args.out)
+    if result.ok:
+        print(f"audit OK: {args.run_dir}: {summary}")
+        return 0
+    print(f"audit FAILED: {args.run_dir}: {len(result.findings)} finding(s); {summary}")
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

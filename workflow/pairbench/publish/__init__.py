@@ -1,0 +1,1 @@
+"""pairbench.publish.bundle."""

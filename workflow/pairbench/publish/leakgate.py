@@ -1,0 +1,206 @@
+"""The leak gate: scan a finished bundle and fail closed on any finding.
+
+Three kinds of detector run over every file of the bundle:
+
+1. detect-secrets, through its Python API (``SecretsCollection`` under ``default_settings()``: every
+   bundled plugin with its default filters), one file at a time in this process;
+2. pairbench's own detectors (:data:`pairbench.publish.sanitize.DETECTORS`): home paths, UNC paths, Windows
+   machine names, e-mails, IPv4/IPv6, MACs, GPU UUIDs, PCI bus ids, credential values and token
+   formats;
+3. the literal identifiers of this machine (:func:`pairbench.publish.envfacts.identifiers`), one detector per
+   category (``literal:username``, ``literal:hostname``, ...). Binary files (plots) are searched for
+   the literals as bytes, and PNGs must carry no text metadata chunks.
+
+Hash policy: detect-secrets' "Hex High Entropy String" plugin fires on sha256 digests, which our
+JSON is full of (``"sha256": ...``, ``"prompt_sha256": ...``, ``"inputs": {"plan": ...}``). In a
+``.json`` or ``.yaml`` file, a hit is accepted as a digest only when the value is exactly 64 lowercase hex digits
+*every* occurrence of it in the file is a whole JSON string (``"<hex>"``, as a field value or an
+array item), never part of a longer string. Anything else is a finding. Literal secrets are still matched exactly by the literal
+detectors, so a known secret cannot hide in a digest field.
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Iterable, Mapping
+
+from pairbench.publish import sanitize
+
+TEXT_SUFFIXES = {".md", ".csv", ".json", ".patch", ".diff", ".yaml", ".yml", ".py", ".txt", ".toml", ".cfg"}
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+# Ancillary PNG chunks that carry free text or camera/host metadata.
+PNG_TEXT_CHUNKS = {b"tEXt", b"zTXt", b"iTXt", b"eXIf", b"tIME"}
+
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One leak: the file (relative to the bundle), the 1-based line (0 for binary files), the detector.
+
+    ``value`` is what matched; it is private and only ever written under ``private/``.
+    """
+
+    file: str
+    line: int
+    detector: str
+    value: str = field(default="", repr=False)
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}: {self.detector}"
+
+    def public_dict(self) -> dict:
+        return {"file": self.file, "line": self.line, "detector": self.detector}
+
+    def private_dict(self) -> dict:
+        return asdict(self)
+
+
+def _detect_secrets_plugins() -> list[str]:
+    from detect_secrets.settings import default_settings
+
+    with default_settings() as settings:
+        return sorted(settings.plugins)
+
+
+def detector_names(identifiers: Mapping[str, Iterable[str]]) -> list[str]:
+    """Every detector the gate runs with these identifiers: the N of "0 findings by N detectors"."""
+    names = [f"detect-secrets:{p}" for p in _detect_secrets_plugins()]
+    names += list(sanitize.DETECTOR_NAMES)
+    names += sorted({f"literal:{c}" for c, _ in sanitize.usable_literals(identifiers)})
+    names.append("png-metadata")
+    return names
+
+
+def _is_digest_only(text: str, value: str) -> bool:
+    """Whether *value* is a sha256 digest standing as a whole JSON string everywhere it occurs."""
+    if not re.fullmatch(r"[0-9a-f]{64}", value):
+        return False
+    starts = [m.start() for m in re.finditer(re.escape(value), text)]
+    return bool(starts) and all(
+        i > 0 and text[i - 1] == '"' and text[i + 64:i + 65] == '"' for i in starts
+    )
+
+
+def _scan_detect_secrets(root: Path, rel_paths: list[str]) -> list[Finding]:
+    from detect_secrets import SecretsCollection
+    from detect_secrets.settings import default_settings
+
+    findings: list[Finding] = []
+    with default_settings():
+        secrets = SecretsCollection(root=str(root))
+        for rel in rel_paths:
+            secrets.scan_file(rel)  # in-process: no multiprocessing pool inside a Snakemake job
+        for filename, secret in secrets:
+            value = secret.secret_value or ""
+            if secret.type == "Hex High Entropy String" and filename.endswith((".json", ".yaml", ".yml")):
+                if _is_digest_only((root / filename).read_text(errors="replace"), value):
+                    continue
+            findings.append(Finding(Path(filename).as_posix(), secret.line_number, f"detect-secrets:{secret.type}", value))
+    return findings
+
+
+def png_text_chunks(data: bytes) -> list[str]:
+    """Names of text/metadata chunks in a PNG (empty for a clean one); raises ValueError if not a PNG."""
+    if not data.startswith(PNG_SIGNATURE):
+        raise ValueError("not a PNG file")
+    found = []
+    pos = len(PNG_SIGNATURE)
+    while pos + 8 <= len(data):
+        length, ctype = struct.unpack(">I4s", data[pos:pos + 8])
+        if ctype in PNG_TEXT_CHUNKS:
+            found.append(ctype.decode("ascii"))
+        pos += 12 + length
+        if ctype == b"IEND":
+            break
+    return found
+
+
+def strip_png_metadata(data: bytes) -> bytes:
+    """The PNG with its text/metadata chunks removed (matplotlib writes Software and more)."""
+    if not data.startswith(PNG_SIGNATURE):
+        raise ValueError("not a PNG file")
+    out = [PNG_SIGNATURE]
+    pos = len(PNG_SIGNATURE)
+    while pos + 8 <= len(data):
+        length, ctype = struct.unpack(">I4s", data[pos:pos + 8])
+        chunk = data[pos:pos + 12 + length]
+        if len(chunk) != 12 + length:
+            raise ValueError("truncated PNG chunk")
+        if ctype not in PNG_TEXT_CHUNKS:
+            out.append(chunk)
+        pos += 12 + length
+        if ctype == b"IEND":
+            break
+    return b"".join(out)
+
+
+def _scan_binary(rel: str, data: bytes, identifiers: Mapping[str, Iterable[str]]) -> list[Finding]:
+    findings = []
+    if rel.lower().endswith(".png"):
+        try:
+            chunks = png_text_chunks(data)
+        except ValueError as exc:
+            return [Finding(rel, 0, "png-metadata", str(exc))]
+        findings += [Finding(rel, 0, "png-metadata", c) for c in chunks]
+    for category, value in sanitize.usable_literals(identifiers):
+        if len(value) >= 4 and value.encode() in data:  # short literals occur by chance in binary data
+            findings.append(Finding(rel, 0, f"literal:{category}", value))
+    return findings
+
+
+def bundle_files(bundle_dir: str | Path) -> list[str]:
+    root = Path(bundle_dir)
+    return sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file() or p.is_symlink())
+
+
+def scan(bundle_dir: str | Path, identifiers: Mapping[str, Iterable[str]]) -> list[Finding]:
+    """Every finding in every file under *bundle_dir*, sorted by file, line and detector."""
+    root = Path(bundle_dir)
+    rels = bundle_files(root)
+    findings: list[Finding] = []
+    text_rels = []
+    for rel in rels:
+        path = root / rel
+        if path.is_symlink():
+            findings.append(Finding(rel, 0, "symlink", str(path.readlink())))
+            continue
+        data = path.read_bytes()
+        if Path(rel).suffix.lower() in TEXT_SUFFIXES:
+            try:
+                text = data.decode("utf-8")
+            except UnicodeDecodeError:
+                findings.append(Finding(rel, 0, "not-utf8", ""))
+                continue
+            text_rels.append(rel)
+            findings += [Finding(rel, m.line, m.detector, m.value) for m in sanitize.find(text, identifiers)]
+        else:
+            findings += _scan_binary(rel, data, identifiers)
+    findings += _scan_detect_secrets(root, text_rels)
+    return sorted(set(findings), key=lambda f: (f.file, f.line, f.detector, f.value))
+
+
+def result(bundle_dir: str | Path, identifiers: Mapping[str, Iterable[str]]) -> dict:
+    """The full gate result (private: it holds the matched values): detectors, files, findings."""
+    findings = scan(bundle_dir, identifiers)
+    files = bundle_files(bundle_dir)
+    detectors = detector_names(identifiers)
+    return {
+        "detectors": detectors,
+        "files": files,
+        "findings": [f.private_dict() for f in findings],
+        "report_line": report_line(len(findings), len(detectors), len(files)),
+    }
+
+
+def report_line(findings: int, detectors: int, files: int) -> str:
+    return f"{findings} findings by {detectors} detectors over {files} files"
+
+
+def format_findings(findings: list[Finding], limit: int = 20) -> str:
+    lines = [str(f) for f in findings[:limit]]
+    if len(findings) > limit:
+        lines.append(f"... and {len(findings) - limit} more")
+    return "\n".join(lines)

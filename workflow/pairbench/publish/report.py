@@ -1,0 +1,219 @@
+"""The report: ``publish/README.md``, in plain language, from the run's artifacts.
+
+Sections: what was compared (arms, source versions, patches, native engine strings, model), how it
+was measured (plan, visit order, gates), what passed (gates and validation, with every excluded
+record and its reason), the statistics (``pairbench.analysis.stats.report_markdown``), client against
+engine timings and how far they disagree, and — on their own — warmup and first-request
+diagnostics, which never enter the statistics.
+
+The text holds no paths, host names or raw outputs; the publish stage scrubs it and runs the leak
+gate over it anyway.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from pairbench.validate import retries
+
+LEAK_GATE_MARKER = "<!-- pairbench:leak-gate -->"
+
+
+def _f(x, spec: str = ".1f") -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "–"
+    return format(x, spec)
+
+
+def _pct(x) -> str:
+    return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x * 100:+.1f}%"
+
+
+def _table(header: list[str], rows: list[list]) -> list[str]:
+    out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    out += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return out + [""]
+
+
+def compared_section(plan: dict, sources: dict, builds: dict) -> list[str]:
+    rows = []
+    for arm in plan["arms"]:
+        s, b = sources[arm], builds[arm]
+        patches = ", ".join(f"`{p['path'].split('/')[-1]}`" for p in s["patches"]) or "none"
+        role = "baseline" if arm == plan["baseline"] else ("candidate" if arm == plan["candidate"] else "other")
+        src = s["source"]
+        if isinstance(src, dict):  # a git tag: the repository's name only, never its path or URL
+            where = f"`{src['git'].rstrip('/').split('/')[-1].removesuffix('.git')}` @ {s['version']}"
+            where += f" ({s['git']['commit'][:12]})" if s.get("git") else ""
+        elif src is None:
+            where = "installed package"
+        else:
+            where = f"`{src.split('/')[-1]}` @ {s['version']}"
+        rows.append([f"`{arm}` ({role})", where, patches, f"`{b['native_version']}`", s["patched"]["tree_sha256"][:12]])
+    out = ["## What was compared", ""]
+    out += _table(["arm", "source @ version", "patches", "native engine", "source tree sha256"], rows)
+    out.append(f"Model `{plan['model']['name']}`; every steady request had exactly the stated input length "
+               f"(native tokens, chat template included) and generated exactly {plan['output_tokens']} tokens "
+               "(greedy, end-of-sequence ignored, prefix cache off).")
+    out.append("")
+    for arm in plan["arms"]:  # engines other than the embedded one: how the cold cache was shown
+        e = builds[arm].get("engine")
+        if not e:
+            continue
+        strength = {"strong": "proven per request", "weak": "shown per request only by the absence of a "
+                    "cached-token count (weak)", "none": "NOT proven: this engine gives no server-side evidence"}
+        out.append(f"- `{arm}` runs engine `{e['engine']}`; cold cache {strength[e['cold_cache_proof']]}. "
+                   f"{e.get('cold_cache_how', '')}")
+    if any(builds[a].get("engine") for a in plan["arms"]):
+        out.append("")
+    return out
+
+
+def plan_section(plan: dict, fixtures: dict) -> list[str]:
+    rounds: dict[int, list[str]] = {}
+    for v in plan["visits"]:
+        rounds.setdefault(v["round"], []).append(v["arm"])
+    order = " | ".join(" → ".join(arms) for _, arms in sorted(rounds.items()))
+    out = ["## How it was measured", ""]
+    out.append(f"- Input lengths: {', '.join(str(n) for n in plan['lengths'])} tokens; output: "
+               f"{plan['output_tokens']} tokens; {plan['rounds']} paired rounds; seed {plan['seed']}.")
+    out.append(f"- Visit order (`{plan['order']}`, fixed in plan.json before anything ran): {order}. Each visit "
+               "launches the arm's server, sends one first request (a diagnostic, not a sample), one steady "
+               "streamed request per length, then stops it.")
+    out.append("- Each round's prompts start with a per-round salt, so no round can reuse an earlier round's "
+               "prefix, while both arms of a round see identical tokens.")
+    for n, fx in sorted(fixtures.items()):
+        out.append(f"- Fixture {n}: task `{fx['task']}`, token ids identical on "
+                   f"{', '.join(f'`{a}`' for a in fx['checked_by'])} for all {len(fx['rounds'])} rounds.")
+    out.append(f"- Config sha256 `{plan['config_sha256'][:16]}…`.")
+    out.append("")
+    return out
+
+
+def gates_section(measures: list[dict], validations: dict[tuple[str, int], dict], df: pd.DataFrame) -> list[str]:
+    """Gates, case verdicts per arm x length, every excluded record with its reasons, every retry.
+
+    *validations* maps (visit id, retry) to the validate body (``pairbench.validate.retries.validation_key``).
+    """
+    out = ["## Gates and validation", ""]
+    records = [r for m in measures for r in m["records"]]
+    flagged = [r for r in records if not r["ok"]]
+    out.append(f"{len(records)} steady records; {len(records) - len(flagged)} passed every gate "
+               "(prompt tokens = length, completion tokens = output length, cold cache); "
+               f"{len(flagged)} flagged and excluded from the statistics.")
+    out.append("")
+    rows = []
+    for (arm, length), g in df.groupby(["arm", "length"], sort=True):
+        cases: dict[str, dict[str, int]] = {}
+        for m in measures:
+            v = validations.get(retries.measure_key(m))
+            if not v or m["visit"]["arm"] != arm:
+                continue
+            for rec in v["records"]:
+                if rec["length"] != length:
+                    continue
+                for case, verdict in rec["verdicts"].items():
+                    cases.setdefault(case, {}).setdefault(verdict["verdict"], 0)
+                    cases[case][verdict["verdict"]] += 1
+        verdicts = "; ".join(f"{c}: " + ", ".join(f"{k} {n}" for k, n in sorted(v.items()))
+                             for c, v in sorted(cases.items())) or "–"
+        rows.append([f"`{arm}`", int(length), f"{int(g['selected'].sum())}/{len(g)}", verdicts])
+    out += _table(["arm", "length", "selected/total", "case verdicts"], rows)
+    if "retry" in df.columns and (pd.to_numeric(df["retry"], errors="coerce") > 0).any():
+        out += ["selected/total counts every measurement, a retried record's superseded original included; "
+                "case verdicts likewise.", ""]
+    excluded = []
+    for m in measures:
+        v = validations.get(retries.measure_key(m))
+        vby = {r["length"]: r for r in v["records"]} if v else {}
+        for r in m["records"]:
+            reasons = list(r["flags"]) + list((vby.get(r["length"]) or {}).get("excluded_because", []))
+            if reasons:
+                excluded.append(f"- {retries.label(*retries.measure_key(m))} length {r['length']} (attempt {r['attempt']}): "
+                                + "; ".join(reasons))
+    if excluded:
+        out += ["Excluded records and why:", "", *excluded, ""]
+    return out + retries_section(measures, df)
+
+
+def retries_section(measures: list[dict], df: pd.DataFrame) -> list[str]:
+    """Every retry, with its reason and what became of it: engine-fault re-attempts of a job
+    (``attempt`` > 1) and validation retries (``measure/<visit>.retry<N>.json``)."""
+    faults = [m for m in measures if m["attempt"] > 1]
+    partial = [m for m in measures if retries.retry_number(m) > 0]
+    kinds = {}  # per retry (a partial visit), whatever number of lengths it re-measured
+    for m in partial:
+        k = retries.kind_of(sorted({kind for r in m["retry_reasons"] for kind in r["kinds"]}))
+        kinds[k] = kinds.get(k, 0) + 1
+    head = (f"Retries: {len(faults) + len(partial)} disclosed: {len(faults)} engine-fault re-attempt(s) of a "
+            f"measurement job and {len(partial)} partial-visit validation retry(ies)")
+    if kinds:
+        head += " (" + ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())) + ")"
+    if not faults and not partial:
+        head = "Retries: none (no engine fault re-attempted a measurement job; no record earned a validation retry)"
+    out = ["### Retries", "", head + ".", ""]
+    rows = {(int(r.round), str(r.arm), int(r.length), int(r.retry)): r for r in df.itertuples()} \
+        if "retry" in df.columns else {}
+    for m in faults:
+        out.append(f"- {retries.label(*retries.measure_key(m))}: attempt {m['attempt']}: an engine fault failed "
+                   f"the earlier attempt(s) of this job (their server logs are kept under private/logs/); "
+                   "the records of this attempt are the ones reported.")
+    for m in partial:
+        n, vid = retries.retry_number(m), m["visit"]["id"]
+        for r in m["retry_reasons"]:
+            row = rows.get((m["visit"]["round"], m["visit"]["arm"], r["length"], n))
+            if row is None:
+                outcome = "its new record is not in the measurements table"
+            elif bool(row.selected):
+                outcome = "its new record passed and is the one used"
+            elif str(row.reason).startswith("superseded"):
+                outcome = f"its new record was excluded too and then {row.reason}"
+            else:
+                outcome = "its new record was excluded too"
+            before = "the visit's own measurement" if n == 1 else f"retry {n - 1}"
+            out.append(f"- {vid} retry {n}, length {r['length']} (partial visit, {retries.kind_of(r['kinds'])}): "
+                       f"{before} was excluded: {r['reason']}. Re-measured after every visit; {outcome}; the "
+                       f"earlier record is kept, superseded.")
+    return out + [""]
+
+
+def timing_section(agreement: pd.DataFrame) -> list[str]:
+    out = ["## Client against engine timings", "",
+           "Client timings come from the arrival of streamed tokens (decode = (tokens − 1) / (last − first "
+           "token); prefill = prompt tokens / time to first token, which includes HTTP and scheduling). "
+           "Engine timings are its own `timings`. Medians over gated records:", ""]
+    rows = [[f"`{r.arm}`", int(r.length), _f(r.client_decode_tok_s), _f(r.engine_decode_tok_s),
+             _pct(r.decode_disagreement), _f(r.client_prefill_tok_s), _f(r.engine_prefill_tok_s),
+             _pct(r.prefill_disagreement)] for r in agreement.itertuples()]
+    out += _table(["arm", "length", "client decode tok/s", "engine decode tok/s", "disagreement",
+                   "client prefill tok/s", "engine prefill tok/s", "disagreement"], rows)
+    return out
+
+
+def diagnostics_section(warmups: dict, measures: list[dict]) -> list[str]:
+    out = ["## Warmup and first requests (diagnostics, never in the statistics)", ""]
+    rows = [[f"`{arm}`", _f(w["server"]["ready_s"], ".2f"), _f(w["first_request"]["ttft_ms"]),
+             "ok" if w["smoke_ok"] else "FAILED: " + "; ".join(w["problems"])] for arm, w in warmups.items()]
+    out += _table(["arm", "launch to healthy (s)", "first request TTFT (ms)", "smoke check"], rows)
+    rows = [[retries.label(*retries.measure_key(m)), _f(m["server"]["ready_s"], ".2f"), _f(m["first_request"]["ttft_ms"]),
+             _f(m["duration_s"], ".1f")] for m in measures]
+    out += _table(["visit", "launch to healthy (s)", "first request TTFT (ms)", "visit (s)"], rows)
+    return out
+
+
+def render(*, plan: dict, sources: dict, builds: dict, fixtures: dict, warmups: dict, measures: list[dict],
+           validations: dict, df: pd.DataFrame, agreement: pd.DataFrame, stats_markdown: str,
+           files: list[str]) -> str:
+    """The whole README.md report."""
+    title = f"# pairbench: `{plan['candidate']}` against `{plan['baseline']}`"
+    lines = [title, "", f"Leak gate: {LEAK_GATE_MARKER}", ""]
+    lines += compared_section(plan, sources, builds)
+    lines += plan_section(plan, fixtures)
+    lines += gates_section(measures, validations, df)
+    lines += [stats_markdown.rstrip(), ""]
+    lines += timing_section(agreement)
+    lines += diagnostics_section(warmups, measures)
+    lines += ["## Files", "", *[f"- `{f}`" for f in sorted(files)], "- `MANIFEST.json`: sha256 of every file", ""]
+    return "\n".join(lines)
