@@ -26,5 +26,6 @@ rule all:
         all_artifacts(CFG, RES, VISIT_IDS, LENGTHS),
         lambda wc: chain_artifacts(0, retries_only=True) + chain_artifacts(1, retries_only=True),
         f"{RES}/report/landing.rst",
+        f"{RES}/private/retired.json",
         f"{RES}/provenance.json",
         f"{RES}/audit.json",

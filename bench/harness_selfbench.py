@@ -47,7 +47,7 @@ def client_engine(df: pd.DataFrame, kind: str) -> pd.DataFrame | None:
     client, engine = f"{kind}_tok_s", f"engine_{kind}_tok_s"
     if engine not in df.columns or client not in df.columns:
         return None
-    sel = df[stats._as_bool(df["selected"], "selected")].copy()
+    sel = df[stats.as_bool(df["selected"], "selected")].copy()
     sel = sel[np.isfinite(sel[client]) & np.isfinite(sel[engine]) & (sel[engine] > 0)]
     if sel.empty:
         return None

@@ -18,6 +18,19 @@ def _raise_exception(message: str):
     raise jinja2.exceptions.TemplateError(message)
 
 
+def compile_chat_template(source: str) -> jinja2.Template:
+    """A chat template compiled as Hugging Face ``apply_chat_template`` does: sandboxed jinja2,
+    ``trim_blocks``/``lstrip_blocks``, ``raise_exception`` and a non-ASCII-preserving ``tojson``.
+
+    The one renderer of chat templates in the repository: the harness loads this file to render the
+    prompt it sends a completions-mode engine (pairbench.engines.chat), so both agree by construction.
+    """
+    env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.globals["raise_exception"] = _raise_exception
+    env.filters["tojson"] = lambda x, indent=None: json.dumps(x, ensure_ascii=False, indent=indent)
+    return env.from_string(source)
+
+
 class Tokenizer:
     def __init__(self, tok: tokenizers.Tokenizer, *, eos_id: int, bos_id: int | None = None,
                  add_bos: bool = False, chat_template: str | None = None, stop_ids: list[int] | None = None):
@@ -28,12 +41,7 @@ class Tokenizer:
         self.chat_template = chat_template
         # Tokens that end a generation: EOS plus any end-of-turn ids the model declares.
         self.stop_ids = frozenset([eos_id, *(stop_ids or [])])
-        self._template = None
-        if chat_template is not None:
-            env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-            env.globals["raise_exception"] = _raise_exception
-            env.filters["tojson"] = lambda x, indent=None: json.dumps(x, ensure_ascii=False, indent=indent)
-            self._template = env.from_string(chat_template)
+        self._template = compile_chat_template(chat_template) if chat_template is not None else None
 
     @property
     def vocab_size(self) -> int:
@@ -49,9 +57,6 @@ class Tokenizer:
 
     def decode(self, ids: list[int], skip_special: bool = True) -> str:
         return self.tok.decode(list(ids), skip_special_tokens=skip_special)
-
-    def token_to_str(self, token_id: int) -> str | None:
-        return self.tok.id_to_token(token_id)
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
         if self._template is None:

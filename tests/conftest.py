@@ -27,3 +27,16 @@ def smollm2_gguf() -> Path:
             pytest.fail(msg)
         pytest.skip(msg)
     return SMOLLM2_GGUF
+
+
+@pytest.fixture
+def embedded_engine():
+    """A factory: the embedded engine's adapter (pairbench.engines.adapter.ArmEngine) for a source
+    tree, e.g. the fake engine in tests/fakes: ``embedded_engine(src, "--hang", env={...})``."""
+    from pairbench.engines.adapter import arm_adapter
+
+    def make(src, *args, env=None, model="tiny", ctx=512, threads=None):
+        return arm_adapter({"args": list(args), "env": env or {}, "threads": threads}, model=model, model_path=None,
+                           ctx=ctx, src_dir=src)
+
+    return make

@@ -1,7 +1,6 @@
 """Arm-level config for real engines (engine, source {git, tag} | null, threads, allow_external) and
 the git-tag export + patch path through pairbench.arms.source."""
 
-import subprocess
 from pathlib import Path
 
 import jsonschema

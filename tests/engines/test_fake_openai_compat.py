@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pairbench.engines import profiles as E
+from pairbench import engines as E
 
 from .conftest import free_port
 

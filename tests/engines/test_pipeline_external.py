@@ -1,8 +1,6 @@
 """The whole pipeline with non-embedded arms (fake vLLM): opt-in, dry run, then a full run."""
 
 import json
-import shutil
-from pathlib import Path
 
 import pytest
 

@@ -1,12 +1,12 @@
 """Unit tests for pairbench.engines.profiles: profile loading/validation, templating, opt-in, reply gates."""
 
-import shutil
 from pathlib import Path
 
 import pytest
 import yaml
 
-from pairbench.engines import profiles as E
+from pairbench import engines as E
+from pairbench.arms.build import BuildError, build_external
 
 PROFILES = ["embedded", "llama-cpp-python", "llama-server", "sglang", "vllm"]
 
@@ -225,10 +225,10 @@ def test_build_external_runs_build_then_version_and_fails_naming_the_step(tmp_pa
     tree.mkdir()
     arm = {"engine": "llama-server", "threads": 2,
            "build": ["{python}", "-c", "import pathlib; pathlib.Path('built').write_text('{threads}')"]}
-    out = E.build_external("cand", arm, tree, tmp_path / "b.log")
+    out = build_external("cand", arm, tree, tmp_path / "b.log")
     assert (tree / "built").read_text() == "2"
     assert [s["step"] for s in out["steps"]] == ["build", "version"]
     assert out["steps"][1]["exit_code"] == 127 and out["native_version"] is None  # no llama-server binary yet
     assert out["profile"]["cold_cache_proof"] == "strong"
-    with pytest.raises(E.EngineError, match=r"arm cand: build step 'build' exited with status 3; see .*b2\.log"):
-        E.build_external("cand", {**arm, "build": ["{python}", "-c", "raise SystemExit(3)"]}, tree, tmp_path / "b2.log")
+    with pytest.raises(BuildError, match=r"arm cand: build step 'build' exited with status 3; see .*b2\.log"):
+        build_external("cand", {**arm, "build": ["{python}", "-c", "raise SystemExit(3)"]}, tree, tmp_path / "b2.log")

@@ -24,18 +24,24 @@ def prompts_for(length):
     return {"messages": [{"role": "user", "content": content}]}
 
 
-def run(tmp_path, *args, timeout=30.0, env=None):
+@pytest.fixture
+def run(tmp_path, embedded_engine):
+    def visit(*args, timeout=30.0, env=None):
+        return _run(tmp_path, embedded_engine(FAKE_SRC, *args, env=env), timeout)
+    return visit
+
+
+def _run(tmp_path, engine, timeout):
     prompts = {n: {"rounds": [{"round": 1, **prompts_for(n)}]} for n in LENGTHS}
     fixtures = {n: {"rounds": [{"round": 1, "prompt_sha256": "0" * 64}]} for n in LENGTHS}
     server_cfg = {"threads": None, "startup_timeout_s": 30, "request_timeout_s": timeout, "stop_timeout_s": 5}
     return pb_measure.run_visit(
-        visit={"index": 1, "round": 1, "arm": "a", "position": 0, "id": "r01-a"}, arm_dir=FAKE_SRC,
-        model_arg="tiny", plan=plan(), prompts=prompts, fixtures=fixtures, server_cfg=server_cfg,
-        arm_cfg={"args": list(args), "env": env or {}}, server_log=tmp_path / "server.log", inputs={})
+        visit={"index": 1, "round": 1, "arm": "a", "position": 0, "id": "r01-a"}, engine=engine, plan=plan(),
+        prompts=prompts, fixtures=fixtures, server_cfg=server_cfg, server_log=tmp_path / "server.log", inputs={})
 
 
-def test_clean_visit_passes_every_gate(tmp_path):
-    body, outputs = run(tmp_path)
+def test_clean_visit_passes_every_gate(run):
+    body, outputs = run()
     assert body["complete"] and body["first_request"]["ok"]
     assert body["native_version"] == "fake-engine 0.1.0-fake"
     for rec, n in zip(body["records"], LENGTHS):
@@ -47,56 +53,57 @@ def test_clean_visit_passes_every_gate(tmp_path):
     assert body["server"]["stop"] == "sigterm"
 
 
-def test_wrong_prompt_count_is_flagged_and_kept(tmp_path):
-    body, _ = run(tmp_path, "--prompt-extra", "1")
+def test_wrong_prompt_count_is_flagged_and_kept(run):
+    body, _ = run("--prompt-extra", "1")
     for rec, n in zip(body["records"], LENGTHS):
         assert not rec["ok"] and rec["gates"]["prompt_tokens"] is False
         assert f"prompt_tokens: got {n + 1}, planned {n}" in rec["flags"]
         assert rec["decode_tok_s"] is not None, "a flagged record keeps its measurements"
 
 
-def test_wrong_completion_count_is_flagged(tmp_path):
-    body, _ = run(tmp_path, env={"FAKE_ENGINE_COMPLETION_SHORT": "2"})
+def test_wrong_completion_count_is_flagged(run):
+    body, _ = run(env={"FAKE_ENGINE_COMPLETION_SHORT": "2"})
     rec = body["records"][0]
     assert rec["gates"] == {"prompt_tokens": True, "completion_tokens": False, "cold_cache": True}
     assert rec["flags"] == [f"completion_tokens: got {OUT - 2}, planned {OUT}"]
 
 
-def test_warm_cache_is_flagged(tmp_path):
-    body, _ = run(tmp_path, "--report-cached", "32")
+def test_warm_cache_is_flagged(run):
+    body, _ = run("--report-cached", "32")
     rec = body["records"][0]
     assert rec["gates"]["cold_cache"] is False and rec["tokens_cached"] == 32
-    assert any(f.startswith("cold_cache: 32 prompt tokens came from the cache") for f in rec["flags"])
+    assert f"cold_cache: evaluated {rec['length'] - 32} of {rec['length']} prompt tokens, 32 cached" in rec["flags"], rec["flags"]
 
 
 # Engine faults are not samples: they fail the visit naming visit, arm, round and length (issue 7;
 # the config's `retries` re-attempts it). tests/recovery/test_faults.py covers each fault in depth.
-def test_malformed_sse_fails_the_visit(tmp_path):
+def test_malformed_sse_fails_the_visit(run):
     with pytest.raises(pb_measure.VisitError, match=r"visit r01-a \(arm a, round 1, length 120, attempt 1\): "
                                                     r"engine fault: malformed SSE: event 1 is not JSON"):
-        run(tmp_path, "--malformed-sse", timeout=10.0)
+        run("--malformed-sse", timeout=10.0)
 
 
-def test_crash_mid_stream_fails_the_visit(tmp_path):
+def test_crash_mid_stream_fails_the_visit(run):
     # The fake dies 3 tokens into the first request (a diagnostic, kept apart); the first steady
     # request then finds no server.
     with pytest.raises(pb_measure.VisitError, match=r"length 120, attempt 1\): engine fault: .*exited with status 9"):
-        run(tmp_path, "--crash-after", "3", timeout=10.0)
+        run("--crash-after", "3", timeout=10.0)
 
 
-def test_hanging_engine_times_out_and_fails_the_visit(tmp_path):
+def test_hanging_engine_times_out_and_fails_the_visit(run):
     with pytest.raises(pb_measure.VisitError, match=r"length 120, attempt 1\): engine fault: request timed out"):
-        run(tmp_path, "--hang", timeout=1.0)
+        run("--hang", timeout=1.0)
 
 
-def test_server_that_cannot_start_names_the_log(tmp_path):
+def test_server_that_cannot_start_names_the_log(tmp_path, embedded_engine):
+    engine = embedded_engine(FAKE_SRC, "--fail-start")
     with pytest.raises(ServerError, match=r"(?s)exited with status 3 before becoming healthy.*failing to start"):
-        with Server(FAKE_SRC, "tiny", 512, tmp_path / "s.log", extra_args=["--fail-start"], startup_timeout_s=20):
+        with Server(engine.launch, tmp_path / "s.log", startup_timeout_s=20):
             pass
 
 
-def test_slow_start_is_waited_for(tmp_path):
-    with Server(FAKE_SRC, "tiny", 512, tmp_path / "s.log", extra_args=["--slow-start", "1.0"]) as srv:
+def test_slow_start_is_waited_for(tmp_path, embedded_engine):
+    with Server(embedded_engine(FAKE_SRC, "--slow-start", "1.0").launch, tmp_path / "s.log") as srv:
         assert srv.facts["ready_s"] >= 1.0
     assert srv.facts["stop"] == "sigterm" and not srv.alive()
 
@@ -125,16 +132,26 @@ def test_client_timings_from_token_arrival():
     assert t["e2e_ms"] == pytest.approx(600.0)
 
 
-def test_cold_cache_needs_a_reported_count_and_full_prefill():
-    gates, flags = pb_measure.gate(result(tokens_cached=None), 10, 4)
-    assert gates["cold_cache"] is False and "reported no cached-token count" in flags[0]
-    gates, flags = pb_measure.gate(result(timings={"prompt_n": 6, "prompt_ms": 1.0, "predicted_ms": 1.0}), 10, 4)
-    assert gates["cold_cache"] is False and "timings.prompt_n is 6" in flags[0]
-    gates, _ = pb_measure.gate(result(usage={"prompt_tokens": 10, "completion_tokens": 4,
-                                             "prompt_tokens_details": {"cached_tokens": 0}}, tokens_cached=None), 10, 4)
-    assert gates["cold_cache"] is True
+def gate(engine, r, length=10, output_tokens=4):
+    """The embedded engine's gates for one reply (the adapter every engine goes through)."""
+    reply = {"usage": r.usage, "timings": r.timings, "tokens_cached": r.tokens_cached}
+    return engine.gates(reply, length=length, output_tokens=output_tokens, streamed_tokens=len(r.token_times),
+                        tokenize_count=None)
 
 
-def test_streamed_count_must_match_usage():
-    gates, flags = pb_measure.gate(result(token_times=[0.1, 0.2]), 10, 4)
+def test_cold_cache_needs_every_prompt_token_evaluated_and_none_cached(embedded_engine):
+    engine = embedded_engine(FAKE_SRC)
+    gates, flags, facts = gate(engine, result())
+    assert gates == {"prompt_tokens": True, "completion_tokens": True, "cold_cache": True} and flags == []
+    assert facts["cold_cache_proof"] == "strong" and facts["tokens_cached"] == 0
+    gates, flags, _ = gate(engine, result(timings={"prompt_n": 6, "prompt_ms": 1.0, "predicted_ms": 1.0}))
+    assert gates["cold_cache"] is False and flags == ["cold_cache: evaluated 6 of 10 prompt tokens"]
+    gates, flags, _ = gate(engine, result(tokens_cached=4))
+    assert gates["cold_cache"] is False and flags == ["cold_cache: evaluated 10 of 10 prompt tokens, 4 cached"]
+    gates, flags, _ = gate(engine, result(timings=None))
+    assert gates["cold_cache"] is None and flags == ["cold_cache: reply lacks timings.prompt_n"]
+
+
+def test_streamed_count_must_match_usage(embedded_engine):
+    gates, flags, _ = gate(embedded_engine(FAKE_SRC), result(token_times=[0.1, 0.2]))
     assert gates["completion_tokens"] is False and flags == ["completion_tokens: 2 tokens streamed, planned 4"]

@@ -1,7 +1,6 @@
 """Source export and patching: pristine copy, sha256 manifest, git apply --check, clear failures."""
 
 import subprocess
-from pathlib import Path
 
 import pytest
 

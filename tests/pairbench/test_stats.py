@@ -18,6 +18,8 @@ import scipy.stats
 
 from pairbench.core import artifacts
 from pairbench.analysis import stats
+from pairbench.analysis.tables import summary_tables
+from pairbench.publish.report import statistics_section
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "stats"
 FAST = dict(n_resamples=2000)  # enough for stable BCa ends; the default 9999 is for real runs
@@ -294,7 +296,7 @@ def test_slow_samples_are_flagged_and_retained(known, expected):
     # retained: the 200 ms sample is still the max and still in n
     assert s["arms"]["stock"]["256"]["ttft_ms"]["max"] == 200
     assert s["arms"]["stock"]["256"]["ttft_ms"]["n"] == 10
-    assert "retained" in stats.report_markdown(s)
+    assert "retained" in statistics_section(s)
 
 
 def test_median_trimmed_disagreement_of_the_seed_report_is_disclosed():
@@ -304,7 +306,7 @@ def test_median_trimmed_disagreement_of_the_seed_report_is_disclosed():
     assert d["median_change"] == pytest.approx(0.0093, abs=1e-6)
     assert d["trimmed_mean_change"] == pytest.approx(0.0749, abs=1e-6)
     assert d["sign_differs"] is False
-    md = stats.report_markdown(s)
+    md = statistics_section(s)
     assert "+0.93%" in md and "+7.49%" in md
 
 
@@ -315,7 +317,7 @@ def test_agreeing_median_and_trimmed_mean_are_not_flagged():
                        * np.exp(np.random.default_rng(2).normal(0, 0.001, len(base))))
     s = stats.summarize(pd.concat([base, cand]), baseline="A", candidate="B", metrics=["decode_tok_s"], **FAST)
     assert s["disclosures"]["median_trimmed_disagreements"] == []
-    assert "agree everywhere" in stats.report_markdown(s)
+    assert "agree everywhere" in statistics_section(s)
 
 
 def test_unpaired_rounds_are_disclosed_and_left_out_of_pairs():
@@ -324,7 +326,7 @@ def test_unpaired_rounds_are_disclosed_and_left_out_of_pairs():
     s = stats.summarize(df, baseline="stock", candidate="patched", metrics=["decode_tok_s"], **FAST)
     assert s["disclosures"]["unpaired"] == [{"arm": "stock", "length": 256, "round": 2}]
     assert s["paired"]["256"]["decode_tok_s"]["n_pairs"] == 9
-    assert "unpaired (partial visit): `stock` round 2" in stats.report_markdown(s)
+    assert "unpaired (partial visit): `stock` round 2" in statistics_section(s)
 
 
 # --------------------------------------------------------------------------- outputs
@@ -354,7 +356,7 @@ def test_summary_is_deterministic_for_a_seed():
 
 def test_tables_hold_only_numbers_and_allowlisted_categories(known):
     _, s = known
-    tables = stats.summary_tables(s)
+    tables = summary_tables(s)
     assert len(tables["summary"]) == 2 * 2 * 2 and len(tables["paired"]) == 2 * 2
     assert len(tables["ratios"]) == 10 * 2 + 4 * 2
     allowed = {"arm", "metric", "verdict"}
@@ -373,9 +375,9 @@ def test_report_speaks_plain_language():
                        * np.exp(np.random.default_rng(4).normal(0, 0.004, len(base))))
     s = stats.summarize(pd.concat([base, cand]), baseline="A", candidate="B",
                         metrics=["decode_tok_s"], **FAST)
-    md = stats.report_markdown(s)
+    md = statistics_section(s)
     assert md.startswith("## Statistics")
     line = next(l for l in md.splitlines() if "at 2048 tokens" in l and "decode" in l)
     assert "**faster**" in line and "% higher" in line and "95% CI" in line and "p=" in line
-    aa = stats.report_markdown(stats.summarize(df, baseline="A", candidate="B", **FAST))
+    aa = statistics_section(stats.summarize(df, baseline="A", candidate="B", **FAST))
     assert "**no detectable difference**" in aa and "**faster**" not in aa and "**slower**" not in aa

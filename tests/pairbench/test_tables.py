@@ -57,13 +57,15 @@ def test_a_validation_retry_supersedes_the_record_it_re_measured():
 def test_unvalidated_records_are_not_selected_and_reasons_stay_short():
     df = tables.measurements_frame([visit("a", 1, record("a", 1, 400))], {})
     assert not df.loc[0, "selected"] and df.loc[0, "reason"] == "not validated"
-    failed = record("a", 1, 400, ok=False, flags=["request: timed out after 300 s"],
+    failed = record("a", 1, 400, ok=False, flags=["prompt_tokens: got 401, planned 400"],
                     gates={"prompt_tokens": False, "completion_tokens": False, "cold_cache": False})
     many = {"length": 400, "selected": False,
             "verdicts": {c: {"verdict": "timeout", "reason": ""} for c in ("token_counts", "done_marker",
                                                                             "python_function", "matches_baseline")}}
     reason = tables.short_reason(failed, many)
-    assert reason.startswith("request failed + case token_counts timeout") and len(reason) <= tables.REASON_MAX
+    # a failed request is an engine fault that fails the visit, never a record: only gates and cases
+    assert reason == "gate prompt_tokens completion_tokens cold_cache + case token_..."
+    assert len(reason) == tables.REASON_MAX
 
 
 def test_timing_agreement_is_client_over_engine():

@@ -60,7 +60,7 @@ def test_parser_on_stored_outputs(name):
 
 @pytest.mark.parametrize("task_name", sorted(SMOLLM2["outputs"]))
 def test_parser_on_real_smollm2_outputs(task_name):
-    """Outputs the real model produced (python -m pairbench.validate.tasks probe); see docs/validation.md."""
+    """Outputs the real model produced (python -m pairbench.validate.probe probe); see docs/validation.md."""
     seen = SMOLLM2["outputs"][task_name]
     task = tasks.get_task(task_name)
     text = (DATA / "smollm2" / f"{task_name}.txt").read_text()

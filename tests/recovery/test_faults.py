@@ -16,6 +16,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from pairbench.engines.adapter import arm_adapter
+
 from pairbench.measure import visit as measure
 
 REPO = Path(__file__).resolve().parents[2]
@@ -46,9 +48,10 @@ def run(arm_dir, tmp_path, env: dict, attempt: int = 1, request_timeout_s: float
                   "stop_timeout_s": 2}
     before = {p.pid for p in psutil.process_iter()}
     try:
-        return measure.run_visit(visit=visit, arm_dir=arm_dir, model_arg="tiny", plan=plan, prompts=prompts,
-                                 fixtures=fixtures, server_cfg=server_cfg, arm_cfg={"args": [], "env": env},
-                                 server_log=tmp_path / "private" / "logs" / "server.log", inputs={},
+        engine = arm_adapter({"args": [], "env": env, "threads": None}, model="tiny", model_path=None,
+                             ctx=plan["max_context"], src_dir=arm_dir)
+        return measure.run_visit(visit=visit, engine=engine, plan=plan, prompts=prompts, fixtures=fixtures,
+                                 server_cfg=server_cfg, server_log=tmp_path / "private" / "logs" / "server.log", inputs={},
                                  attempt=attempt, pid_path=pid_path)
     finally:
         assert not pid_path.exists(), "the pid file outlived its server"

@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 
 import psutil
-import pytest
 
 from pairbench.integrity import recovery
 

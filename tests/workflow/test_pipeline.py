@@ -114,6 +114,7 @@ def test_deleting_one_visit_redoes_only_it_and_its_dependents(tiny_run):
     assert victim.is_file()
     redone = {res / "measure" / "r01-candidate.json", res / "validate" / "r01-candidate.json",
               res / "stats" / "summary.json", res / "provenance.json", res / "audit.json",
+              res / "private" / "retired.json",  # it records the chains it read (nothing was retired)
               *(res / "private" / "outputs").glob("r01-candidate-*.json")}
     for path, (data, mtime) in before.items():
         rel = path.relative_to(res).as_posix()
@@ -213,7 +214,8 @@ def test_each_gate_fires_and_flagged_records_are_kept_and_disclosed(scratch):
         assert g["reason"].str.match(rf"gate [a-z_ ]*\b{gate}\b").all(), g["reason"].tolist()
     flags = [f for p in sorted((res / "measure").glob("*-cache*.json")) for r in read_artifact(p, "measure")["records"]
              for f in r["flags"]]
-    assert len(flags) == 8 and all(f.startswith("cold_cache: 7 prompt tokens came from the cache") for f in flags)
+    found = [re.fullmatch(r"cold_cache: evaluated (\d+) of (\d+) prompt tokens, 7 cached", f) for f in flags]
+    assert len(flags) == 8 and all(m and int(m[2]) - int(m[1]) == 7 for m in found), flags
     # retry_on: [gate] retried the cache arm's records (a gate failure and nothing else), not the
     # others' (their token_counts case failed too); the retry failed the gate again
     assert sorted(p.name for p in (res / "measure").glob("*.retry*")) == ["r01-cache.retry1.json",

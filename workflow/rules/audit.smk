@@ -37,6 +37,8 @@ rule provenance:
         stats=rules.stats.output,
         plots=rules.plots.output,
         landing=rules.landing.output,
+        # retries no longer in the run are out of it before the folder is recorded
+        retired=f"{RES}/private/retired.json",
     output:
         provenance=report(f"{RES}/provenance.json", caption="../report/provenance.rst", category="4 Audit"),
     params:

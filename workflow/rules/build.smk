@@ -3,11 +3,13 @@
 
 rule build:
     input:
+        plan=f"{RES}/plan.json",
         source=f"{RES}/source/{{arm}}.json",
-        model=model_inputs(CFG, ROOT),
+        model_file=model_inputs(CFG, ROOT),
     output:
         build=f"{RES}/build/{{arm}}.json",
     params:
+        arm=lambda wc: wc.arm,
         arm_dir=f"{RES}/src/{{arm}}",
         model=CFG["model"],
         cache_dir="resources/cache/converted",

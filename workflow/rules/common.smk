@@ -111,10 +111,46 @@ def baseline_outputs(visits, visit_id, baseline, lengths, res):
     return [f"{res}/private/outputs/r{v['round']:02d}-{baseline}-{n}.json" for n in lengths]
 
 
+def validation_inputs():
+    """The inputs every validation takes, a visit's and a validation retry's alike."""
+    return dict(
+        fixtures=expand(f"{RES}/fixtures/{{length}}.json", length=LENGTHS),
+        baseline_outputs=lambda wc: baseline_outputs(VISITS, wc.visit, BASELINE, LENGTHS, RES),
+    )
+
+
+def validation_params():
+    """The params every validation takes (pairbench.stages.validate.validate_stage's keywords)."""
+    return dict(cases=CFG["validate"]["cases"], options=validate_options(CFG))
+
+
 def validate_options(cfg):
     """The validation options handed to pairbench.validate.cases.run_cases."""
     v = cfg["validate"]
     return {"min_agreement": v["agreement"], "timeout_s": v["timeout_s"]}
+
+
+def visit_inputs():
+    """The inputs every visit's job takes, the visit's own and a validation retry's alike."""
+    return dict(
+        plan=f"{RES}/plan.json",
+        build=lambda wc: f"{RES}/build/{visit_by_id(VISITS, wc.visit)['arm']}.json",
+        warmups=expand(f"{RES}/warmup/{{arm}}.json", arm=ARMS),
+        fixtures=expand(f"{RES}/fixtures/{{length}}.json", length=LENGTHS),
+        prompts=expand(f"{RES}/private/prompts/{{length}}.json", length=LENGTHS),
+    )
+
+
+def visit_params():
+    """The params every visit's job takes (pairbench.stages.measure.measure_stage's keywords)."""
+    return dict(
+        visit=lambda wc: visit_by_id(VISITS, wc.visit),
+        arm_dir=lambda wc: f"{RES}/src/{visit_by_id(VISITS, wc.visit)['arm']}",
+        arm_config=lambda wc: CFG["arms"][visit_by_id(VISITS, wc.visit)["arm"]],
+        server=CFG["server"],
+        root=str(ROOT),
+        pid_file=f"{RES}/private/servers/measure.json",
+    )
 
 
 def measure_path(res, visit_id, n):

@@ -7,23 +7,14 @@ run at the same time whatever --cores is, and re-measuring one visit leaves the 
 
 rule measure:
     input:
-        plan=f"{RES}/plan.json",
-        build=lambda wc: f"{RES}/build/{visit_by_id(VISITS, wc.visit)['arm']}.json",
-        warmups=expand(f"{RES}/warmup/{{arm}}.json", arm=ARMS),
-        fixtures=expand(f"{RES}/fixtures/{{length}}.json", length=LENGTHS),
-        prompts=expand(f"{RES}/private/prompts/{{length}}.json", length=LENGTHS),
+        **visit_inputs(),
         previous=lambda wc: previous_visit(VISITS, wc.visit, RES),
     output:
         measure=f"{RES}/measure/{{visit}}.json",
         outputs=expand(f"{RES}/private/outputs/{{{{visit}}}}-{{length}}.json", length=LENGTHS),
         marker=f"{RES}/private/order/{{visit}}.done",
     params:
-        visit=lambda wc: visit_by_id(VISITS, wc.visit),
-        arm_dir=lambda wc: f"{RES}/src/{visit_by_id(VISITS, wc.visit)['arm']}",
-        arm_config=lambda wc: CFG["arms"][visit_by_id(VISITS, wc.visit)["arm"]],
-        server=CFG["server"],
-        root=str(ROOT),
-        pid_file=f"{RES}/private/servers/measure.json",
+        **visit_params(),
     resources:
         # Snakemake's attempt number (1 = first), recorded in the artifact; see `retries` below.
         attempt=lambda wc, attempt: attempt,
@@ -38,16 +29,12 @@ rule measure:
         "../scripts/measure.py"
 
 
-rule measure_retry:
-    """Validation retry N of one visit: a partial visit of the lengths whose previous measurement
-    (the visit, or retry N-1) was excluded for a kind in validate.retry_on (pairbench.validate.retries).
-    Only ever requested by the validation checkpoints (common.smk: validation_chain)."""
+use rule measure as measure_retry with:
+    # Validation retry N of one visit: a partial visit of the lengths whose previous measurement
+    # (the visit, or retry N-1) was excluded for a kind in validate.retry_on (pairbench.validate.retries).
+    # Only ever requested by the validation checkpoints (common.smk: validation_chain).
     input:
-        plan=f"{RES}/plan.json",
-        build=lambda wc: f"{RES}/build/{visit_by_id(VISITS, wc.visit)['arm']}.json",
-        warmups=expand(f"{RES}/warmup/{{arm}}.json", arm=ARMS),
-        fixtures=expand(f"{RES}/fixtures/{{length}}.json", length=LENGTHS),
-        prompts=expand(f"{RES}/private/prompts/{{length}}.json", length=LENGTHS),
+        **visit_inputs(),
         previous_measure=lambda wc: measure_path(RES, wc.visit, int(wc.n) - 1),
         previous_validate=lambda wc: validate_path(RES, wc.visit, int(wc.n) - 1),
         # Ordering only: after every visit's own validation and every earlier visit's retries.
@@ -56,20 +43,9 @@ rule measure_retry:
         measure=f"{RES}/measure/{{visit}}.retry{{n}}.json",
         outputs=directory(f"{RES}/private/outputs/{{visit}}.retry{{n}}"),
     params:
-        visit=lambda wc: visit_by_id(VISITS, wc.visit),
-        arm_dir=lambda wc: f"{RES}/src/{visit_by_id(VISITS, wc.visit)['arm']}",
-        arm_config=lambda wc: CFG["arms"][visit_by_id(VISITS, wc.visit)["arm"]],
-        server=CFG["server"],
-        root=str(ROOT),
-        pid_file=f"{RES}/private/servers/measure.json",
+        **visit_params(),
+        retry=lambda wc: int(wc.n),
         retry_on=CFG["validate"]["retry_on"],
-    resources:
-        attempt=lambda wc, attempt: attempt,
-    retries: CFG["retries"]
     log:
         job=f"{LOGS}/measure/{{visit}}.retry{{n}}.log",
         server=f"{RES}/private/logs/measure/{{visit}}.retry{{n}}.log",
-    conda:
-        "../envs/pairbench.yaml"
-    script:
-        "../scripts/measure.py"

@@ -10,6 +10,7 @@ rule source:
         source=f"{RES}/source/{{arm}}.json",
         tree=directory(f"{RES}/src/{{arm}}"),
     params:
+        arm=lambda wc: wc.arm,
         arm_config=lambda wc: CFG["arms"][wc.arm],
         root=str(ROOT),
     log:

@@ -10,6 +10,7 @@ rule warmup:
     output:
         warmup=f"{RES}/warmup/{{arm}}.json",
     params:
+        arm=lambda wc: wc.arm,
         arm_dir=f"{RES}/src/{{arm}}",
         arm_config=lambda wc: CFG["arms"][wc.arm],
         server=CFG["server"],

@@ -1,15 +1,7 @@
-"""Snakemake entry point for the `plots` rule: paired-ratio and drift PNGs (the logic lives in pairbench.stages.run)."""
+"""Snakemake entry point of rule plots: the ratio and drift plots (pairbench.stages.analysis)."""
 import sys
 
-sys.stderr = open(snakemake.log[0], "w")
+sys.path.insert(0, snakemake.scriptdir + "/..")  # this checkout's pairbench, never an installed copy
+from pairbench.stages import analysis, script  # noqa: E402
 
-import logging  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-sys.path.insert(0, str(Path(snakemake.scriptdir).parent))  # this checkout's pairbench, never an installed copy
-logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-logging.getLogger("httpx").setLevel(logging.WARNING)
-
-from pairbench.stages import run as stages  # noqa: E402
-
-stages.plots_stage(snakemake.output.ratios, snakemake.output.drift, snakemake.input.summary, snakemake.input.measurements)
+script.run(snakemake, analysis.plots_stage)

@@ -1,19 +1,7 @@
-"""Snakemake entry point for the `warmup` rule: launch, health, first-request diagnostic and smoke check (the logic lives in pairbench.stages.run)."""
+"""Snakemake entry point of rule warmup: one arm launched once, first request, smoke check (pairbench.stages.measure)."""
 import sys
 
-sys.stderr = open(snakemake.log[0], "w")
+sys.path.insert(0, snakemake.scriptdir + "/..")  # this checkout's pairbench, never an installed copy
+from pairbench.stages import measure, script  # noqa: E402
 
-import logging  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-sys.path.insert(0, str(Path(snakemake.scriptdir).parent))  # this checkout's pairbench, never an installed copy
-logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-logging.getLogger("httpx").setLevel(logging.WARNING)
-
-from pairbench.stages import run as stages  # noqa: E402
-
-stages.warmup_stage(
-    snakemake.output.warmup, snakemake.input.plan, snakemake.input.build, snakemake.wildcards.arm,
-    snakemake.params.arm_dir, snakemake.params.arm_config, snakemake.params.server, snakemake.log.server,
-    snakemake.params.root,
-)
+script.run(snakemake, measure.warmup_stage)

@@ -18,7 +18,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from pairbench.analysis.stats import METRICS, StatsInputError, _as_bool  # noqa: E402
+from pairbench.analysis.stats import METRICS, StatsInputError, as_bool  # noqa: E402
 
 VERDICT_COLOURS = {"faster": "tab:green", "slower": "tab:red",
                    "no detectable difference": "tab:blue", "inconclusive": "tab:orange"}
@@ -97,7 +97,7 @@ def plot_drift(df: pd.DataFrame, path: str | os.PathLike,
     if df.empty:
         raise StatsInputError("measurements table is empty: nothing to plot")
     df = df.copy()
-    df["selected"] = _as_bool(df["selected"], "selected") if "selected" in df.columns else True
+    df["selected"] = as_bool(df["selected"], "selected") if "selected" in df.columns else True
     lengths = sorted(int(v) for v in df["length"].unique())
     arms = list(dict.fromkeys(df["arm"].astype(str)))
     fig, axes = plt.subplots(len(metrics), len(lengths), squeeze=False, sharex=True,
@@ -125,7 +125,7 @@ def plot_drift(df: pd.DataFrame, path: str | os.PathLike,
             rounds = np.sort(df["round"].unique())
             if len(rounds) <= 20:
                 ax.set_xticks(rounds)
-    handles, labels = {}, {}
+    handles = {}
     for ax in np.ravel(axes):
         for h, lab in zip(*ax.get_legend_handles_labels()):
             handles.setdefault(lab, h)

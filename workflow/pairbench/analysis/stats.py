@@ -52,7 +52,7 @@ SLOW_Z = 3.5  # Iglewicz & Hoaglin's cut-off for the modified (MAD-based) z-scor
 
 __all__ = [
     "METRICS", "DEFAULT_METRICS", "VERDICTS", "StatsInputError",
-    "summarize", "summary_tables", "report_markdown",
+    "summarize", "as_bool",
     "default_trim", "trimmed_mean", "hodges_lehmann", "robust_z", "min_attainable_wilcoxon_p",
 ]
 
@@ -122,7 +122,7 @@ def min_attainable_wilcoxon_p(n: int) -> float:
 # Input checking
 
 
-def _as_bool(series: pd.Series, column: str) -> pd.Series:
+def as_bool(series: pd.Series, column: str) -> pd.Series:
     if series.dtype == bool:
         return series
     mapping = {"true": True, "false": False, "1": True, "0": False, "yes": True, "no": False}
@@ -152,9 +152,9 @@ def _check_input(df: pd.DataFrame, baseline: str, candidate: str, metrics: tuple
     if missing:
         raise StatsInputError(f"measurements table lacks column(s): {', '.join(missing)}")
     df = df.copy()
-    df["selected"] = _as_bool(df["selected"], "selected")
+    df["selected"] = as_bool(df["selected"], "selected")
     if "ok" in df.columns:
-        df["ok"] = _as_bool(df["ok"], "ok")
+        df["ok"] = as_bool(df["ok"], "ok")
     df["arm"] = df["arm"].astype(str)
     for column in ("round", "length"):
         try:
@@ -439,150 +439,3 @@ def summarize(df: pd.DataFrame, *, baseline: str, candidate: str,
             "other_arms": other_arms,
         },
     }
-
-
-def summary_tables(summary: dict) -> dict[str, pd.DataFrame]:
-    """Flat tables for ``tables/*.csv``: numeric columns plus the allowlisted categorical columns
-    ``arm``, ``length``, ``metric`` and ``verdict`` (no free text, so they are safe to publish).
-
-    - ``summary``: one row per arm × length × metric;
-    - ``paired``: one row per length × metric;
-    - ``ratios``: one row per length × metric × round (the per-round paired ratios).
-    """
-    rows = []
-    for arm, by_len in summary["arms"].items():
-        for length, by_metric in by_len.items():
-            for metric, d in by_metric.items():
-                rows.append({"arm": arm, "length": int(length), "metric": metric,
-                             **{k: d[k] for k in ("n", "median", "min", "max", "trimmed_mean",
-                                                   "trim_per_end", "n_missing", "n_outliers")}})
-    paired, ratios = [], []
-    for length, by_metric in summary["paired"].items():
-        for metric, p in by_metric.items():
-            paired.append({"length": int(length), "metric": metric,
-                           **{k: p[k] for k in ("n_pairs", "median_ratio", "hl_ratio", "ci_low",
-                                                 "ci_high", "p_value", "min_attainable_p",
-                                                 "median_change", "trimmed_mean_change")},
-                           "higher_is_better": p["higher_is_better"], "verdict": p["verdict"]})
-            for pair in p["pairs"]:
-                ratios.append({"length": int(length), "metric": metric, "round": pair["round"],
-                               "baseline": pair["baseline"], "candidate": pair["candidate"],
-                               "ratio": pair["ratio"], "valid": pair["valid"]})
-    return {
-        "summary": pd.DataFrame(rows, columns=["arm", "length", "metric", "n", "median", "min", "max",
-                                               "trimmed_mean", "trim_per_end", "n_missing",
-                                               "n_outliers"]),
-        "paired": pd.DataFrame(paired, columns=["length", "metric", "n_pairs", "median_ratio",
-                                                "hl_ratio", "ci_low", "ci_high", "p_value",
-                                                "min_attainable_p", "median_change",
-                                                "trimmed_mean_change", "higher_is_better", "verdict"]),
-        "ratios": pd.DataFrame(ratios, columns=["length", "metric", "round", "baseline", "candidate",
-                                                "ratio", "valid"]),
-    }
-
-
-# ---------------------------------------------------------------------------------------------
-# Plain-language report
-
-
-def _pct(x: float | None) -> str:
-    return "n/a" if x is None else f"{x * 100:+.2f}%"
-
-
-def _fmt(x: float | None, spec: str = ".4g") -> str:
-    return "n/a" if x is None else format(x, spec)
-
-
-def _sentence(summary: dict, length: str, metric: str, p: dict) -> str:
-    cand = summary["candidate"]
-    label = METRICS[metric]["label"]
-    what = f"{label} (`{metric}`) at {length} tokens"
-    stats = (f"ratio {_fmt(p['hl_ratio'], '.4f')} (95% CI {_fmt(p['ci_low'], '.4f')}–"
-             f"{_fmt(p['ci_high'], '.4f')}, Wilcoxon p={_fmt(p['p_value'], '.3g')}, "
-             f"n={p['n_pairs']} pairs)")
-    verdict = p["verdict"]
-    if verdict in ("faster", "slower"):
-        change = p["hl_ratio"] - 1.0
-        direction = "higher" if change > 0 else "lower"
-        return (f"- **{verdict}**: candidate `{cand}` {what} is {abs(change) * 100:.1f}% {direction}"
-                f", i.e. {verdict}: {stats}.")
-    if verdict == "no detectable difference":
-        return f"- **no detectable difference**: {what}: {stats}; {p['reason']}."
-    return f"- **inconclusive**: {what}: {p['reason']}."
-
-
-def report_markdown(summary: dict) -> str:
-    """The statistics section of the report, in plain language, followed by the disclosures."""
-    base, cand = summary["baseline"], summary["candidate"]
-    prm = summary["params"]
-    out = ["## Statistics", ""]
-    out.append(
-        f"Candidate `{cand}` against baseline `{base}`, paired by round. Ratios are candidate/"
-        f"baseline; for throughput (tok/s) higher is faster, for times (ms) lower is faster. The "
-        f"estimate is the Hodges–Lehmann estimate of the log ratios, back-transformed to a ratio; "
-        f"the {prm['ci_level']:.0%} CI is a paired BCa bootstrap ({prm['n_resamples']} resamples, "
-        f"seed {prm['seed']}); p is the two-sided Wilcoxon signed-rank test. A difference is claimed "
-        f"only when p < {prm['alpha']:g} and the whole CI lies outside 1 ± {prm['noise']:g}.")
-    out.append("")
-    out.append("### Verdicts")
-    out.append("")
-    for length, by_metric in summary["paired"].items():
-        for metric, p in by_metric.items():
-            out.append(_sentence(summary, length, metric, p))
-    out.append("")
-    out.append("### Per arm")
-    out.append("")
-    out.append("| arm | length | metric | n | median | min | max | trimmed mean (drop/end) |")
-    out.append("|---|---:|---|---:|---:|---:|---:|---:|")
-    for arm, by_len in summary["arms"].items():
-        for length, by_metric in by_len.items():
-            for metric, d in by_metric.items():
-                out.append(f"| {arm} | {length} | {metric} | {d['n']} | {_fmt(d['median'])} | "
-                           f"{_fmt(d['min'])} | {_fmt(d['max'])} | {_fmt(d['trimmed_mean'])} "
-                           f"({d['trim_per_end']}) |")
-    out.append("")
-    out.append("### Disclosures")
-    out.append("")
-    disc = summary["disclosures"]
-    if disc["slow_samples"]:
-        out.append(f"Outlying samples (|robust z| > {prm['slow_z']:g}, z from the median absolute "
-                   f"deviation), flagged and **retained** in every statistic above:")
-        for s in disc["slow_samples"]:
-            out.append(f"- {s['side']} sample: `{s['arm']}` {s['metric']} at {s['length']} tokens, "
-                       f"round {s['round']}: {_fmt(s['value'])} (z={s['robust_z']:+.1f})")
-    else:
-        out.append(f"No outlying samples (|robust z| > {prm['slow_z']:g}).")
-    out.append("")
-    if disc["median_trimmed_disagreements"]:
-        out.append("The full-N median and the trimmed mean tell different stories here (sign, or "
-                   f"more than {prm['noise'] * 100:g} percentage points apart); read the per-round ratios:")
-        for d in disc["median_trimmed_disagreements"]:
-            out.append(f"- {d['metric']} at {d['length']} tokens: median change "
-                       f"{_pct(d['median_change'])} against trimmed-mean change "
-                       f"{_pct(d['trimmed_mean_change'])}"
-                       + (" (opposite signs)" if d["sign_differs"] else ""))
-    else:
-        out.append("The full-N medians and trimmed means agree everywhere.")
-    out.append("")
-    counts = summary["counts"]
-    out.append(f"Records: {counts['rows']} steady rows, {counts['selected']} selected, "
-               f"{counts['excluded']} excluded, {counts['retries']} retries, "
-               f"{counts['unpaired']} unpaired.")
-    for e in disc["excluded"]:
-        att = f", attempt {e['attempt']}" if e["attempt"] is not None else ""
-        out.append(f"- excluded: `{e['arm']}` round {e['round']}, {e['length']} tokens{att}: "
-                   f"{e['reason']}")
-    for r in disc["retries"]:
-        state = "used" if r["selected"] else "not used"
-        what = []
-        if r.get("retry"):
-            what.append(f"validation retry {r['retry']}")
-        if r["attempt"] > 1:
-            what.append(f"attempt {r['attempt']} after an engine fault")
-        out.append(f"- retry: `{r['arm']}` round {r['round']}, {r['length']} tokens, {' and '.join(what)} ({state})")
-    for u in disc["unpaired"]:
-        out.append(f"- unpaired (partial visit): `{u['arm']}` round {u['round']}, {u['length']} "
-                   f"tokens has no partner in the other arm; it counts in the per-arm figures only")
-    if disc["other_arms"]:
-        out.append(f"- rows of other arms ignored: {', '.join(disc['other_arms'])}")
-    return "\n".join(out) + "\n"

@@ -21,9 +21,7 @@ def short_reason(record: dict, validation: dict | None) -> str:
     parts = []
     if not record["ok"]:
         failed = [g for g, passed in record["gates"].items() if not passed]
-        if any(f.startswith("request:") for f in record["flags"]):
-            parts.append("request failed")
-        elif failed:
+        if failed:
             parts.append("gate " + " ".join(failed))
         else:
             parts.append("flagged")
@@ -99,3 +97,43 @@ def timing_agreement(df: pd.DataFrame) -> pd.DataFrame:
             row[f"{kind}_disagreement"] = (client / engine - 1.0) if engine and engine == engine else None
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def summary_tables(summary: dict) -> dict[str, pd.DataFrame]:
+    """Flat tables for ``tables/*.csv``: numeric columns plus the allowlisted categorical columns
+    ``arm``, ``length``, ``metric`` and ``verdict`` (no free text, so they are safe to publish).
+
+    - ``summary``: one row per arm × length × metric;
+    - ``paired``: one row per length × metric;
+    - ``ratios``: one row per length × metric × round (the per-round paired ratios).
+    """
+    rows = []
+    for arm, by_len in summary["arms"].items():
+        for length, by_metric in by_len.items():
+            for metric, d in by_metric.items():
+                rows.append({"arm": arm, "length": int(length), "metric": metric,
+                             **{k: d[k] for k in ("n", "median", "min", "max", "trimmed_mean",
+                                                   "trim_per_end", "n_missing", "n_outliers")}})
+    paired, ratios = [], []
+    for length, by_metric in summary["paired"].items():
+        for metric, p in by_metric.items():
+            paired.append({"length": int(length), "metric": metric,
+                           **{k: p[k] for k in ("n_pairs", "median_ratio", "hl_ratio", "ci_low",
+                                                 "ci_high", "p_value", "min_attainable_p",
+                                                 "median_change", "trimmed_mean_change")},
+                           "higher_is_better": p["higher_is_better"], "verdict": p["verdict"]})
+            for pair in p["pairs"]:
+                ratios.append({"length": int(length), "metric": metric, "round": pair["round"],
+                               "baseline": pair["baseline"], "candidate": pair["candidate"],
+                               "ratio": pair["ratio"], "valid": pair["valid"]})
+    return {
+        "summary": pd.DataFrame(rows, columns=["arm", "length", "metric", "n", "median", "min", "max",
+                                               "trimmed_mean", "trim_per_end", "n_missing",
+                                               "n_outliers"]),
+        "paired": pd.DataFrame(paired, columns=["length", "metric", "n_pairs", "median_ratio",
+                                                "hl_ratio", "ci_low", "ci_high", "p_value",
+                                                "min_attainable_p", "median_change",
+                                                "trimmed_mean_change", "higher_is_better", "verdict"]),
+        "ratios": pd.DataFrame(ratios, columns=["length", "metric", "round", "baseline", "candidate",
+                                                "ratio", "valid"]),
+    }

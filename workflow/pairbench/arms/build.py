@@ -14,6 +14,7 @@ A failing step raises :class:`BuildError` naming the step, its exit code and the
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
 import subprocess
 import sys
@@ -21,6 +22,7 @@ import time
 from pathlib import Path
 
 from pairbench.core.artifacts import sha256_file
+from pairbench.engines.profiles import arm_engine, load_profile, render
 
 
 class BuildError(Exception):
@@ -40,6 +42,13 @@ def _run(step: str, argv: list[str], cwd: Path, log: Path, arm: str) -> dict:
         raise BuildError(f"arm {arm}: build step {step!r} exited with status {proc.returncode}; see {log}")
     step_rec["stdout"] = proc.stdout
     return step_rec
+
+
+def converts_model(arm_cfg: dict) -> bool:
+    """Whether the pipeline builds this arm itself (its profile's ``build.pipeline: embedded``:
+    byte-compile and convert the model) rather than running a build command."""
+    profile = load_profile(arm_engine(arm_cfg))
+    return (profile.data.get("build") or {}).get("pipeline", "command") == "embedded"
 
 
 def conversion_key(patched_tree_sha256: str, model_sha256: str) -> str:
@@ -123,8 +132,6 @@ def build_external_arm(arm: str, arm_cfg: dict, arm_dir: str | Path, source: dic
                        source_sha256: str, root: str | Path) -> dict:
     """Build a non-embedded arm with its engine profile's (or the arm's) build command; the
     ``build`` artifact body. The server later reads the GGUF itself (no conversion)."""
-    from pairbench.engines.profiles import build_external
-
     log = Path(log)
     log.parent.mkdir(parents=True, exist_ok=True)
     log.write_text("")
@@ -149,3 +156,57 @@ def build_external_arm(arm: str, arm_cfg: dict, arm_dir: str | Path, source: dic
         "engine": out["profile"],
         "inputs": {"source": source_sha256},
     }
+
+
+def build_external(arm_name: str, arm: dict, arm_dir: str | os.PathLike, log: str | os.PathLike,
+                   timeout_s: float | None = None, python: str = sys.executable) -> dict:
+    """Run a non-embedded arm's build command (arm ``build`` or the profile's) in its exported tree,
+    then its version command. Returns ``{"steps": [...], "native_version": str|None, "profile": {...}}``.
+
+    Each step's output is appended to *log*; a non-zero exit raises :class:`BuildError` naming the
+    arm, the step, the status and the log.
+    """
+    profile = load_profile(arm_engine(arm))
+    arm_dir, log = Path(arm_dir).resolve(), Path(log)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    values = {"python": python, "src": str(arm_dir), "threads": arm.get("threads"), "port": None,
+              "model": None, "ctx": None, "host": "127.0.0.1"}
+    build_t = arm["build"] if "build" in arm and arm["build"] is not None else (profile.data.get("build") or {}).get("command")
+    timeout_s = timeout_s or (profile.data.get("build") or {}).get("timeout_s") or 3600
+    steps, native = [], None
+
+    def run(step: str, argv: list[str], optional: bool = False) -> str | None:
+        t0 = time.perf_counter()
+        with open(log, "a") as fh:
+            fh.write(f"$ {' '.join(argv)}\n")
+            fh.flush()
+            try:
+                proc = subprocess.run(argv, cwd=arm_dir, stdout=subprocess.PIPE, stderr=fh, text=True,
+                                      timeout=timeout_s)
+            except FileNotFoundError as exc:
+                if optional:  # e.g. `vllm --version` where only the server's /version can tell
+                    fh.write(f"{exc.filename}: not found; the version is left unknown\n")
+                    steps.append({"step": step, "argv": argv[:1], "exit_code": 127,
+                                  "duration_s": time.perf_counter() - t0})
+                    return None
+                raise BuildError(f"arm {arm_name}: build step {step!r}: {exc.filename} not found") from None
+            except subprocess.TimeoutExpired:
+                raise BuildError(f"arm {arm_name}: build step {step!r} exceeded {timeout_s:g} s; see {log}") from None
+            fh.write(proc.stdout)
+        steps.append({"step": step, "argv": [os.path.basename(a) if os.path.isabs(a) else a for a in argv],
+                      "exit_code": proc.returncode, "duration_s": time.perf_counter() - t0})
+        if proc.returncode != 0 and optional:
+            with open(log, "a") as fh:  # a version string is a record, not a gate: launch will tell
+                fh.write(f"(exit status {proc.returncode}: the version is left unknown)\n")
+            return None
+        if proc.returncode != 0:
+            raise BuildError(f"arm {arm_name}: build step {step!r} exited with status {proc.returncode}; see {log}")
+        return proc.stdout
+
+    if build_t:
+        run("build", [str(a) for a in render(list(build_t), values, f"arms.{arm_name}.build")])
+    ver_t = (profile.data.get("version") or {}).get("command")
+    if ver_t:
+        out = run("version", [str(a) for a in render(list(ver_t), values, "version")], optional=True)
+        native = (out or "").strip().splitlines()[0] if (out or "").strip() else None
+    return {"steps": steps, "native_version": native, "profile": profile.summary()}

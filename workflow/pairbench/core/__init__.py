@@ -1,1 +1,6 @@
-"""pairbench.core."""
+"""Core: what every stage stands on.
+
+- ``artifacts``: versioned, schema-checked JSON artifacts, written atomically, with sha256 helpers.
+- ``config``: the checks a JSON Schema cannot express, and resolved views of the config.
+- ``plan``: the run plan (arms, lengths, the counterbalanced visit order, salts, the config hash).
+"""

@@ -70,25 +70,12 @@ def dumps(data: Any) -> str:
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    """Write *text* to *path* via a temporary file in the same folder and ``os.replace``."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
+    """Write *text* (UTF-8) to *path* atomically (:func:`atomic_write_bytes`)."""
+    atomic_write_bytes(path, text.encode())
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    """Write *data* to *path* via a temporary file in the same folder and ``os.replace``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -123,16 +110,7 @@ def read_artifact(path: str | os.PathLike, kind: str, version: int = 1) -> dict:
         text = path.read_text()
     except FileNotFoundError:
         raise ArtifactError(f"{path}: artifact is missing") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ArtifactError(f"{path}: corrupt artifact, not valid JSON ({exc})") from None
-    if not isinstance(data, dict) or "schema" not in data:
-        raise ArtifactError(f"{path}: corrupt artifact, no 'schema' field")
-    try:
-        got_kind, got_ver = parse_schema_id(data["schema"])
-    except ValueError as exc:
-        raise ArtifactError(f"{path}: {exc}") from None
+    data, got_kind, got_ver = parse_artifact(text, str(path))
     if got_kind != kind:
         raise ArtifactError(f"{path}: expected a {kind} artifact, found {got_kind}")
     if got_ver != version:
@@ -141,6 +119,22 @@ def read_artifact(path: str | os.PathLike, kind: str, version: int = 1) -> dict:
         )
     validate(kind, data, where=str(path))
     return data
+
+
+def parse_artifact(text: str, where: str) -> tuple[dict, str, int]:
+    """``(data, kind, version)`` of an artifact's JSON text; :class:`ArtifactError` naming *where*
+    if it is not JSON, not an object, or carries no valid ``schema`` id."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ArtifactError(f"{where}: corrupt artifact, not valid JSON ({exc})") from None
+    if not isinstance(data, dict) or "schema" not in data:
+        raise ArtifactError(f"{where}: corrupt artifact, no 'schema' field")
+    try:
+        kind, version = parse_schema_id(data["schema"])
+    except ValueError as exc:
+        raise ArtifactError(f"{where}: {exc}") from None
+    return data, kind, version
 
 
 def sha256_bytes(data: bytes) -> str:

@@ -1,4 +1,5 @@
-"""Launching and stopping an arm's server: ``python -m engine serve`` from ``src/<arm>/``.
+"""Launching and stopping an arm's server, whatever the engine: the argv, environment, working
+directory and health probe come from its profile (:meth:`pairbench.engines.adapter.ArmEngine.launch`).
 
 The server runs in its own process group (so SIGTERM/SIGKILL reach anything it spawns), on a free
 port, with stdout and stderr going to a log file under ``private/``. :class:`Server` is a context
@@ -17,7 +18,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -40,15 +40,6 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def serve_command(model_arg: str, port: int, max_context: int, threads: int | None,
-                  extra_args: list[str], python: str = sys.executable) -> list[str]:
-    cmd = [python, "-m", "engine", "serve", "--model", model_arg, "--host", "127.0.0.1",
-           "--port", str(port), "--max-context", str(max_context)]
-    if threads is not None:
-        cmd += ["--threads", str(threads)]
-    return cmd + list(extra_args)
-
-
 def _tail(path: Path, n: int = 2000) -> str:
     try:
         return path.read_text(errors="replace")[-n:]
@@ -59,16 +50,11 @@ def _tail(path: Path, n: int = 2000) -> str:
 class Server:
     """One running server. ``with Server(...) as srv: srv.url ...``; facts land in ``srv.facts``."""
 
-    def __init__(self, cwd: str | Path, model_arg: str, max_context: int, log_path: str | Path,
-                 threads: int | None = None, extra_args: list[str] = (), env: dict | None = None,
-                 startup_timeout_s: float = 120.0, stop_timeout_s: float = 10.0,
-                 pid_path: str | Path | None = None, owner: str = "", launch=None):
-        self.cwd = Path(cwd)
-        self.model_arg = model_arg
-        self.max_context = max_context
-        self.threads = threads
-        self.extra_args = list(extra_args)
-        self.env = dict(env or {})
+    def __init__(self, launch, log_path: str | Path, *, startup_timeout_s: float | None = None,
+                 stop_timeout_s: float = 10.0, pid_path: str | Path | None = None, owner: str = ""):
+        # ``launch(port) -> pairbench.engines.profiles.LaunchSpec``: argv, env, cwd, health path and
+        # the profile's readiness timeout (ArmEngine.launch), which *startup_timeout_s* overrides.
+        self.launch = launch
         self.log_path = Path(log_path)
         self.startup_timeout_s = startup_timeout_s
         self.stop_timeout_s = stop_timeout_s
@@ -77,9 +63,6 @@ class Server:
         self.proc: subprocess.Popen | None = None
         self.port: int | None = None
         self.facts: dict = {}
-        # A non-embedded engine: ``launch(port) -> pairbench.engines.profiles.LaunchSpec`` gives its argv,
-        # env, cwd, health path and readiness timeout (see engines.ArmEngine.launch).
-        self.launch = launch
         self.health_path = "/health"
 
     @property
@@ -88,15 +71,11 @@ class Server:
 
     def start(self) -> None:
         self.port = free_port()
-        cwd = self.cwd
-        if self.launch is not None:
-            spec = self.launch(self.port)
-            cmd, cwd, self.health_path = spec.argv, Path(spec.cwd), spec.health_path
+        spec = self.launch(self.port)
+        cmd, cwd, self.health_path = spec.argv, Path(spec.cwd), spec.health_path
+        if self.startup_timeout_s is None:
             self.startup_timeout_s = spec.ready_timeout_s
-            env = {**os.environ, **spec.env, "PYTHONUNBUFFERED": "1"}
-        else:
-            cmd = serve_command(self.model_arg, self.port, self.max_context, self.threads, self.extra_args)
-            env = {**os.environ, **self.env, "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, **spec.env, "PYTHONUNBUFFERED": "1"}
         # The engine under test must come from src/<arm>/ (the cwd), never from an installed copy.
         env.pop("PYTHONPATH", None)
         if self.pid_path is not None:
@@ -112,8 +91,7 @@ class Server:
         logfile.close()
         if self.pid_path is not None:
             recovery.record_server(self.pid_path, self.proc.pid, cmd, self.owner)
-        argv = spec.public()["argv"] if self.launch is not None else ["python", *cmd[1:]]
-        self.facts = {"argv": argv, "port_kind": "ephemeral"}
+        self.facts = {"argv": spec.public()["argv"], "port_kind": "ephemeral"}
         self.wait_healthy(t0)
 
     def wait_healthy(self, t0: float) -> None:

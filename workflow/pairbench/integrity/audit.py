@@ -36,8 +36,8 @@ KIND = "audit"
 HEX64 = re.compile(r"^[0-9a-f]{64}$")
 # JSON files here need not be pairbench artifacts (raw engine outputs, exported sources).
 RAW_JSON_PREFIXES = ("private/", "src/")
-# Validation retries retired when the validation they came from was redone (pairbench.stages.run.
-# retire_later_retries): kept for the record, no longer part of the run, so not audited.
+# Validation retries retired when the validation they came from was redone (pairbench.stages.validate.
+# retire_stage, listed in private/retired.json): kept for the record, no longer part of the run, so not audited.
 RETIRED_PREFIX = "private/superseded/"
 
 

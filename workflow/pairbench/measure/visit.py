@@ -3,13 +3,14 @@
 A *visit* (``measure/r<NN>-<arm>.json``) launches the arm's server from ``src/<arm>/``, sends a
 short first request (kept apart as a first-request diagnostic: it pays for lazy initialisation and
 is never a steady sample), then one steady streamed request per fixture length, then stops the
-server. Every steady request is greedy, ``ignore_eos``, ``cache_prompt: false``, and passes through
-three gates (docs/contracts.md §2):
+server. Every engine, the embedded one included, is driven through its profile's adapter
+(:class:`pairbench.engines.adapter.ArmEngine`): the request dialect (greedy, exact output length,
+prefix cache off), the tokenizer route and the three gates (docs/contracts.md §2):
 
-- ``prompt_tokens``: the engine's ``usage.prompt_tokens`` equals the planned length;
-- ``completion_tokens``: ``usage.completion_tokens`` (and the tokens streamed) equal ``output_tokens``;
-- ``cold_cache``: the engine reports 0 cached prompt tokens, and (where it reports timings)
-  ``timings.prompt_n`` equals the planned length, proving it evaluated every prompt token.
+- ``prompt_tokens``: the engine's native prompt count equals the planned length;
+- ``completion_tokens``: its completion count (and the tokens streamed) equal ``output_tokens``;
+- ``cold_cache``: the engine's own evidence (its profile's ``cold_cache``) shows every prompt token
+  was evaluated and none reused.
 
 A record that fails a gate is kept with ``ok: false`` and a flag per reason; the statistics exclude
 it and the report counts it. An *engine fault* (the server does not start, dies mid-stream, hangs past
@@ -29,9 +30,11 @@ import time
 from pathlib import Path
 
 from pairbench.core.artifacts import sha256_bytes
-from pairbench.engines.client import ClientError, StreamResult, get_json, http, steady_request_body, stream_chat
+from pairbench.engines.adapter import ArmEngine
+from pairbench.engines.client import ClientError, StreamResult, http, stream_chat
+from pairbench.engines.evidence import count_log_prefix_hits
 from pairbench.engines.profiles import EngineError
-from pairbench.engines.server import Server, ServerError
+from pairbench.engines.server import ServerError
 
 progress_log = logging.getLogger("pairbench.progress")
 
@@ -57,18 +60,6 @@ FIRST_REQUEST = [{"role": "user", "content": "Write one short sentence about riv
 FIRST_REQUEST_TOKENS = 8
 
 
-def cached_tokens(result: StreamResult) -> int | None:
-    """Prompt tokens the engine says it reused, from whichever field it reports."""
-    if result.tokens_cached is not None:
-        return int(result.tokens_cached)
-    details = (result.usage or {}).get("prompt_tokens_details") or {}
-    if details.get("cached_tokens") is not None:
-        return int(details["cached_tokens"])
-    if (result.timings or {}).get("cache_n") is not None:
-        return int(result.timings["cache_n"])
-    return None
-
-
 def engine_timings(timings: dict | None) -> dict | None:
     if not timings or timings.get("predicted_ms") is None:
         return None
@@ -87,35 +78,6 @@ def engine_timings(timings: dict | None) -> dict | None:
             "decode_tok_s": rate(n - 1 if n else n, t.get("predicted_ms"))}
 
 
-def gate(result: StreamResult, length: int, output_tokens: int) -> tuple[dict, list[str]]:
-    """The three gates for one steady request: ``({gate: bool}, [reason, ...])``."""
-    usage = result.usage or {}
-    flags = []
-    prompt = usage.get("prompt_tokens")
-    g_prompt = prompt == length
-    if not g_prompt:
-        flags.append(f"prompt_tokens: got {prompt}, planned {length}" if prompt is not None
-                     else "prompt_tokens: the engine reported no usage.prompt_tokens")
-    completion = usage.get("completion_tokens")
-    streamed = len(result.token_times)
-    g_completion = completion == output_tokens and streamed == output_tokens
-    if completion != output_tokens:
-        flags.append(f"completion_tokens: got {completion}, planned {output_tokens}" if completion is not None
-                     else "completion_tokens: the engine reported no usage.completion_tokens")
-    elif streamed != output_tokens:
-        flags.append(f"completion_tokens: {streamed} tokens streamed, planned {output_tokens}")
-    cached = cached_tokens(result)
-    prompt_n = (result.timings or {}).get("prompt_n")
-    g_cold = cached == 0 and (prompt_n is None or prompt_n == length)
-    if cached is None:
-        flags.append("cold_cache: the engine reported no cached-token count, so a warm cache cannot be ruled out")
-    elif cached != 0:
-        flags.append(f"cold_cache: {cached} prompt tokens came from the cache (cache_prompt was false)")
-    elif prompt_n is not None and prompt_n != length:
-        flags.append(f"cold_cache: timings.prompt_n is {prompt_n}, planned {length} (not every prompt token was evaluated)")
-    return {"prompt_tokens": g_prompt, "completion_tokens": g_completion, "cold_cache": g_cold}, flags
-
-
 def client_timings(result: StreamResult, prompt_tokens: int) -> dict:
     """Client-side timings from token arrival times (see docs/contracts.md §2)."""
     times = result.token_times
@@ -127,25 +89,19 @@ def client_timings(result: StreamResult, prompt_tokens: int) -> dict:
             "prefill_tok_s": prompt_tokens / ttft if ttft else None, "decode_tok_s": decode}
 
 
-def steady_record(result: StreamResult, *, length: int, output_tokens: int,
-                  round_: int, arm: str, prompt_sha256: str, gated: tuple | None = None) -> dict:
-    """One steady record (docs/contracts.md §2) of a completed request, gated. (A request that
-    failed is an engine fault: :func:`run_visit` raises :class:`VisitError` instead.)
+def steady_record(result: StreamResult, *, length: int, round_: int, arm: str, prompt_sha256: str,
+                  gated: tuple) -> dict:
+    """One steady record (docs/contracts.md §2) of a completed request. (A request that failed is an
+    engine fault: :func:`run_visit` raises :class:`VisitError` instead.)
 
-    *gated* is a non-embedded engine's ``(gates, flags, facts)`` from ``engines.ArmEngine.gates``;
-    a gate it cannot decide is None (e.g. ``cold_cache`` where the engine gives no evidence): the
-    record is flagged, and only a gate that is False makes it not ok.
+    *gated* is the engine's ``(gates, flags, facts)`` from :meth:`ArmEngine.gates`; a gate it cannot
+    decide is None (e.g. ``cold_cache`` where the engine gives no evidence): the record is flagged,
+    and only a gate that is False makes it not ok.
     """
-    rec = {"length": length, "round": round_, "arm": arm, "kind": "steady", "prompt_sha256": prompt_sha256}
-    usage = result.usage or {}
-    if gated is None:
-        gates, flags = gate(result, length, output_tokens)
-        facts = {"prompt_tokens": usage.get("prompt_tokens"), "completion_tokens": usage.get("completion_tokens"),
-                 "tokens_cached": cached_tokens(result)}
-    else:
-        gates, flags, facts = gated
+    gates, flags, facts = gated
     mem = result.memory or {}
-    rec.update({
+    return {
+        "length": length, "round": round_, "arm": arm, "kind": "steady", "prompt_sha256": prompt_sha256,
         "output_sha256": sha256_bytes(result.text.encode()),
         "prompt_tokens": facts["prompt_tokens"],
         "completion_tokens": facts["completion_tokens"],
@@ -157,42 +113,29 @@ def steady_record(result: StreamResult, *, length: int, output_tokens: int,
         "gates": gates,
         "flags": flags,
         "ok": all(g is not False for g in gates.values()),
-    })
-    return rec
+    }
 
 
-def diagnostic_request(url: str, timeout: float, seed: int, engine=None) -> dict:
-    """The first request of a launch: timed, recorded apart, never a steady sample.
+def _reply(result: StreamResult) -> dict:
+    """The final reply's top-level fields, where the engine's profile looks for its evidence."""
+    return {"usage": result.usage, "timings": result.timings, "tokens_cached": result.tokens_cached}
 
-    *engine* (``engines.ArmEngine``) speaks a non-embedded engine's dialect; None: the embedded one.
-    """
-    if engine is None:
-        path, body = "/v1/chat/completions", steady_request_body(FIRST_REQUEST, FIRST_REQUEST_TOKENS, seed)
-    else:
-        path, body = engine.request(FIRST_REQUEST, FIRST_REQUEST_TOKENS, seed)
+
+def diagnostic_request(url: str, timeout: float, seed: int, engine: ArmEngine) -> dict:
+    """The first request of a launch: timed, recorded apart, never a steady sample."""
+    path, body = engine.request(FIRST_REQUEST, FIRST_REQUEST_TOKENS, seed)
     try:
         r = stream_chat(url, body, timeout, path=path)
     except ClientError as exc:
         return {"ok": False, "error": str(exc), "ttft_ms": None, "e2e_ms": None, "completion_tokens": None,
                 "prompt_tokens": None, "tokens_cached": None}
-    usage = r.usage or {}
-    counts = {"completion_tokens": usage.get("completion_tokens"), "prompt_tokens": usage.get("prompt_tokens"),
-              "tokens_cached": cached_tokens(r)}
-    if engine is not None:
-        from pairbench.engines.profiles import cold_cache_evidence, native_counts
-
-        reply = {"usage": r.usage, "timings": r.timings, "tokens_cached": r.tokens_cached}
-        prompt, completion = native_counts(engine.profile, reply, streamed_tokens=len(r.token_times))
-        counts = {"completion_tokens": completion, "prompt_tokens": prompt,
-                  "tokens_cached": cold_cache_evidence(engine.profile, reply, prompt or 0)["cached_tokens"]}
     return {"ok": bool(r.token_times), "error": None, "ttft_ms": r.ttft_s * 1e3 if r.ttft_s is not None else None,
-            "e2e_ms": r.e2e_s * 1e3, **counts}
+            "e2e_ms": r.e2e_s * 1e3, **engine.counts(_reply(r), streamed_tokens=len(r.token_times))}
 
 
-def run_visit(*, visit: dict, arm_dir: Path, model_arg: str, plan: dict, prompts: dict[int, dict],
-              fixtures: dict[int, dict], server_cfg: dict, arm_cfg: dict, server_log: Path,
-              inputs: dict, attempt: int = 1, pid_path: Path | None = None,
-              engine=None, lengths: list[int] | None = None) -> tuple[dict, dict[int, dict]]:
+def run_visit(*, visit: dict, engine: ArmEngine, plan: dict, prompts: dict[int, dict], fixtures: dict[int, dict],
+              server_cfg: dict, server_log: Path, inputs: dict, attempt: int = 1, pid_path: Path | None = None,
+              lengths: list[int] | None = None) -> tuple[dict, dict[int, dict]]:
     """Measure one visit. Returns ``(measure_body, {length: {"text", "token_ids"}})``.
 
     *prompts* maps length to the private prompts body; *fixtures* maps length to the fixture body.
@@ -207,37 +150,28 @@ def run_visit(*, visit: dict, arm_dir: Path, model_arg: str, plan: dict, prompts
     def where(length) -> str:
         return f"visit {visit['id']} (arm {arm}, round {round_}, length {length}, attempt {attempt})"
 
-    srv = Server(arm_dir, model_arg, plan["max_context"], server_log, threads=server_cfg["threads"],
-                 extra_args=arm_cfg["args"], env=arm_cfg["env"], startup_timeout_s=server_cfg["startup_timeout_s"],
-                 stop_timeout_s=server_cfg["stop_timeout_s"], pid_path=pid_path, owner=f"measure {visit['id']}",
-                 launch=engine.launch if engine else None)
+    srv = engine.server(server_log, server_cfg, pid_path=pid_path, owner=f"measure {visit['id']}")
     t_visit = time.perf_counter()
     log_start = server_log.stat().st_size if server_log.exists() else 0
     lengths = list(plan["lengths"]) if lengths is None else [n for n in plan["lengths"] if n in set(lengths)]
     first_length = lengths[0]
+    client = http()
     try:
         with srv:
-            try:
-                version = (get_json(srv.url, "/version") if engine is None
-                           else {"native": engine.version(http(), srv.url)})
-            except (ClientError, EngineError) as exc:
-                raise VisitError(f"{where(first_length)}: GET /version failed: {exc}") from None
+            version = engine.version(client, srv.url)
             first = diagnostic_request(srv.url, timeout, plan["seed"], engine)
             for length in lengths:
                 rnd = next(r for r in prompts[length]["rounds"] if r["round"] == round_)
                 fx = next(r for r in fixtures[length]["rounds"] if r["round"] == round_)
-                path = "/v1/chat/completions"
-                body = steady_request_body(rnd["messages"], plan["output_tokens"], plan["seed"])
                 label = f"{visit['id']} arm={arm} round={round_} length={length}"
                 progress_log.info("[measure] %s: request sent (attempt %d)", label, attempt)
-                gated, n_tok = None, None
+                n_tok = None
                 try:
-                    if engine is not None:
-                        path, body = engine.request(rnd["messages"], plan["output_tokens"], plan["seed"])
-                        if engine.profile.data["tokens"]["prompt"] == "tokenize":  # its only prompt count
-                            n_tok = len(engine.tokenize(http(), srv.url, rnd["messages"]))
-                        engine.flush(http(), srv.url)  # unmeasured; only for engines that need it
-                        req_log = server_log.stat().st_size
+                    path, body = engine.request(rnd["messages"], plan["output_tokens"], plan["seed"])
+                    if engine.profile.data["tokens"]["prompt"] == "tokenize":  # its only prompt count
+                        n_tok = len(engine.tokenize(client, srv.url, rnd["messages"]))
+                    engine.flush(client, srv.url)  # unmeasured; only for engines that need it
+                    req_log = server_log.stat().st_size
                     result = stream_chat(srv.url, body, timeout, path=path,
                                          on_token=RequestProgress(label, plan["output_tokens"]))
                 except (ClientError, EngineError) as exc:
@@ -247,18 +181,15 @@ def run_visit(*, visit: dict, arm_dir: Path, model_arg: str, plan: dict, prompts
                         code = None
                     state = "" if code is None else f"; the server exited with status {code}"
                     raise VisitError(f"{where(length)}: engine fault: {exc}{state}") from None
-                if engine is not None:
-                    log_text = None
-                    if engine.needs_log:  # what the server logged during this one request
-                        with open(server_log, "rb") as fh:
-                            fh.seek(req_log)
-                            log_text = fh.read().decode(errors="replace")
-                    gated = engine.gates({"usage": result.usage, "timings": result.timings,
-                                          "tokens_cached": result.tokens_cached}, length=length,
-                                         output_tokens=plan["output_tokens"], streamed_tokens=len(result.token_times),
-                                         tokenize_count=n_tok, log_text=log_text)
-                rec = steady_record(result, length=length, output_tokens=plan["output_tokens"], round_=round_,
-                                    arm=arm, prompt_sha256=fx["prompt_sha256"], gated=gated)
+                log_text = None
+                if engine.needs_log:  # what the server logged during this one request
+                    with open(server_log, "rb") as fh:
+                        fh.seek(req_log)
+                        log_text = fh.read().decode(errors="replace")
+                gated = engine.gates(_reply(result), length=length, output_tokens=plan["output_tokens"],
+                                     streamed_tokens=len(result.token_times), tokenize_count=n_tok, log_text=log_text)
+                rec = steady_record(result, length=length, round_=round_, arm=arm, prompt_sha256=fx["prompt_sha256"],
+                                    gated=gated)
                 rec.update({"visit_index": visit["index"], "attempt": attempt})
                 if not srv.alive():
                     rec["flags"].append("server: exited during the request")
@@ -268,21 +199,17 @@ def run_visit(*, visit: dict, arm_dir: Path, model_arg: str, plan: dict, prompts
     except ServerError as exc:
         raise VisitError(f"{where(first_length)}: the engine failed to start: {exc}") from None
     facts = srv.facts
+    with open(server_log, "rb") as fh:  # this visit's part of the server log
+        fh.seek(log_start)
+        hits = count_log_prefix_hits(engine.profile, fh.read().decode(errors="replace"))
     server = {"ready_s": facts.get("ready_s"), "exit_code": facts.get("exit_code"), "stop": facts.get("stop"),
-              "argv": facts.get("argv")}
-    if engine is not None:
-        from pairbench.engines.profiles import count_log_prefix_hits
-
-        with open(server_log, "rb") as fh:  # this visit's part of the server log
-            fh.seek(log_start)
-            hits = count_log_prefix_hits(engine.profile, fh.read().decode(errors="replace"))
-        server.update({"engine": engine.name, "cold_cache_proof": engine.profile.cold_cache_proof,
-                       "log_prefix_hits": hits})
+              "argv": facts.get("argv"), "engine": engine.name, "cold_cache_proof": engine.profile.cold_cache_proof,
+              "log_prefix_hits": hits}
     body = {
         "visit": {k: visit[k] for k in ("index", "round", "arm", "position", "id")},
         "attempt": attempt,
         "server": server,
-        "native_version": version.get("native"),
+        "native_version": version,
         "first_request": first,
         "records": records,
         "complete": all(r["prompt_tokens"] is not None for r in records),
@@ -292,28 +219,17 @@ def run_visit(*, visit: dict, arm_dir: Path, model_arg: str, plan: dict, prompts
     return body, outputs
 
 
-def run_warmup(*, arm: str, arm_dir: Path, model_arg: str, plan: dict, server_cfg: dict, arm_cfg: dict,
-               server_log: Path, inputs: dict, engine=None) -> dict:
+def run_warmup(*, arm: str, engine: ArmEngine, plan: dict, server_cfg: dict, server_log: Path, inputs: dict) -> dict:
     """Launch the arm once: health, version, a first-request diagnostic and a smoke check.
 
-    The smoke check sends the same short request twice with ``cache_prompt: false`` and checks the
+    The smoke check sends the same short request twice with the prefix cache off and checks the
     engine generated exactly what was asked and reused nothing the second time.
     """
     timeout = server_cfg["request_timeout_s"]
-    srv = Server(arm_dir, model_arg, plan["max_context"], server_log, threads=server_cfg["threads"],
-                 extra_args=arm_cfg["args"], env=arm_cfg["env"], startup_timeout_s=server_cfg["startup_timeout_s"],
-                 stop_timeout_s=server_cfg["stop_timeout_s"], launch=engine.launch if engine else None)
-    with srv:
-        if engine is None:
-            health = get_json(srv.url, "/health")
-            version = get_json(srv.url, "/version")
-        else:  # its health probe answered 200 (server_proc); not every engine has a JSON /health
-            health, version = {"status": "ok"}, {"native": engine.version(http(), srv.url)}
+    with engine.server(server_log, server_cfg) as srv:  # healthy: its probe answered 200
+        version = engine.version(http(), srv.url)
         first = diagnostic_request(srv.url, timeout, plan["seed"], engine)
-        smoke = []
-        for _ in range(2):
-            d = diagnostic_request(srv.url, timeout, plan["seed"], engine)
-            smoke.append(d)
+        smoke = [diagnostic_request(srv.url, timeout, plan["seed"], engine) for _ in range(2)]
     problems = []
     for i, d in enumerate(smoke, start=1):
         if not d["ok"]:
@@ -321,11 +237,11 @@ def run_warmup(*, arm: str, arm_dir: Path, model_arg: str, plan: dict, server_cf
         elif d["completion_tokens"] != FIRST_REQUEST_TOKENS:
             problems.append(f"smoke request {i}: completion_tokens {d['completion_tokens']}, asked {FIRST_REQUEST_TOKENS}")
         elif d["tokens_cached"] not in (0, None):
-            problems.append(f"smoke request {i}: {d['tokens_cached']} cached tokens with cache_prompt false")
+            problems.append(f"smoke request {i}: {d['tokens_cached']} cached tokens with the prefix cache off")
     return {
         "arm": arm,
-        "health": health.get("status"),
-        "native_version": version.get("native"),
+        "health": "ok",
+        "native_version": version,
         "server": {"ready_s": srv.facts.get("ready_s"), "exit_code": srv.facts.get("exit_code"),
                    "stop": srv.facts.get("stop")},
         "first_request": first,

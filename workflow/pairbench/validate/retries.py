@@ -98,8 +98,9 @@ def later_retries(res_dir, visit_id: str, n: int) -> list:
     (``private/outputs/<visit>.retry<N>``). One folder level deep, so never what
     ``private/superseded/`` already holds.
 
-    They derive from a validation that is being redone, so they no longer belong to the run; the
-    validate stage moves them under ``private/superseded/`` (kept, never deleted).
+    They derive from a validation that was redone, or the config asks for fewer retries, so they no
+    longer belong to the run; the retire stage moves them under ``private/superseded/`` (kept,
+    never deleted) and records each move in ``private/retired.json``.
     """
     from pathlib import Path
 
@@ -110,3 +111,4 @@ def later_retries(res_dir, visit_id: str, n: int) -> list:
         if tail.isdigit() and int(tail) > n:
             found.append(path)
     return found
+

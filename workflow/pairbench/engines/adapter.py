@@ -1,0 +1,160 @@
+"""The one adapter every pipeline stage drives an engine through: launch, dialect, tokenizer, gates.
+
+A new engine is a profile in ``config/engines/`` (and at most a small subclass here): the embedded
+engine is an ordinary profile too, so a gate, the launch or the cold-cache evidence is fixed once.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from pairbench.engines.chat import render_chat_prompt
+from pairbench.engines.evidence import cold_cache_evidence, native_counts
+from pairbench.engines.profiles import REPO, EngineError, EngineProfile, LaunchSpec, arm_engine, launch_spec, load_profile
+from pairbench.engines.server import Server
+
+
+class ArmEngine:
+    """One arm's engine, as the stages see it: launch, request dialect, tokenizer and gates.
+
+    Every engine goes through this one class, the embedded one included: what differs between
+    engines is data in their profile, not a code path. ``arm`` is the arm's normalized config
+    (``engine``, ``threads``, ``args``, ``env``, ``launch``); ``model`` is what the server is handed
+    as ``{model}`` and ``model_path`` the GGUF a completions-mode engine's template comes from.
+    """
+
+    def __init__(self, profile: EngineProfile, arm: dict, *, model: str, model_path: str | None, ctx: int,
+                 src_dir: str | os.PathLike, repo_root: str | os.PathLike = REPO):
+        self.profile = profile
+        self.arm = arm
+        self.model = model
+        self.model_path = model_path
+        self.ctx = ctx
+        self.src_dir = Path(src_dir)
+        self.repo_root = Path(repo_root)
+
+    @property
+    def name(self) -> str:
+        return self.profile.name
+
+    def launch(self, port: int) -> LaunchSpec:
+        return launch_spec(self.profile, self.arm, port=port, model=self.model, ctx=self.ctx,
+                           src_dir=self.src_dir, repo_root=self.repo_root)
+
+    def server(self, log_path: str | os.PathLike, server_cfg: dict, *, pid_path: str | os.PathLike | None = None,
+               owner: str = "") -> Server:
+        """This arm's server, not yet started (``with engine.server(...) as srv:``). The config's
+        ``server.startup_timeout_s``, when set, overrides the profile's readiness timeout."""
+        return Server(self.launch, log_path, startup_timeout_s=server_cfg.get("startup_timeout_s"),
+                      stop_timeout_s=server_cfg["stop_timeout_s"], pid_path=pid_path, owner=owner)
+
+    # What the server is sent, and how its tokenizer is asked. -----------------------------
+    def prompt_text(self, messages: list[dict]) -> str | None:
+        """The rendered prompt for completions-mode engines (None in chat mode)."""
+        if self.profile.api_mode == "chat":
+            return None
+        if not self.model_path:
+            raise EngineError(f"engine {self.name}: completions mode needs a GGUF model to render its chat template")
+        return render_chat_prompt(self.model_path, messages)
+
+    @property
+    def needs_log(self) -> bool:
+        """Whether the cold-cache evidence is read from the server log, request by request."""
+        cc = self.profile.data["cold_cache"]
+        return cc["proof"] == "evaluated_tokens" and not cc.get("evaluated_field")
+
+    def flush(self, http, url: str) -> None:
+        """Send the profile's unmeasured flush request (if any) so the next prompt shares no prefix."""
+        fl = self.profile.data["request"].get("flush")
+        if not fl:
+            return
+        resp = http.post(url + fl["path"], json=fl["body"], timeout=60.0)
+        if resp.status_code != 200:
+            raise EngineError(f"engine {self.name}: flush request {fl['path']}: HTTP {resp.status_code}: {resp.text[:200]}")
+
+    def request(self, messages: list[dict], max_tokens: int, seed: int) -> tuple[str, dict]:
+        return self.profile.generation_body(messages=messages, prompt=self.prompt_text(messages),
+                                            max_tokens=max_tokens, seed=seed)
+
+    def tokenize(self, http, url: str, messages: list[dict]) -> list[int]:
+        """The server's own token ids for *messages* as this engine will be sent them."""
+        tok = self.profile.data["tokenize"]
+        if tok.get("input", "text") == "messages":
+            path, body = self.profile.tokenize_request(messages=messages)
+        else:
+            path, body = self.profile.tokenize_request(text=self.prompt_text(messages))
+        resp = http.post(url + path, json=body, timeout=60.0)
+        if resp.status_code != 200:
+            raise EngineError(f"engine {self.name}: POST {path}: HTTP {resp.status_code}: {resp.text[:200]}")
+        reply = resp.json()
+        self.profile.token_count(reply)  # cross-checks count against the list
+        return list(reply[tok.get("tokens_field", "tokens")])
+
+    def version(self, http, url: str) -> str | None:
+        path = (self.profile.data.get("version") or {}).get("path")
+        if not path:
+            return None
+        try:
+            resp = http.get(url + path, timeout=10.0)
+            if resp.status_code != 200:
+                return None
+            body = resp.json()
+        except Exception:  # noqa: BLE001 - a version string is a nicety, never a failure
+            return None
+        return body.get("native") or (f"{self.name} {body['version']}" if body.get("version") else None)
+
+    # Gates from the reply. -----------------------------------------------------------------
+    def counts(self, reply: dict, *, streamed_tokens: int) -> dict:
+        """``prompt_tokens``, ``completion_tokens``, ``tokens_cached`` of a reply, where this engine
+        reports them (a first-request diagnostic; steady requests go through :meth:`gates`)."""
+        prompt, completion = native_counts(self.profile, reply, streamed_tokens=streamed_tokens)
+        cached = cold_cache_evidence(self.profile, reply, prompt or 0)["cached_tokens"]
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "tokens_cached": cached}
+
+    def gates(self, reply: dict, *, length: int, output_tokens: int, streamed_tokens: int,
+              tokenize_count: int | None, log_text: str | None = None) -> tuple[dict, list[str], dict]:
+        """``({gate: bool|None}, [flag], facts)`` for one steady request.
+
+        ``cold_cache`` is None when this engine cannot prove it (flagged, never a silent pass).
+        facts: ``prompt_tokens``, ``completion_tokens``, ``tokens_cached``, ``cold_cache_proof``.
+        """
+        prompt, completion = native_counts(self.profile, reply, tokenize_count=tokenize_count,
+                                           streamed_tokens=streamed_tokens)
+        flags = []
+        g_prompt = prompt == length
+        if not g_prompt:
+            flags.append(f"prompt_tokens: got {prompt}, planned {length}" if prompt is not None
+                         else f"prompt_tokens: engine {self.name} reported no prompt token count")
+        g_completion = completion == output_tokens and streamed_tokens == output_tokens
+        if completion != output_tokens:
+            flags.append(f"completion_tokens: got {completion}, planned {output_tokens}" if completion is not None
+                         else f"completion_tokens: engine {self.name} reported no completion token count")
+        elif streamed_tokens != output_tokens:
+            flags.append(f"completion_tokens: {streamed_tokens} tokens streamed, planned {output_tokens}")
+        ev = cold_cache_evidence(self.profile, reply, length, log_text=log_text)
+        if ev["flag"]:
+            flags.append(ev["flag"])
+        facts = {"prompt_tokens": prompt, "completion_tokens": completion, "tokens_cached": ev["cached_tokens"],
+                 "cold_cache_proof": ev["proof"]}
+        return {"prompt_tokens": g_prompt, "completion_tokens": g_completion, "cold_cache": ev["cold"]}, flags, facts
+
+
+def arm_adapter(arm: dict, *, model: str, model_path: str | None, ctx: int, src_dir: str | os.PathLike,
+                repo_root: str | os.PathLike = REPO) -> ArmEngine:
+    """The adapter for one arm, whatever its engine (default: the embedded one)."""
+    return ArmEngine(load_profile(arm_engine(arm)), arm, model=model, model_path=model_path, ctx=ctx,
+                     src_dir=src_dir, repo_root=repo_root)
+
+
+def for_arm(arm_cfg: dict, *, build: dict, plan: dict, arm_dir: str | os.PathLike, server_cfg: dict,
+            root: str | os.PathLike) -> ArmEngine:
+    """The adapter a stage uses for one arm of *plan*, from its build artifact. Checks the opt-in
+    first: nothing external is launched or contacted without ``allow_external: true``."""
+    from pairbench.arms.build import model_arg
+    from pairbench.engines.policy import plan_opt_in
+
+    plan_opt_in(plan)
+    model = model_arg(build, root)
+    arm = {**arm_cfg, "threads": arm_cfg.get("threads") or server_cfg["threads"]}
+    return arm_adapter(arm, model=model, model_path=model, ctx=plan["max_context"], src_dir=arm_dir, repo_root=root)

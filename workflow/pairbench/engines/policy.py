@@ -1,0 +1,69 @@
+"""The opt-in policy: nothing external is built, launched or contacted without consent.
+
+A profile marked ``external`` (code from outside this repository) or an arm whose source is a git
+repository is never built, launched or sent a request unless the config sets
+``allow_external: true`` (:func:`check_opt_in`); the plan is shown instead (:func:`describe_plan`).
+"""
+
+from __future__ import annotations
+
+from pairbench.engines.profiles import ExternalEngineNotAllowed, arm_engine, is_external, launch_spec, load_profile
+
+
+def external_arms(config: dict) -> list[str]:
+    return [name for name, arm in config["arms"].items() if is_external(arm or {})]
+
+
+def describe_plan(config: dict) -> str:
+    """What a run would launch and contact, arm by arm (shown when opt-in is missing)."""
+    lines = [f"pairbench plan for label {config.get('label', 'default')!r}:"]
+    for name, arm in config["arms"].items():
+        arm = arm or {}
+        profile = load_profile(arm_engine(arm))
+        src = arm.get("source", "engine")
+        if isinstance(src, dict) and "git" in src:
+            src_s = f"git {src['git']} at tag {src.get('tag')}"
+        elif isinstance(src, dict):
+            src_s = f"path {src.get('path')}"
+        else:
+            src_s = f"path {src}"
+        spec = launch_spec(profile, arm, port="<port>", model=str(config.get("model")), ctx="<ctx>",
+                           src_dir=f"results/{config.get('label', 'default')}/src/{name}")
+        build = arm.get("build", (profile.data.get("build") or {}).get("command"))
+        lines.append(f"  arm {name}: engine {profile.name}"
+                     f"{' (EXTERNAL)' if is_external(arm, profile) else ''}; source {src_s}; "
+                     f"{len(arm.get('patches') or [])} patch(es)")
+        if build:
+            lines.append(f"    build: {' '.join(build) if isinstance(build, list) else build}")
+        lines.append(f"    launch: {' '.join(spec.argv)}")
+        if spec.env:
+            lines.append(f"    env: {' '.join(f'{k}={v}' for k, v in sorted(spec.env.items()))}")
+        lines.append(f"    requests to 127.0.0.1 ({spec.health_path}, {profile.generate_path}, "
+                     f"{profile.data['tokenize']['path']}); cold-cache proof: {profile.cold_cache_proof}")
+    lines.append(f"  {config.get('rounds')} rounds x lengths {config.get('lengths')} x "
+                 f"{config.get('output_tokens')} output tokens")
+    return "\n".join(lines)
+
+
+def check_opt_in(config: dict) -> list[str]:
+    """Raise :class:`ExternalEngineNotAllowed` (with the plan) unless external arms are allowed.
+
+    Returns the external arm names (empty for an all-embedded config).
+    """
+    ext = external_arms(config)
+    if ext and not config.get("allow_external", False):
+        raise ExternalEngineNotAllowed(
+            f"allow_external: arm(s) {', '.join(ext)} run an external engine, which pairbench "
+            "neither builds, launches nor sends a request to without consent. Review the plan, "
+            "then rerun with --config allow_external=true (or set allow_external: true).\n"
+            + describe_plan(config))
+    return ext
+
+
+def plan_opt_in(plan: dict) -> list[str]:
+    """:func:`check_opt_in` over a ``plan.json`` body (which records arms and allow_external)."""
+    cfg = {"label": plan.get("label"), "model": (plan.get("model") or {}).get("name"),
+           "rounds": plan.get("rounds"), "lengths": plan.get("lengths"),
+           "output_tokens": plan.get("output_tokens"), "arms": plan["arms"],
+           "allow_external": plan.get("allow_external", False)}
+    return check_opt_in(cfg)

@@ -1,0 +1,49 @@
+"""Stages 0-2: the plan, each arm's source (pristine export, patches applied) and its build."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from pairbench.arms import build as pb_build
+from pairbench.arms import source as pb_source
+from pairbench.core import config as pb_config
+from pairbench.core import plan as pb_plan
+from pairbench.core.artifacts import read_artifact, sha256_file, write_artifact
+from pairbench.engines.policy import plan_opt_in
+from pairbench.engines.profiles import is_external
+
+log = logging.getLogger("pairbench")
+
+
+def plan_stage(*, plan: str, config: dict, root: str) -> None:
+    write_artifact(plan, "plan", pb_plan.make_plan(config, Path(root)))
+
+
+def source_stage(*, source: str, tree: str, plan: str, arm: str, root: str) -> None:
+    arm_cfg = read_artifact(plan, "plan")["arms"][arm]
+    body = pb_source.export_source(arm, arm_cfg["source"], arm_cfg["patches"], tree, root,
+                                   plan_sha256=sha256_file(plan))
+    log.info("exported %s@%s to %s; %d patch(es) applied, %d file(s) changed", arm_cfg["source"], body["version"],
+             tree, len(body["patches"]), len(body["patched"]["changed"]))
+    write_artifact(source, "source", body)
+
+
+def build_stage(*, build: str, source: str, plan: str, arm: str, arm_dir: str, model: str, cache_dir: str,
+                steps_log: str, root: str) -> None:
+    """The embedded engine is byte-compiled and its model converted (cached); any other engine runs
+    its profile's build command, once the config has opted in to external code."""
+    src = read_artifact(source, "source")
+    info = pb_config.resolve_model(model, Path(root))
+    plan_body = read_artifact(plan, "plan")
+    arm_cfg = plan_body["arms"][arm]
+    if is_external(arm_cfg):
+        plan_opt_in(plan_body)  # never build someone else's code without consent
+    if pb_build.converts_model(arm_cfg):
+        body = pb_build.build_arm(arm, arm_dir, src, info, Path(root) / cache_dir, steps_log,
+                                  source_sha256=sha256_file(source), root=root)
+    else:
+        body = pb_build.build_external_arm(arm, arm_cfg, arm_dir, src, info, steps_log,
+                                           source_sha256=sha256_file(source), root=root)
+    body["inputs"]["plan"] = sha256_file(plan)
+    write_artifact(build, "build", body)

@@ -1,0 +1,94 @@
+"""Stages 7-8: the report and the allowlisted, scrubbed, leak-gated bundle; the HTML report's landing
+page; the run's provenance."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pandas as pd
+import yaml
+
+from pairbench.analysis import tables as pb_tables
+from pairbench.core.artifacts import read_artifact, sha256_file, write_artifact
+from pairbench.integrity.provenance import write_provenance
+from pairbench.publish import bundle as pb_bundle
+from pairbench.publish import envfacts, report
+from pairbench.publish.landing import write_landing
+from pairbench.stages.analysis import read_validations
+
+log = logging.getLogger("pairbench")
+
+
+def _by(paths: list[str], kind: str, key: str) -> dict:
+    return {b[key]: b for b in (read_artifact(p, kind) for p in paths)}
+
+
+def publish_stage(*, bundle: str, private_dir: str, res_dir: str, root: str, plan: str, sources: list[str],
+                  builds: list[str], fixtures: list[str], prompts: list[str], warmups: list[str],
+                  measures: list[str], validations: list[str], summary: str, measurements: str, summary_csv: str,
+                  paired_csv: str, ratios_csv: str, timing_csv: str, ratios_png: str, drift_png: str) -> None:
+    """The report and the allowlisted, scrubbed, leak-gated bundle (pairbench.publish.bundle.build_bundle)."""
+    plan_body = read_artifact(plan, "plan")
+    source_bodies = _by(sources, "source", "arm")
+    build_bodies = _by(builds, "build", "arm")
+    fixture_bodies = _by(fixtures, "fixture", "length")
+    prompt_bodies = _by(prompts, "prompts", "length")
+    df = pd.read_csv(measurements)
+    tables = {"measurements": measurements, "summary": summary_csv, "paired": paired_csv, "ratios": ratios_csv,
+              "timing_agreement": timing_csv}
+
+    facts = envfacts.collect(engine_version=build_bodies[plan_body["baseline"]]["native_version"])
+    identifiers = envfacts.identifiers(facts)
+    # Absolute paths of this checkout are private too (they name users and machines).
+    identifiers["path"] = sorted({*identifiers.get("path", []), str(Path(root).resolve())})
+    env_path = Path(private_dir) / "environment.json"
+    write_artifact(env_path, "environment", envfacts.public(facts, inputs={"plan": sha256_file(plan)}))
+    first_round = min(int(r) for r in plan_body["salts"])
+    fx_manifest = pb_bundle.fixture_manifest(
+        [{"length": n, "messages": next(r for r in prompt_bodies[n]["rounds"] if r["round"] == first_round)["messages"],
+          "prompt_tokens": fixture_bodies[n]["length"]} for n in sorted(prompt_bodies)],
+        inputs={f"fixture.{n}": sha256_file(p) for n, p in zip(sorted(fixture_bodies), fixtures)})
+    fx_path = Path(private_dir) / "fixtures.json"
+    write_artifact(fx_path, "fixture_manifest", fx_manifest)
+    resolved = {k: v for k, v in plan_body.items() if k not in ("visits", "inputs", "schema")}
+    files = {
+        "environment.json": str(env_path),
+        "fixtures.json": str(fx_path),
+        # quoted: digests read as digests
+        "config.resolved.yaml": yaml.safe_dump(resolved, sort_keys=True, default_style="\"").encode(),
+        **{f"tables/{name}.csv": path for name, path in tables.items()},
+        "plots/ratios.png": ratios_png,
+        "plots/drift.png": drift_png,
+    }
+    # stats/summary.json itself is not bundled: its free-text fields (reasons, method names) fail
+    # publish's field check. Its numbers are in tables/*.csv and its words in README.md.
+    cand = plan_body["candidate"]
+    patches = {Path(p["path"]).name: str(Path(root) / p["path"]) for p in source_bodies[cand]["patches"]}
+    base_src = source_bodies[plan_body["baseline"]]
+    clean_source, patched = None, None
+    if patches and not base_src["patches"] and base_src["source"] == source_bodies[cand]["source"]:
+        clean_source = Path(res_dir) / "src" / plan_body["baseline"]
+        tree = Path(res_dir) / "src" / cand
+        patched = {f"engine/{rel}": sha256_file(tree / "engine" / rel)
+                   for rel in source_bodies[cand]["patched"]["changed"] if (tree / "engine" / rel).is_file()}
+    listing = [*files, *(f"patches/{n}" for n in patches), "README.md"]
+    files["README.md"] = report.render(
+        plan=plan_body, sources=source_bodies, builds=build_bodies, fixtures=fixture_bodies,
+        warmups=_by(warmups, "warmup", "arm"), measures=[read_artifact(p, "measure") for p in measures],
+        validations=read_validations(validations), df=df, agreement=pb_tables.timing_agreement(df),
+        summary=read_artifact(summary, "summary"), files=listing).encode()
+    result = pb_bundle.build_bundle(bundle, files, identifiers=identifiers, private_dir=Path(private_dir) / "publish",
+                                    patches=patches, clean_source=clean_source, patched_files=patched,
+                                    patch_roots=[str(Path(root).resolve())])
+    log.info("published %s: %s (excluded by the allowlist: %s)", bundle, result["report_line"],
+             ", ".join(result["excluded"]) or "nothing")
+
+
+def landing_stage(*, landing: str, paired: str, measurements: str) -> None:
+    write_landing(paired, measurements, landing)
+
+
+def provenance_stage(*, provenance: str, run_dir: str, config_sha256: str, plan: str, root: str) -> None:
+    sha = write_provenance(Path(run_dir), Path(provenance), config_sha256, Path(plan), Path(root))
+    log.info("provenance.json sha256 %s", sha)
