@@ -287,7 +287,7 @@ def build_bundle(
     # any finding aborts the publication below.
     detectors = leakgate.detector_names(identifiers)
     n_files = len(prepared) + 1
-    line = leakgate.report_line(0, len(detectors), n_files)
+    line = leakgate.report_line(0, detectors, n_files)
     if "README.md" in prepared:
         readme = prepared["README.md"].decode("utf-8")
         if README_MARKER in readme:
@@ -319,7 +319,7 @@ def build_bundle(
             "files": leakgate.bundle_files(tmp_bundle),
             "findings": [f.private_dict() for f in findings],
             "excluded": sorted(excluded),
-            "report_line": leakgate.report_line(len(findings), len(detectors), n_files),
+            "report_line": leakgate.report_line(len(findings), detectors, n_files),
         }
         private_result = private_dir / "leakgate.json"
         atomic_write_text(private_result, dumps(gate))
