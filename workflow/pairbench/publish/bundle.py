@@ -232,9 +232,10 @@ def build_bundle(
     - A ``README.md`` line holding ``<!-- pairbench:leak-gate -->`` gets the gate's report line.
 
     Returns ``{"bundle", "files", "detectors", "findings", "report_line", "excluded",
-    "patches_checked", "private_result", "pseudonyms"}``; ``report_line`` is "0 findings by N
-    detectors over M files"; ``patches_checked`` says whether the patches were re-applied to a clean
-    source (False when there are patches but no *clean_source*: say so in the report).
+    "patches_checked", "private_result", "pseudonyms"}``; ``report_line`` is "0 findings by
+    detect-secrets (N plugins, ...), ..., over M files", detectors counted by family
+    (:func:`leakgate.report_line`); ``patches_checked`` says whether the patches were re-applied to
+    a clean source (False when there are patches but no *clean_source*: say so in the report).
     """
     out_dir = Path(out_dir)
     private_dir = Path(private_dir)
