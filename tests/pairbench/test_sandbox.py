@@ -264,6 +264,8 @@ FORGERIES = {
     "sys.exit-at-import": WRONG_ADD + "import sys\nsys.exit(0)\n",
     "sys.exit-in-body": _in_body("import sys\nsys.exit(0)"),
     "raise-SystemExit-in-body": _in_body("raise SystemExit(0)"),
+    "close-the-pipes-and-sleep": _in_body("import os, time\nfor fd in range(3, 256):\n    try:\n        os.close(fd)\n"
+                                          "    except OSError:\n        pass\ntime.sleep(60)"),
     "close-the-pipes-and-exit-0": _in_body("import os\nfor fd in range(3, 256):\n    try:\n        os.close(fd)\n"
                                            "    except OSError:\n        pass\nos._exit(0)"),
     # patching the runner, builtins, unittest and sys.exit

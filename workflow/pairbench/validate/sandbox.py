@@ -80,6 +80,9 @@ MAX_MESSAGE_BYTES = 256 << 10
 
 RUNNER = Path(runner.__file__)
 
+#: How long a child whose reply pipe closed may take to exit before it counts as having closed it.
+_EXIT_GRACE_S = 2.0
+
 PLAIN_DATA = "None, bool, int, float, complex, str, bytes, and tuples, lists, sets and dicts of them"
 
 
@@ -425,11 +428,12 @@ def run_python_tests(
             verdict, reason = ("fail", f"the sandboxed code broke the result protocol: it sent {exc}") \
                 if ready is not None else ("error", f"sandbox failed to start: it sent {exc}")
         except _Gone:
+            # A dying child's pipe closes as it exits; one still running a moment later closed it itself.
             try:
-                proc.wait(timeout=max(start + timeout_s - time.monotonic(), 0.05))
+                proc.wait(timeout=min(max(start + timeout_s - time.monotonic(), 0.05), _EXIT_GRACE_S))
                 gone = None
             except subprocess.TimeoutExpired:
-                gone = ("timeout", f"wall-clock limit of {timeout_s:g} s exceeded")
+                gone = ("fail", "the sandboxed code closed the result pipe before the tests finished")
             if gone is None:
                 # stderr is complete once the child has exited (its group may live on until killed)
                 threads[1].join(timeout=1)
