@@ -141,3 +141,20 @@ def test_runner_refuses_deep_or_large_values():
         runner.encode(list(range(runner.MAX_ITEMS + 1)))
     with pytest.raises(runner.Unrepresentable, match="characters"):
         runner.encode("x" * runner.MAX_VALUE_CHARS)
+
+
+def test_the_catalogue_keeps_every_expected_value_out_of_the_child():
+    """Every task's tests are top-level asserts whose only non-literal operands are calls of the
+    task's function on literal arguments: the child is asked for those calls and nothing else."""
+    from pairbench.validate.tasks import TASKS
+
+    for task in TASKS:
+        steps = plan(task.tests)
+        assert steps and all(s.kind == "assert" for s in steps), task.name
+        for step in steps:
+            asked = []
+            holds(step.test, lambda node: asked.append(node) or 0)
+            assert len(asked) == 1, (task.name, step.text)
+            call = asked[0]
+            assert isinstance(call, ast.Call) and ast.unparse(call.func) == task.entry_point, (task.name, step.text)
+            assert all(assertions.literal(arg)[0] for arg in call.args), (task.name, step.text)
