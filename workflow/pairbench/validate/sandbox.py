@@ -247,11 +247,14 @@ class _Channel:
         return reply
 
     def close(self) -> None:
+        """Close both ends, once (a second close could hit a descriptor number reused meanwhile)."""
         for fd in (self.send_fd, self.recv_fd):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+            if fd >= 0:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        self.send_fd = self.recv_fd = -1
 
 
 def _text(value, limit: int) -> str:
@@ -399,7 +402,7 @@ def run_python_tests(
                 # setrlimit must run in the child before exec; _limits only calls setrlimit there.
                 preexec_fn=_limits(cpu_s, mem_bytes),  # noqa: PLW1509
             )
-        except OSError as exc:
+        except (OSError, subprocess.SubprocessError) as exc:  # SubprocessError: setrlimit failed in the child
             for fd in (request_r, request_w, reply_r, reply_w):
                 os.close(fd)
             return _result("error", f"could not start the sandbox: {exc}", start)
@@ -454,10 +457,9 @@ def run_python_tests(
                      or sinks["err"].get("total", 0) > max_output_bytes)
         # The child's own layers come in its first message, sent before the candidate existed in it.
         child_layers = (ready or {}).get("isolation")
-        child_layers = set(child_layers) if isinstance(child_layers, list) else set()
+        child_layers = {x for x in child_layers if isinstance(x, str)} if isinstance(child_layers, list) else set()
         applied = {"env", "tmpdir", "rlimit", "wall", "output"} | ({"netns"} if prefix else set())
-        applied |= {layer for layer in child_layers if isinstance(layer, str)} & {"landlock-fs", "landlock-net",
-                                                                                  "landlock-scope", "audit"}
+        applied |= child_layers & {"landlock-fs", "landlock-net", "landlock-scope", "audit"}
         if truncated:
             reason += f" (output truncated: {out_total} bytes, {max_output_bytes} kept per stream)"
         return {"verdict": verdict, "reason": reason, "duration_s": round(duration, 6),
