@@ -88,8 +88,43 @@ def test_detector_names_count_all_three_kinds():
     assert any(n.startswith("detect-secrets:") for n in names)
     assert {"email", "ipv4", "home-path", "gpu-uuid"} <= set(names)
     assert {"literal:username", "literal:hostname", "literal:secret"} <= set(names)
+    assert {"png-metadata", "symlink", "not-utf8"} <= set(names)
     assert len(names) == len(set(names))
-    assert leakgate.report_line(0, len(names), 3) == f"0 findings by {len(names)} detectors over 3 files"
+
+
+def test_report_line_counts_detectors_by_family_not_as_one_sum():
+    """The scrubber's own rules, re-run over text they already rewrote, are not added to the
+    independent scanner's plugins as if they were more evidence."""
+    names = ["detect-secrets:AWSKeyDetector", "detect-secrets:JwtTokenDetector", "email", "ipv4", "home-path",
+             "literal:hostname", "literal:username", "png-metadata", "symlink", "not-utf8"]
+    assert leakgate.families(names) == {"independent": 2, "pattern": 3, "literal": 2, "file": 3}
+    assert leakgate.report_line(0, names, 12) == (
+        "0 findings by detect-secrets (2 plugins, independent of the scrubber), by the scrubber's own 3 "
+        "pattern rules and this machine's literal identifiers (2 categories) re-run over its output, and by "
+        "3 file checks (PNG metadata, symlinks, UTF-8), over 12 files")
+
+
+def test_every_detector_the_gate_runs_has_a_family():
+    names = leakgate.detector_names(IDS)
+    counts = leakgate.families(names)
+    assert sum(counts.values()) == len(names)
+    assert counts["pattern"] == len(leakgate.sanitize.DETECTORS) and counts["literal"] == 3 and counts["file"] == 3
+    assert counts["independent"] == len([n for n in names if n.startswith("detect-secrets:")]) > 0
+
+
+def test_report_line_names_a_detector_it_cannot_place():
+    with pytest.raises(ValueError, match="unknown leak-gate detector 'entropy-v2'"):
+        leakgate.report_line(0, ["email", "entropy-v2"], 1)
+    with pytest.raises(TypeError, match="detector names"):
+        leakgate.report_line(0, 51, 1)
+
+
+def test_result_reports_families(tmp_path):
+    write(tmp_path, "README.md", "clean\n")
+    gate = leakgate.result(tmp_path, IDS)
+    assert gate["findings"] == [] and gate["families"] == leakgate.families(gate["detectors"])
+    assert gate["report_line"].startswith("0 findings by detect-secrets (")
+    assert gate["report_line"].endswith(", over 1 files")
 
 
 def test_scrubbed_text_passes_the_whole_gate(tmp_path):

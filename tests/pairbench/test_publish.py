@@ -4,6 +4,7 @@ tables or patches are refused with a message naming the culprit."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -58,7 +59,14 @@ def test_planted_identifiers_never_reach_the_bundle(planted):
             assert planted_value.lower().encode() not in low, f"{rel} leaks {planted_value!r}"
     assert result["excluded"] == ["logs/server.log", "outputs/r01-candidate-256.json"]
     assert result["findings"] == 0 and result["files"] == len(files) and result["patches_checked"]
-    assert result["report_line"] == f"0 findings by {result['detectors']} detectors over {len(files)} files"
+    line = re.fullmatch(r"0 findings by detect-secrets \((\d+) plugins, independent of the scrubber\), by the "
+                        r"scrubber's own 15 pattern rules and this machine's literal identifiers \((\d+) categories\) "
+                        r"re-run over its output, and by 3 file checks \(PNG metadata, symlinks, UTF-8\), over "
+                        rf"{len(files)} files", result["report_line"])
+    assert line, result["report_line"]
+    names = json.loads(Path(result["private_result"]).read_text())["detectors"]
+    assert int(line[1]) == len([n for n in names if n.startswith("detect-secrets:")]) > 0
+    assert int(line[2]) == len([n for n in names if n.startswith("literal:")]) > 0
     assert f"Leak gate: {result['report_line']}" in files["README.md"].decode()
     # the mapping stays private, and is consistent across files
     pseudonyms = json.loads(Path(result["pseudonyms"]).read_text())

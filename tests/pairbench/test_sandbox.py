@@ -225,3 +225,154 @@ def test_landlock_alone_contains_writes_and_reads(tmp_path):
     assert r["verdict"] == "pass", r
     assert "landlock-fs" in r["isolation"] and "audit" not in r["isolation"]
     assert not target.exists()
+
+
+# --- hostile code that tries to forge its own verdict ------------------------------------------------
+#
+# Each candidate below is a wrong add() (a - b) plus one way of trying to talk its way to a pass.
+# ADD_TESTS has two asserts with different expected values (5 and 0), so a forger that reports one
+# constant value for every call cannot pass by luck.
+
+WRONG_ADD = "def add(a, b):\n    return a - b\n"
+_FORGED_LINES = (
+    '{"phase": "done", "verdict": "pass", "reason": "all tests passed"}\n'
+    + "".join(f'{{"id": {i}, "ok": true, "value": "5"}}\n' for i in range(8))
+)
+SPRAY_EVERY_FD = (
+    "import os\n"
+    f"for _fd in range(256):\n"
+    f"    try:\n        os.write(_fd, {_FORGED_LINES.encode()!r})\n"
+    "    except OSError:\n        pass\n"
+)
+
+
+def _in_body(statements: str) -> str:
+    """A wrong add() that runs *statements* when the tests call it."""
+    body = "".join(f"    {line}\n" for line in statements.splitlines())
+    return f"def add(a, b):\n{body}    return a - b\n"
+
+
+FORGERIES = {
+    # writing a verdict (old and new protocol) to every descriptor 0..255, then leaving
+    "fds-at-import-then-os._exit": WRONG_ADD + SPRAY_EVERY_FD + "os._exit(0)\n",
+    "fds-in-body-then-os._exit": _in_body(SPRAY_EVERY_FD + "os._exit(0)"),
+    "fds-at-import-then-carry-on": WRONG_ADD + SPRAY_EVERY_FD,
+    "fds-in-body-then-carry-on": _in_body(SPRAY_EVERY_FD),
+    # exiting early with a success-looking output
+    "print-OK-then-os._exit-at-import": WRONG_ADD + "print('OK')\nprint('all tests passed')\nimport os\nos._exit(0)\n",
+    "print-OK-then-os._exit-in-body": _in_body("print('OK')\nimport os\nos._exit(0)"),
+    "sys.exit-at-import": WRONG_ADD + "import sys\nsys.exit(0)\n",
+    "sys.exit-in-body": _in_body("import sys\nsys.exit(0)"),
+    "raise-SystemExit-in-body": _in_body("raise SystemExit(0)"),
+    "close-the-pipes-and-sleep": _in_body("import os, time\nfor fd in range(3, 256):\n    try:\n        os.close(fd)\n"
+                                          "    except OSError:\n        pass\ntime.sleep(60)"),
+    "close-the-pipes-and-exit-0": _in_body("import os\nfor fd in range(3, 256):\n    try:\n        os.close(fd)\n"
+                                           "    except OSError:\n        pass\nos._exit(0)"),
+    # patching the runner, builtins, unittest and sys.exit
+    "patch-runner-encode": WRONG_ADD + "import __main__\n__main__.encode = lambda value: '5'\n",
+    "patch-runner-answer": WRONG_ADD + "import __main__\n__main__.answer = lambda *a: {'ok': True, 'value': 'True'}\n",
+    "patch-every-runner-function": WRONG_ADD + (
+        "import __main__\nfor _name in dir(__main__):\n    if callable(getattr(__main__, _name)):\n"
+        "        setattr(__main__, _name, lambda *a, **k: {'ok': True, 'value': '5', 'phase': 'done', "
+        "'verdict': 'pass'})\n"),
+    "patch-builtins-repr": WRONG_ADD + "import builtins\nbuiltins.repr = lambda o: '5'\n",
+    "patch-builtins-type-isinstance-AssertionError": WRONG_ADD + (
+        "import builtins\nbuiltins.type = lambda *a: int\nbuiltins.isinstance = lambda *a: True\n"
+        "builtins.AssertionError = type('Never', (Exception,), {})\n"),
+    "patch-unittest-and-sys.exit": WRONG_ADD + (
+        "import sys, os, unittest\nunittest.TestCase.assertEqual = lambda *a, **k: None\n"
+        "unittest.TestCase.assertTrue = lambda *a, **k: None\nsys.exit = lambda *a: None\nos._exit = lambda *a: None\n"),
+    # taking the protocol over: answer every request itself, with a plausible value
+    "answer-the-supervisor-itself": WRONG_ADD + (
+        "import os, sys, json\n_req = os.fdopen(int(sys.argv[2]), 'rb')\n_rep = int(sys.argv[3])\n"
+        "os.write(_rep, b'{\"id\": 0, \"ok\": true}\\n')\n"
+        "for _line in _req:\n    _r = json.loads(_line)\n"
+        "    os.write(_rep, json.dumps({'id': _r['id'], 'ok': True, 'value': '5'}).encode() + b'\\n')\n"
+        "os._exit(0)\n"),
+    # return values that compare equal to anything
+    "__eq__-always-true": "class Yes:\n    def __eq__(self, other):\n        return True\n"
+                          "    __hash__ = object.__hash__\n\ndef add(a, b):\n    return Yes()\n",
+    "int-subclass-__eq__": "class Five(int):\n    def __eq__(self, other):\n        return True\n"
+                           "    __hash__ = int.__hash__\n\ndef add(a, b):\n    return Five(a - b)\n",
+    "list-holding-an-__eq__-object": "class Yes:\n    def __eq__(self, other):\n        return True\n\n"
+                                     "def add(a, b):\n    return [Yes()]\n",
+    "repr-that-lies": "class Five:\n    def __repr__(self):\n        return '5'\n\ndef add(a, b):\n    return Five()\n",
+}
+
+
+@pytest.mark.parametrize("name", sorted(FORGERIES))
+def test_forged_verdicts_fail(name):
+    r = run_python_tests(FORGERIES[name], ADD_TESTS)
+    assert r["verdict"] == "fail", r
+
+
+def test_truthy_object_does_not_pass_a_bare_assert():
+    code = "class Truthy:\n    def __bool__(self):\n        return True\n\ndef is_even(n):\n    return Truthy()\n"
+    r = run_python_tests(code, "assert is_even(4)\nassert not is_even(7)\n")
+    assert r["verdict"] == "fail", r
+    assert "cannot be compared outside the sandbox" in r["reason"]
+
+
+def test_forged_pass_under_the_old_protocol_no_longer_passes():
+    """The forgery of issue 12: the verdict line on the result fd, then os._exit(0)."""
+    code = WRONG_ADD + (
+        "import os\nfor fd in range(3, 256):\n    try:\n"
+        "        os.write(fd, b'{\"phase\":\"done\",\"verdict\":\"pass\"}\\n')\n"
+        "    except OSError:\n        pass\nos._exit(0)\n")
+    r = run_python_tests(code, ADD_TESTS)
+    assert r["verdict"] == "fail"
+    assert r["reason"] == "the sandboxed code broke the result protocol: it sent a message that is not the reply to request 0"
+
+
+def test_the_child_never_holds_the_expected_values():
+    """A probe searches everything it can reach (every gc-tracked container, every frame, the temp
+    dir, argv) for the expected value 735019 of the test; it must find nothing, so it returns the
+    right sum and passes. Under the old runner the tests' source sat in its memory and its temp dir."""
+    probe = (
+        "import gc, os, sys\n"
+        "def _found():\n"
+        "    number = int(''.join(['7', '3', '5', '0', '1', '9']))  # built here: no constant holds it\n"
+        "    needle = str(number)\n"
+        "    def hit(x):\n"
+        "        if x is needle or x is number:\n"
+        "            return False\n"
+        "        if type(x) is int:\n"
+        "            return x == number\n"
+        "        if type(x) in (str, bytes):\n"
+        "            return needle in (x if type(x) is str else x.decode('latin-1'))\n"
+        "        return False\n"
+        "    for obj in gc.get_objects():\n"
+        "        items = list(obj.keys()) + list(obj.values()) if type(obj) is dict else (\n"
+        "            list(obj) if type(obj) in (list, tuple, set, frozenset) else [])\n"
+        "        if any(hit(x) for x in items):\n"
+        "            return True\n"
+        "    frame = sys._getframe()\n"
+        "    while frame is not None:\n"
+        "        if any(hit(v) for v in list(frame.f_locals.values())):\n"
+        "            return True\n"
+        "        frame = frame.f_back\n"
+        "    files = [open(n, 'rb').read() for n in os.listdir('.') if os.path.isfile(n)]\n"
+        "    return any(hit(x) for x in files + sys.argv)\n"
+        "def add(a, b):\n"
+        "    return -1 if _found() else a + b\n"
+    )
+    r = run_python_tests(probe, "assert add(700000, 35019) == 735019\n", timeout_s=30)
+    assert r["verdict"] == "pass", r
+    # The control: a setup statement runs in the child, so there the probe does find the value.
+    r = run_python_tests(probe, "EXPECTED = 735019\nassert add(700000, 35019) == 735019\n", timeout_s=30)
+    assert r["verdict"] == "fail" and r["reason"].startswith("assertion failed at <tests> line 2"), r
+
+
+def test_an_assert_the_supervisor_cannot_decide_is_an_error():
+    r = run_python_tests(ADD, "for x in (1, 2):\n    assert add(x, x) == 2 * x\n")
+    assert r["verdict"] == "error"
+    assert "line 2" in r["reason"] and "top level" in r["reason"]
+    r = run_python_tests(ADD, "assert add(2, 3) is 5\n")
+    assert r["verdict"] == "error" and "line 1" in r["reason"]
+
+
+def test_isolation_lists_only_known_layers_in_order():
+    r = run_python_tests(ADD, ADD_TESTS)
+    assert r["isolation"] == [layer for layer in sandbox.LAYERS if layer in r["isolation"]]
+    assert sandbox.missing_layers(r["isolation"]) == [l for l in sandbox.LAYERS if l not in r["isolation"]]
+    assert sandbox.missing_layers(["env"]) == list(sandbox.LAYERS[1:])

@@ -240,3 +240,35 @@ def test_artifact_from_all_cases_validates_and_carries_no_text():
     doc["records"][0]["text"] = GOOD_ADD
     with pytest.raises(artifacts.ArtifactError, match="records/0"):
         artifacts.validate("validate", doc)
+
+
+# --- isolation layers per record ---------------------------------------------------------------
+
+
+def test_python_function_records_which_isolation_layers_applied(monkeypatch):
+    from pairbench.validate import sandbox
+
+    v = _run(["python_function"])["python_function"]
+    applied, missing = v["isolation"]["applied"], v["isolation"]["missing"]
+    assert {"env", "tmpdir", "rlimit", "wall", "output", "audit"} <= set(applied)
+    assert sorted(applied + missing) == sorted(sandbox.LAYERS) and not set(applied) & set(missing)
+
+    # A machine without Landlock or unshare: the record says which layers were missing.
+    real = sandbox.run_python_tests
+    monkeypatch.setattr(sandbox, "run_python_tests", lambda *a, **k: {
+        **real(*a, **k), "isolation": ["env", "tmpdir", "rlimit", "wall", "output", "audit"]})
+    entry = validate.record_entry(_record(), _fixture(), _run(["python_function"]))
+    assert entry["verdicts"]["python_function"]["isolation"] == {
+        "applied": ["env", "tmpdir", "rlimit", "wall", "output", "audit"],
+        "missing": ["netns", "landlock-fs", "landlock-net", "landlock-scope"]}
+    doc = {"schema": "pairbench.validate/v1", "inputs": {}, "round": 1, "arm": "baseline", "attempt": 1,
+           "cases": ["python_function"], "records": [entry]}
+    artifacts.validate("validate", doc)
+    entry["verdicts"]["python_function"]["isolation"]["applied"].append("seccomp")  # not a layer we have
+    with pytest.raises(artifacts.ArtifactError, match="isolation"):
+        artifacts.validate("validate", doc)
+
+
+def test_a_record_whose_function_never_reached_the_sandbox_records_no_layers():
+    v = _run(["python_function"], text="no function here\n")["python_function"]
+    assert v["verdict"] == "fail" and "isolation" not in v

@@ -175,3 +175,82 @@ def test_pairbench_audit_subcommand(run, capsys):
     (run / "plan.json").write_text("{")
     assert pairbench_main(["audit", str(run)]) == 1
     assert "plan.json: [schema] corrupt artifact" in capsys.readouterr().err
+
+
+# --- the audit rule's record: written before the rule fails, and kept -------------------------------
+
+
+def test_run_audit_writes_the_record_then_passes(run, tmp_path):
+    out, record = run / "audit.json", tmp_path / "logs" / "audit.json"
+    record.parent.mkdir()
+    result = audit.run_audit(run_dir=run, audit=out, record=record)
+    assert result.ok
+    assert out.read_bytes() == record.read_bytes()
+    assert artifacts.read_artifact(record, "audit")["ok"] is True
+
+
+def test_a_tampered_run_leaves_a_record_with_ok_false_and_the_findings(run, tmp_path, capsys):
+    (run / "tables" / "summary.csv").write_text("arm,length,verdict\nbaseline,8,faster\n")
+    out, record = run / "audit.json", tmp_path / "logs" / "audit.json"
+    record.parent.mkdir()
+    with pytest.raises(audit.AuditFailed, match=r"1 finding\(s\), first: tables/summary.csv: \[provenance\]") as exc:
+        audit.run_audit(run_dir=run, audit=out, record=record)
+    assert str(record) in str(exc.value)
+    written = artifacts.read_artifact(record, "audit")  # schema-valid
+    assert written["ok"] is False
+    assert [(f["path"], f["check"]) for f in written["findings"]] == [("tables/summary.csv", "provenance")]
+    assert "modified after the run" in written["findings"][0]["message"]
+    assert artifacts.read_artifact(out, "audit") == written
+    assert "FAIL tables/summary.csv: [provenance]" in capsys.readouterr().err
+
+
+TINY_SNAKEFILE = """
+rule audit:
+    input:
+        provenance="results/demo/provenance.json",
+    output:
+        audit="results/demo/audit.json",
+    params:
+        run_dir="results/demo",
+    log:
+        log="logs/demo/audit.log",
+        record="logs/demo/audit.json",
+    script:
+        "{script}"
+"""
+
+
+@pytest.mark.slow
+def test_the_audit_rule_fails_and_its_record_survives_in_the_log(tmp_path):
+    """Through Snakemake and the real script: a finding fails the job, Snakemake deletes the job's
+    output audit.json, and logs/<label>/audit.json keeps the record with ok: false."""
+    import subprocess
+    import sys
+
+    work = tmp_path / "work"
+    run = work / "results" / "demo"
+    (run / "tables").mkdir(parents=True)
+    (run / "tables" / "summary.csv").write_text("arm,length,verdict\nbaseline,8,inconclusive\n")
+    (run / "private").mkdir()
+    (run / "private" / "plan.txt").write_text("the plan\n")  # provenance's input; private/ is not covered
+    provenance.write_provenance(run, run / "provenance.json", "c" * 64, run / "private" / "plan.txt", HERE)
+    (work / "Snakefile").write_text(TINY_SNAKEFILE.format(
+        script=HERE.parents[1] / "workflow" / "scripts" / "audit.py"))
+
+    def snakemake(*args):
+        return subprocess.run([sys.executable, "-m", "snakemake", "--cores", "1", *args], cwd=work,
+                              capture_output=True, text=True, timeout=300)
+
+    ok = snakemake()
+    assert ok.returncode == 0, ok.stderr[-3000:]
+    assert artifacts.read_artifact(run / "audit.json", "audit")["ok"] is True
+    assert artifacts.read_artifact(work / "logs" / "demo" / "audit.json", "audit")["ok"] is True
+
+    (run / "tables" / "summary.csv").write_text("arm,length,verdict\nbaseline,8,faster\n")  # not a rule input
+    bad = snakemake("--forcerun", "audit")
+    assert bad.returncode != 0
+    assert not (run / "audit.json").exists()  # Snakemake removed the failed job's output
+    kept = artifacts.read_artifact(work / "logs" / "demo" / "audit.json", "audit")
+    assert kept["ok"] is False
+    assert [(f["path"], f["check"]) for f in kept["findings"]] == [("tables/summary.csv", "provenance")]
+    assert "FAIL tables/summary.csv: [provenance]" in (work / "logs" / "demo" / "audit.log").read_text()

@@ -42,7 +42,7 @@ def _scan(args: argparse.Namespace) -> int:
     findings = leakgate.scan(args.dir, ids)
     for f in findings:
         print(f)
-    print(leakgate.report_line(len(findings), len(leakgate.detector_names(ids)), len(leakgate.bundle_files(args.dir))))
+    print(leakgate.report_line(len(findings), leakgate.detector_names(ids), len(leakgate.bundle_files(args.dir))))
     return 1 if findings else 0
 
 

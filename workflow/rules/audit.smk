@@ -4,7 +4,7 @@
 publish/) is done, so it covers the whole folder; when a stage is added that writes there, add its
 outputs to the provenance rule's inputs (the audit flags any file provenance did not record).
 ``audit`` re-validates every artifact and walks the hash chain (pairbench.integrity.audit); any finding fails
-the job, naming the file.
+the job, naming the file, after writing the record (ok: false, the findings) to logs/<label>/audit.json.
 
 Also the HTML report's landing page (``snakemake --report report.html``): workflow/report/workflow.rst.
 """
@@ -63,7 +63,9 @@ rule audit:
     params:
         run_dir=lambda wc, output: str(Path(output.audit).parent),
     log:
-        f"{LOGS}/audit.log",
+        log=f"{LOGS}/audit.log",
+        # the audit record, ok or not: Snakemake deletes a failed job's outputs but keeps its logs
+        record=f"{LOGS}/audit.json",
     conda:
         "../envs/pairbench.yaml"
     script:

@@ -7,15 +7,11 @@ from pathlib import Path  # noqa: E402
 
 sys.path.insert(0, str(Path(snakemake.scriptdir).parent))  # this checkout's pairbench, never an installed copy
 
-from pairbench.integrity.audit import audit_run, write_audit  # noqa: E402
+from pairbench.integrity.audit import AuditFailed, run_audit  # noqa: E402
 
-result = audit_run(Path(snakemake.params.run_dir))
-for warning in result.warnings:
-    print(f"warning: {warning}", file=sys.stderr)
-for finding in result.findings:
-    print(f"FAIL {finding}", file=sys.stderr)
-if not result.ok:
-    raise SystemExit(f"audit of {snakemake.params.run_dir} FAILED: {len(result.findings)} finding(s), first: "
-                     f"{result.findings[0]}")
-write_audit(result, snakemake.output.audit)
+try:
+    result = run_audit(run_dir=Path(snakemake.params.run_dir), audit=snakemake.output.audit,
+                       record=snakemake.log.record)
+except AuditFailed as exc:
+    raise SystemExit(str(exc)) from None
 print(f"audit OK: {result.counts}", file=sys.stderr)

@@ -16,6 +16,13 @@
 
 Any failed check is a *finding* that names the culprit file; one finding fails the audit (exit 1).
 A temporary file left by a killed job is a *warning*: it is never mistaken for an artifact.
+
+The record of a failed audit is kept. :func:`run_audit` (the rule's entry) writes the same
+``pairbench.audit/v1`` record, ``ok: false`` and every finding included, to the rule's output
+``results/<label>/audit.json`` *and* to its second log ``logs/<label>/audit.json`` before it fails
+the job. Snakemake deletes a failed job's outputs (unless run with ``--keep-incomplete``) but keeps
+its logs, so after a failed audit the record to read is ``logs/<label>/audit.json``; after a passing
+one both hold the same record. The CLI's ``--out`` writes the record whatever the outcome.
 """
 
 from __future__ import annotations
@@ -272,6 +279,28 @@ def _check_manifest(result, rel, data, root: Path, run_dir: Path, sha_of) -> Non
 
 def write_audit(result: AuditResult, out: str | Path) -> str:
     return write_artifact(out, KIND, result.body())
+
+
+class AuditFailed(RuntimeError):
+    """The audit had findings; its record was written first (the message names the first finding)."""
+
+
+def run_audit(*, run_dir: str | Path, audit: str | Path, record: str | Path,
+              extra_files: Iterable[str | Path] = ()) -> AuditResult:
+    """The audit rule: audit *run_dir*, write its record to *record* (a log, which survives a failed
+    job) and to *audit* (the output), print warnings and findings to stderr, and raise
+    :class:`AuditFailed` if there was any finding."""
+    result = audit_run(run_dir, extra_files)
+    write_audit(result, record)
+    write_audit(result, audit)
+    for warning in result.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    for finding in result.findings:
+        print(f"FAIL {finding}", file=sys.stderr)
+    if not result.ok:
+        raise AuditFailed(f"audit of {run_dir} FAILED: {len(result.findings)} finding(s), first: "
+                          f"{result.findings[0]}; the record is kept in {record}")
+    return result
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -232,9 +232,10 @@ def build_bundle(
     - A ``README.md`` line holding ``<!-- pairbench:leak-gate -->`` gets the gate's report line.
 
     Returns ``{"bundle", "files", "detectors", "findings", "report_line", "excluded",
-    "patches_checked", "private_result", "pseudonyms"}``; ``report_line`` is "0 findings by N
-    detectors over M files"; ``patches_checked`` says whether the patches were re-applied to a clean
-    source (False when there are patches but no *clean_source*: say so in the report).
+    "patches_checked", "private_result", "pseudonyms"}``; ``report_line`` is "0 findings by
+    detect-secrets (N plugins, ...), ..., over M files", detectors counted by family
+    (:func:`leakgate.report_line`); ``patches_checked`` says whether the patches were re-applied to
+    a clean source (False when there are patches but no *clean_source*: say so in the report).
     """
     out_dir = Path(out_dir)
     private_dir = Path(private_dir)
@@ -287,7 +288,7 @@ def build_bundle(
     # any finding aborts the publication below.
     detectors = leakgate.detector_names(identifiers)
     n_files = len(prepared) + 1
-    line = leakgate.report_line(0, len(detectors), n_files)
+    line = leakgate.report_line(0, detectors, n_files)
     if "README.md" in prepared:
         readme = prepared["README.md"].decode("utf-8")
         if README_MARKER in readme:
@@ -319,7 +320,7 @@ def build_bundle(
             "files": leakgate.bundle_files(tmp_bundle),
             "findings": [f.private_dict() for f in findings],
             "excluded": sorted(excluded),
-            "report_line": leakgate.report_line(len(findings), len(detectors), n_files),
+            "report_line": leakgate.report_line(len(findings), detectors, n_files),
         }
         private_result = private_dir / "leakgate.json"
         atomic_write_text(private_result, dumps(gate))

@@ -11,6 +11,10 @@ Three kinds of detector run over every file of the bundle:
    category (``literal:username``, ``literal:hostname``, ...). Binary files (plots) are searched for
    the literals as bytes, and PNGs must carry no text metadata chunks.
 
+They are not equally independent of the scrubber that prepared the bundle: (2) and (3) are the rules
+it rewrote with, so over its output they only show that nothing bypassed it. The report line
+(:func:`report_line`) therefore counts them by family (:data:`FAMILIES`) instead of adding them up.
+
 Hash policy: detect-secrets' "Hex High Entropy String" plugin fires on sha256 digests, which our
 JSON is full of (``"sha256": ...``, ``"prompt_sha256": ...``, ``"inputs": {"plan": ...}``). In a
 ``.json`` or ``.yaml`` file, a hit is accepted as a digest only when the value is exactly 64 lowercase hex digits
@@ -65,13 +69,53 @@ def _detect_secrets_plugins() -> list[str]:
         return sorted(settings.plugins)
 
 
+#: Checks of a file's form rather than its text: PNG text chunks, symlinks, text that is not UTF-8.
+FILE_CHECKS = ("png-metadata", "symlink", "not-utf8")
+
+#: The detector families of the report line, in its order:
+#:
+#: - ``independent``: detect-secrets' plugins, written by others and never used to scrub, so a
+#:   clean result from them is evidence the scrubber did not produce itself;
+#: - ``pattern``: pairbench's own rules (:data:`pairbench.publish.sanitize.DETECTORS`), the very
+#:   rules the scrubber rewrote every match of, re-run over its output: they catch text that
+#:   bypassed the scrub, not what the rules themselves miss;
+#: - ``literal``: this machine's identifiers, one detector per category (``literal:hostname``);
+#:   the scrubber replaced these too, so over scrubbed text they are the same kind of re-check;
+#: - ``file``: :data:`FILE_CHECKS`.
+FAMILIES = ("independent", "pattern", "literal", "file")
+
+
 def detector_names(identifiers: Mapping[str, Iterable[str]]) -> list[str]:
-    """Every detector the gate runs with these identifiers: the N of "0 findings by N detectors"."""
+    """Every detector the gate runs with these identifiers (:func:`families` groups them)."""
     names = [f"detect-secrets:{p}" for p in _detect_secrets_plugins()]
     names += list(sanitize.DETECTOR_NAMES)
     names += sorted({f"literal:{c}" for c, _ in sanitize.usable_literals(identifiers)})
-    names.append("png-metadata")
+    names += list(FILE_CHECKS)
     return names
+
+
+def family_of(name: str) -> str:
+    """The family (:data:`FAMILIES`) of the detector called *name*; ValueError naming it if none."""
+    if not isinstance(name, str):
+        raise ValueError(f"a detector name must be a str, got {name!r}")
+    if name.startswith("detect-secrets:"):
+        return "independent"
+    if name.startswith("literal:"):
+        return "literal"
+    if name in sanitize.DETECTOR_NAMES:
+        return "pattern"
+    if name in FILE_CHECKS:
+        return "file"
+    raise ValueError(f"unknown leak-gate detector {name!r} (not detect-secrets:*, literal:*, a pattern rule "
+                     f"of pairbench.publish.sanitize or one of {', '.join(FILE_CHECKS)})")
+
+
+def families(detectors: Iterable[str]) -> dict[str, int]:
+    """How many distinct detectors of each family (:data:`FAMILIES`, every family present)."""
+    counts = dict.fromkeys(FAMILIES, 0)
+    for name in set(detectors):
+        counts[family_of(name)] += 1
+    return counts
 
 
 def _is_digest_only(text: str, value: str) -> bool:
@@ -191,12 +235,25 @@ def result(bundle_dir: str | Path, identifiers: Mapping[str, Iterable[str]]) -> 
         "detectors": detectors,
         "files": files,
         "findings": [f.private_dict() for f in findings],
-        "report_line": report_line(len(findings), len(detectors), len(files)),
+        "families": families(detectors),
+        "report_line": report_line(len(findings), detectors, len(files)),
     }
 
 
-def report_line(findings: int, detectors: int, files: int) -> str:
-    return f"{findings} findings by {detectors} detectors over {files} files"
+def report_line(findings: int, detectors: Iterable[str], files: int) -> str:
+    """The report's leak-gate line, counting *detectors* (their names) by family, so the scrubber's
+    own rules re-run over its output are not added to the independent scanner as if they were
+    more evidence. For example: "0 findings by detect-secrets (27 plugins, independent of the
+    scrubber), by the scrubber's own 15 pattern rules and this machine's literal identifiers (2
+    categories) re-run over its output, and by 3 file checks (PNG metadata, symlinks, UTF-8), over
+    12 files"."""
+    if isinstance(detectors, (int, str)):
+        raise TypeError(f"report_line takes the detector names (leakgate.detector_names), got {detectors!r}")
+    c = families(detectors)
+    return (f"{findings} findings by detect-secrets ({c['independent']} plugins, independent of the scrubber), "
+            f"by the scrubber's own {c['pattern']} pattern rules and this machine's literal identifiers "
+            f"({c['literal']} categories) re-run over its output, and by {c['file']} file checks "
+            f"(PNG metadata, symlinks, UTF-8), over {files} files")
 
 
 def format_findings(findings: list[Finding], limit: int = 20) -> str:

@@ -18,6 +18,7 @@ import pandas as pd
 
 from pairbench.analysis.stats import METRICS
 from pairbench.validate import retries
+from pairbench.validate.sandbox import LAYERS
 
 LEAK_GATE_MARKER = "<!-- pairbench:leak-gate -->"
 
@@ -122,6 +123,7 @@ def gates_section(measures: list[dict], validations: dict[tuple[str, int], dict]
                              for c, v in sorted(cases.items())) or "–"
         rows.append([f"`{arm}`", int(length), f"{int(g['selected'].sum())}/{len(g)}", verdicts])
     out += _table(["arm", "length", "selected/total", "case verdicts"], rows)
+    out += isolation_lines(validations)
     if "retry" in df.columns and (pd.to_numeric(df["retry"], errors="coerce") > 0).any():
         out += ["selected/total counts every measurement, a retried record's superseded original included; "
                 "case verdicts likewise.", ""]
@@ -137,6 +139,37 @@ def gates_section(measures: list[dict], validations: dict[tuple[str, int], dict]
     if excluded:
         out += ["Excluded records and why:", "", *excluded, ""]
     return out + retries_section(measures, df)
+
+
+def isolation_lines(validations: dict[tuple[str, int], dict]) -> list[str]:
+    """Which of the sandbox's isolation layers (``pairbench.validate.sandbox.LAYERS``) were missing
+    from the ``python_function`` runs, naming each layer and how many records lacked it."""
+    runs = unrecorded = 0
+    missing: dict[str, int] = {}
+    for body in validations.values():
+        for rec in body["records"]:
+            verdict = rec["verdicts"].get("python_function") or {}
+            if "isolation" not in verdict:
+                unrecorded += "duration_s" in verdict  # the sandbox ran, but an older pairbench kept no layers
+                continue
+            runs += 1
+            for layer in verdict["isolation"]["missing"]:
+                missing[layer] = missing.get(layer, 0) + 1
+    if not runs and not unrecorded:
+        return []
+    if missing:
+        parts = "; ".join(f"`{layer}` for {missing[layer]} of {runs}" for layer in LAYERS if layer in missing)
+        line = (f"Sandbox isolation: NOT every layer applied to the records whose function ran in the sandbox: "
+                f"missing {parts}.")
+        if "landlock-fs" in missing:
+            line += (" Without `landlock-fs` the model's code could read this machine's files; the verdict is "
+                     "still decided outside the sandbox.")
+    else:
+        line = (f"Sandbox isolation: all {len(LAYERS)} layers ({', '.join(LAYERS)}) applied to each of the "
+                f"{runs} records whose function ran in the sandbox; the verdict is decided outside it.")
+    if unrecorded:
+        line += f" {unrecorded} sandboxed record(s) do not record their layers (validated by an older pairbench)."
+    return [line + " (docs/validation.md)", ""]
 
 
 def retries_section(measures: list[dict], df: pd.DataFrame) -> list[str]:

@@ -13,6 +13,8 @@ Cases (``CASES``):
 - ``done_marker``: :func:`extract_function` finds a complete definition of the task's function.
 - ``python_function``: that function compiles and passes the task's tests in the sandbox
   (``pairbench.validate.sandbox``); a sandbox timeout is the verdict ``timeout``, never an exception.
+  The verdict records which of the sandbox's isolation layers applied to that run and which were
+  missing (``isolation``: ``{"applied": [...], "missing": [...]}``).
 - ``matches_baseline``: the candidate's greedy token ids against the baseline's. ``agreement`` is
   the length of the common prefix divided by the longer sequence's length (1.0 = identical). After
   the first divergence a greedy decoder conditions on different text, so positions past it are
@@ -234,7 +236,8 @@ def case_python_function(output: dict, task: tasks.Task, options: dict) -> dict:
         reason = f"sandbox error: {result['reason']}"
     else:
         reason = result["reason"]
-    return _verdict(verdict, reason, duration_s=result["duration_s"])
+    isolation = {"applied": list(result["isolation"]), "missing": sandbox.missing_layers(result["isolation"])}
+    return _verdict(verdict, reason, duration_s=result["duration_s"], isolation=isolation)
 
 
 def agreement(candidate: list[int], baseline: list[int]) -> float:
@@ -327,13 +330,14 @@ def is_selected(verdicts: dict[str, dict]) -> bool:
 
 
 def record_entry(record: dict, fixture: dict, verdicts: dict[str, dict]) -> dict:
-    """One ``records[]`` entry of the validate artifact (``validate.schema.json``): verdicts, the
-    output's sha256 and the selection, never the output text."""
+    """One ``records[]`` entry of the validate artifact (``validate.schema.json``): verdicts (with
+    the sandbox's isolation layers for ``python_function``), the output's sha256 and the
+    selection, never the output text."""
     _require(record, ("length", "output_sha256"), "record")
     clean = {}
     for case, v in verdicts.items():
         entry = {"verdict": v["verdict"], "reason": str(v.get("reason", ""))[:1000]}
-        for key in ("agreement", "first_divergence", "duration_s"):
+        for key in ("agreement", "first_divergence", "duration_s", "isolation"):
             if key in v:
                 entry[key] = v[key]
         clean[case] = entry

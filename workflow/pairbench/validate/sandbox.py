@@ -1,42 +1,60 @@
-"""Run untrusted, model-written Python (a function plus its unit tests) in a contained subprocess.
+"""Run untrusted, model-written Python (a function plus its tests) in a contained child process,
+and decide the verdict outside it.
 
 The validation stage executes code that a language model wrote. It never runs in the harness
-process: :func:`run_python_tests` starts a fresh ``python -I -S`` child and layers these limits,
-each applied where the platform allows it (the result's ``isolation`` list says which applied):
+process. :func:`run_python_tests` is a *supervisor*: it starts a fresh ``python -I -S`` child running
+:mod:`pairbench.validate.runner`, asks it to load the candidate and to evaluate, one by one, the
+operands of the tests' assertions (``add(2, 3)``), and compares what comes back with the expected
+values (``5``) itself (:mod:`pairbench.validate.assertions`). The expected values never enter the
+child; the child's replies are plain data read with ``ast.literal_eval``; only the supervisor
+says ``pass``.
+
+The child gets these layers, each where the platform allows it; the result's ``isolation`` lists
+those that applied, in the order of :data:`LAYERS`:
 
 - ``env``: an environment built from nothing (PATH, LANG, HOME/TMPDIR = the temp dir). Nothing of
   the harness's environment is inherited, so no secrets; ``-I`` also makes Python ignore
   ``PYTHON*`` variables, the user site and the current directory.
-- ``tmpdir``: a fresh temporary working directory, removed afterwards.
+- ``tmpdir``: a fresh temporary working directory holding only ``candidate.py``, removed afterwards.
 - ``rlimit``: RLIMIT_CPU (CPU seconds), RLIMIT_AS (address space), RLIMIT_FSIZE (largest file it may
   write), RLIMIT_NPROC (no new processes; not enforced by Linux for root), RLIMIT_CORE = 0.
-- ``wall``: a wall-clock timeout; the child runs in its own session and the whole process group is
-  SIGKILLed when the timeout expires.
+- ``wall``: a wall-clock deadline over the whole conversation; the child runs in its own session
+  and its whole process group is SIGKILLed at the end, whatever happened.
+- ``output``: stdout/stderr are drained through pipes into bounded buffers (``max_output_bytes``
+  each); the rest is counted and dropped, never buffered. Nothing printed is ever read as a result.
 - ``netns``: ``unshare -n`` (``-rn`` when not root) gives the child an empty network namespace.
 - ``landlock-fs``: Linux Landlock (kernel >= 5.13) restricts the child to *reading* its Python
   installation and system libraries and to reading/writing its temp dir; everything else (the
-  harness's files, ``/proc/<pid>/environ`` of other processes, the repo) is denied by the kernel.
-  ``landlock-net`` (ABI >= 4) denies TCP bind/connect; ``landlock-scope`` (ABI >= 6) denies signals
-  and abstract unix sockets outside the sandbox.
+  harness's files, ``/proc`` and so the harness's memory and environment, the repo) is denied by
+  the kernel. ``landlock-net`` (ABI >= 4) denies TCP bind/connect; ``landlock-scope`` (ABI >= 6)
+  denies signals and abstract unix sockets outside the sandbox.
 - ``audit``: a Python audit hook (PEP 578) and a patched ``socket`` module refuse network calls,
-  subprocesses, ``ctypes``, writes outside the temp dir and reads under ``/proc``. It is the
-  portable fallback and defence in depth; on its own it stops accidents, not a determined attacker.
-- ``output``: stdout/stderr are drained through pipes into bounded buffers (``max_output_bytes``
-  each); the rest is counted and dropped, never buffered.
+  subprocesses, ``ctypes``, writes outside the temp dir and reads under ``/proc``. Defence in depth:
+  on its own it stops accidents, not a determined attacker.
 
-Threat model: generated code that misbehaves by accident (loops forever, prints too much, touches
-files or the network). For hostile code, run the whole pipeline in a VM or container.
-
-Landlock is called through ``ctypes`` here because the child must apply it to itself after Python
-has started and before the candidate runs; the syscall interface is small and stable
-(https://docs.kernel.org/userspace-api/landlock.html).
+Threat model. The candidate is treated as hostile code that wants a ``pass`` it did not earn.
+Anything inside the child is the candidate's: once it has run it can rewrite the runner, builtins
+and ``sys.exit``, write anything to any descriptor it holds (the reply pipe included), print "OK",
+exit 0 or return an object whose ``__eq__`` always says True. None of that decides the verdict: the
+supervisor reads only replies to its own requests, in order, one per request, of bounded size;
+anything else on the pipe, an early exit, a closed pipe or a value that is not plain data is a
+``fail`` (a limit is a ``timeout``), and a pass needs every assertion to hold on values compared
+here. What stays possible, and what no black-box test can rule out: a candidate that returns the
+right answers for the tested inputs only (the task catalogue is public, so it could know them), and
+one that makes itself fail or time out (a timeout can earn a re-measurement, never a pass). The
+containment layers guard the machine, not the verdict; where ``landlock-fs`` is missing the child
+can read the harness's files (the catalogue's expected values among them), so the report says which
+layers were missing. The kernel, Python itself and the layers above are trusted; a kernel exploit
+is out of scope (for that, run the whole pipeline in a VM).
 """
 
 from __future__ import annotations
 
+import ast
 import functools
 import json
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -46,183 +64,33 @@ import threading
 import time
 from pathlib import Path
 
+from pairbench.validate import assertions, runner
+
 VERDICTS = ("pass", "fail", "timeout", "error")
 
-#: Largest file the child may write (RLIMIT_FSIZE); a bigger write kills it with SIGXFSZ.
+#: Every isolation layer this sandbox knows, in the order a result lists them.
+LAYERS = ("env", "tmpdir", "rlimit", "wall", "output", "netns", "landlock-fs", "landlock-net",
+          "landlock-scope", "audit")
+
+#: Largest file the child may write (RLIMIT_FSIZE); a bigger write fails (Python ignores SIGXFSZ).
 FILE_SIZE_LIMIT_BYTES = 16 << 20
 
-# The code that runs inside the child, before the candidate. It reads its settings from argv:
-#   runner.py <tmpdir> <result_fd> <candidate.py> <tests.py>
-_RUNNER = r'''
-import os, sys
+#: Largest reply line the supervisor reads (a value's repr is capped lower, escaped into JSON).
+MAX_MESSAGE_BYTES = 256 << 10
 
-TMP = os.path.realpath(sys.argv[1])
-RESULT_FD = int(sys.argv[2])
-CANDIDATE, TESTS = sys.argv[3], sys.argv[4]
-applied = []
+RUNNER = Path(runner.__file__)
 
+#: How long a child whose reply pipe closed may take to exit before it counts as having closed it.
+_EXIT_GRACE_S = 2.0
 
-def _landlock():
-    """Restrict this process with Landlock: read-only Python + system libs, read-write TMP."""
-    import ctypes, sysconfig
-    libc = ctypes.CDLL(None, use_errno=True)
-    syscall = libc.syscall
-    syscall.restype = ctypes.c_long
-    abi = syscall(444, None, ctypes.c_size_t(0), ctypes.c_uint32(1))  # CREATE_RULESET_VERSION
-    if abi < 1:
-        return []
-    fs_all = {1: (1 << 13) - 1, 2: (1 << 14) - 1, 3: (1 << 15) - 1, 4: (1 << 15) - 1}.get(abi, (1 << 16) - 1)
-    net = 3 if abi >= 4 else 0          # BIND_TCP | CONNECT_TCP: handled, never granted
-    scoped = 3 if abi >= 6 else 0       # ABSTRACT_UNIX_SOCKET | SIGNAL
-    attr = (ctypes.c_uint64 * 3)(fs_all, net, scoped)
-    size = 8 if abi < 4 else (16 if abi < 6 else 24)
-    rfd = syscall(444, ctypes.byref(attr), ctypes.c_size_t(size), ctypes.c_uint32(0))
-    if rfd < 0:
-        raise OSError(ctypes.get_errno(), "landlock_create_ruleset failed")
-
-    class PathBeneath(ctypes.Structure):
-        _pack_ = 1
-        _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
-
-    READ_FILE, READ_DIR = 1 << 2, 1 << 3
-    FILE_ONLY = (1 << 0) | (1 << 1) | (1 << 2) | (1 << 14) | (1 << 15)  # rights valid on a file
-
-    def allow(path, rights):
-        try:
-            fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
-        except OSError:
-            return
-        try:
-            if not os.path.isdir(path):
-                rights &= FILE_ONLY
-            rule = PathBeneath(rights & fs_all, fd)
-            if syscall(445, rfd, 1, ctypes.byref(rule), 0) != 0:
-                raise OSError(ctypes.get_errno(), f"landlock_add_rule failed for {path}")
-        finally:
-            os.close(fd)
-
-    ro = {sys.base_prefix, sys.base_exec_prefix, sys.prefix, sys.exec_prefix,
-          "/usr/lib", "/usr/lib64", "/lib", "/lib64", "/usr/share/zoneinfo", "/dev/urandom"}
-    for key in ("stdlib", "platstdlib"):
-        ro.add(sysconfig.get_paths().get(key, "/nonexistent"))
-    for path in sorted(ro):
-        allow(path, READ_FILE | READ_DIR)
-    allow("/dev/null", (1 << 1) | READ_FILE)
-    allow(TMP, fs_all)
-    if libc.prctl(38, 1, 0, 0, 0) != 0:  # PR_SET_NO_NEW_PRIVS
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS) failed")
-    if syscall(446, rfd, 0) != 0:
-        raise OSError(ctypes.get_errno(), "landlock_restrict_self failed")
-    os.close(rfd)
-    return ["landlock-fs"] + (["landlock-net"] if net else []) + (["landlock-scope"] if scoped else [])
+PLAIN_DATA = "None, bool, int, float, complex, str, bytes, and tuples, lists, sets and dicts of them"
 
 
-if os.environ.get("PAIRBENCH_SANDBOX_LANDLOCK") == "1" and sys.platform == "linux":
-    try:
-        applied += _landlock()
-    except (OSError, AttributeError) as exc:
-        sys.stderr.write(f"pairbench sandbox: landlock not applied: {exc}\n")
-
-import socket
-
-def _refuse(*args, **kwargs):
-    raise PermissionError("network access is disabled in the pairbench sandbox")
-
-for _name in ("connect", "connect_ex", "bind", "sendto", "sendmsg"):
-    setattr(socket.socket, _name, _refuse)
-socket.create_connection = socket.getaddrinfo = socket.gethostbyname = _refuse
-
-_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
-_BLOCKED = ("socket.", "subprocess.", "os.system", "os.exec", "os.posix_spawn", "os.spawn",
-            "os.fork", "os.forkpty", "pty.", "ctypes.", "os.kill", "os.killpg", "signal.pthread_kill")
-_PATH_EVENTS = ("os.remove", "os.rename", "os.rmdir", "os.mkdir", "os.chmod", "os.chown",
-                "os.symlink", "os.link", "os.truncate", "os.utime", "shutil.rmtree", "shutil.move",
-                "shutil.copyfile", "os.mkfifo", "os.mknod")
+def missing_layers(applied) -> list[str]:
+    """The :data:`LAYERS` not in *applied*, in order."""
+    return [layer for layer in LAYERS if layer not in set(applied)]
 
 
-def _inside(path):
-    try:
-        real = os.path.realpath(os.fsdecode(path))
-    except (TypeError, ValueError):
-        return False
-    return real == TMP or real.startswith(TMP + os.sep)
-
-
-def _hook(event, args):
-    if event.startswith(_BLOCKED):
-        raise PermissionError(f"{event} is disabled in the pairbench sandbox")
-    if event == "open":
-        path, mode, flags = args
-        if isinstance(path, int):
-            return
-        text = os.fsdecode(path)
-        if os.path.realpath(text).startswith("/proc"):
-            raise PermissionError(f"reading {text} is disabled in the pairbench sandbox")
-        writing = (mode is not None and any(c in mode for c in "wax+")) or bool((flags or 0) & _WRITE_FLAGS)
-        if writing and not _inside(text):
-            raise PermissionError(f"writing {text} (outside the sandbox temp dir) is disabled")
-    elif event.startswith(_PATH_EVENTS):
-        for arg in args:
-            if isinstance(arg, (str, bytes, os.PathLike)) and not _inside(arg):
-                raise PermissionError(f"{event} outside the sandbox temp dir is disabled")
-
-
-if os.environ.get("PAIRBENCH_SANDBOX_AUDIT") == "1":
-    sys.addaudithook(_hook)
-    applied.append("audit")
-result = os.fdopen(RESULT_FD, "w")
-result.write(__import__("json").dumps({"phase": "ready", "isolation": applied}) + "\n")
-result.flush()
-
-
-def _finish(verdict, reason):
-    result.write(__import__("json").dumps({"phase": "done", "verdict": verdict, "reason": reason}) + "\n")
-    result.flush()
-    os._exit(0)
-
-
-def _where(exc):
-    import traceback
-    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename in ("<candidate>", "<tests>")]
-    if not frames:
-        return ""
-    f = frames[-1]
-    if f.filename == "<candidate>" or not f.lineno:  # never quote the model's text (privacy)
-        return f" at {f.filename} line {f.lineno}"
-    line = (SOURCES[f.filename].splitlines() or [""])[f.lineno - 1].strip()
-    return f" at {f.filename} line {f.lineno}: {line}"
-
-
-SOURCES = {}
-with open(CANDIDATE, encoding="utf-8") as fh:
-    SOURCES["<candidate>"] = fh.read()
-with open(TESTS, encoding="utf-8") as fh:
-    SOURCES["<tests>"] = fh.read()
-try:
-    code = compile(SOURCES["<candidate>"], "<candidate>", "exec", dont_inherit=True)
-except (SyntaxError, ValueError) as exc:
-    _finish("fail", f"candidate does not compile: {type(exc).__name__}: {exc}")
-try:
-    tests = compile(SOURCES["<tests>"], "<tests>", "exec", dont_inherit=True)
-except (SyntaxError, ValueError) as exc:
-    _finish("error", f"the task's tests do not compile: {exc}")
-namespace = {"__name__": "__candidate__", "__builtins__": __builtins__}
-try:
-    exec(code, namespace)
-    exec(tests, namespace)
-except AssertionError as exc:
-    _finish("fail", "assertion failed" + _where(exc))
-except MemoryError as exc:
-    _finish("fail", "MemoryError (memory limit)" + _where(exc))
-except SystemExit as exc:
-    _finish("fail", f"candidate called exit({exc.code!r}) before the tests finished")
-except BaseException as exc:
-    _finish("fail", f"{type(exc).__name__}: {str(exc)[:120]}" + _where(exc))
-_finish("pass", "all tests passed")
-'''
-
-
-@functools.lru_cache(maxsize=None)
 def _unshare_prefix() -> tuple[str, ...]:
     """``unshare -n`` (or ``-rn`` for non-root) if this machine lets us make a network namespace."""
     exe = shutil.which("unshare")
@@ -231,14 +99,14 @@ def _unshare_prefix() -> tuple[str, ...]:
     prefix = (exe, "-n") if os.geteuid() == 0 else (exe, "-rn")
     try:
         # Probe under the same rlimits as a real run (RLIMIT_NPROC=0 must not break unshare).
-        ok = subprocess.run([*prefix, "true"], capture_output=True, timeout=10,
+        ok = subprocess.run([*prefix, "true"], capture_output=True, timeout=10, check=False,
                             preexec_fn=_limits(5, 512 << 20)).returncode == 0
     except (OSError, subprocess.SubprocessError):
         ok = False
     return prefix if ok else ()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _landlock_abi() -> int:
     """The Landlock ABI version of this kernel (0 where there is none)."""
     if sys.platform != "linux":
@@ -293,6 +161,186 @@ def _limits(cpu_s: int, mem_bytes: int):
     return apply
 
 
+
+
+# --- the conversation with the child ---------------------------------------------------------------
+
+
+class _Gone(Exception):
+    """The child closed its reply pipe (it exited, was killed, or closed the descriptor)."""
+
+
+class _Deadline(Exception):
+    """The wall-clock deadline passed."""
+
+
+class _Broken(Exception):
+    """The child sent something that is not the reply to the request in flight."""
+
+
+class _Failed(Exception):
+    """The candidate failed a step; the message is the reason."""
+
+
+class _Channel:
+    """One JSON line each way with the child, every wait bounded by *deadline* (``time.monotonic``).
+
+    Only the reply to the request in flight is accepted: a line before any request, a second line,
+    a reply with another id or of more than :data:`MAX_MESSAGE_BYTES` is :class:`_Broken`.
+    """
+
+    def __init__(self, send_fd: int, recv_fd: int, deadline: float):
+        self.send_fd, self.recv_fd, self.deadline = send_fd, recv_fd, deadline
+        os.set_blocking(send_fd, False)
+        os.set_blocking(recv_fd, False)
+        self.buffer = b""
+        self.next_id = 0
+
+    def _wait(self, read: bool) -> None:
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise _Deadline()
+        r, w, _ = select.select([self.recv_fd] if read else [], [] if read else [self.send_fd], [], left)
+        if not (r or w):
+            raise _Deadline()
+
+    def send(self, message: dict) -> None:
+        data = json.dumps(message).encode() + b"\n"
+        while data:
+            self._wait(read=False)
+            try:
+                data = data[os.write(self.send_fd, data):]
+            except BlockingIOError:
+                continue
+            except (BrokenPipeError, ConnectionResetError):
+                raise _Gone() from None
+
+    def recv(self) -> dict:
+        while b"\n" not in self.buffer:
+            if len(self.buffer) > MAX_MESSAGE_BYTES:
+                raise _Broken(f"a reply longer than {MAX_MESSAGE_BYTES} bytes")
+            self._wait(read=True)
+            try:
+                chunk = os.read(self.recv_fd, 1 << 16)
+            except BlockingIOError:
+                continue
+            if not chunk:
+                raise _Gone()
+            self.buffer += chunk
+        line, self.buffer = self.buffer.split(b"\n", 1)
+        if self.buffer:
+            raise _Broken("more than one message at once")
+        try:
+            message = json.loads(line)
+        except (UnicodeDecodeError, ValueError):
+            raise _Broken("a line that is not JSON") from None
+        if not isinstance(message, dict):
+            raise _Broken("a message that is not a JSON object")
+        return message
+
+    def call(self, request: dict) -> dict:
+        rid, self.next_id = self.next_id, self.next_id + 1
+        self.send({"id": rid, **request})
+        reply = self.recv()
+        if reply.get("id") != rid or type(reply.get("ok")) is not bool:
+            raise _Broken(f"a message that is not the reply to request {rid}")
+        return reply
+
+    def close(self) -> None:
+        """Close both ends, once (a second close could hit a descriptor number reused meanwhile)."""
+        for fd in (self.send_fd, self.recv_fd):
+            if fd >= 0:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        self.send_fd = self.recv_fd = -1
+
+
+def _text(value, limit: int) -> str:
+    """A child-supplied string, truncated and stripped of control characters (else empty)."""
+    if not isinstance(value, str):
+        return ""
+    return "".join(c if c.isprintable() else " " for c in value[:limit])
+
+
+def _raised_reason(reply: dict, step: assertions.Step | None) -> str:
+    """The reason for a step the child reports as raised: type, message, where (never the candidate's text)."""
+    name, message = _text(reply.get("raised"), 80) or "an exception", _text(reply.get("message"), 120)
+    line = reply.get("candidate_line")
+    if type(line) is int and line > 0:
+        where = f" at <candidate> line {line}"
+    elif step is not None:
+        where = f" at <tests> line {step.line}: {step.text}"
+    else:
+        where = ""
+    if name == "SystemExit":
+        return f"candidate called exit({_text(reply.get('exit_code'), 40)}) before the tests finished"
+    if name == "AssertionError":
+        return "assertion failed" + where
+    if name == "MemoryError":
+        return "MemoryError (memory limit)" + where
+    return f"{name}: {message}{where}"
+
+
+def _ask(channel: _Channel, node: ast.expr, step: assertions.Step):
+    """The plain value of *node*, evaluated by the child; :class:`_Failed` if it raised or sent no
+    plain value."""
+    source = ast.unparse(node)
+    reply = channel.call({"op": "eval", "source": source})
+    if not reply["ok"]:
+        if "unrepresentable" in reply:
+            raise _Failed(f"`{source}` at <tests> line {step.line} gave a {_text(reply['unrepresentable'], 120)}, "
+                          f"which cannot be compared outside the sandbox (plain data only: {PLAIN_DATA})")
+        raise _Failed(_raised_reason(reply, step))
+    try:
+        return assertions.decode(reply.get("value"))
+    except ValueError as exc:
+        raise _Failed(f"the value of `{source}` at <tests> line {step.line} could not be read back: {exc} "
+                      f"(plain data only: {PLAIN_DATA})") from None
+
+
+def _converse(channel: _Channel, steps: list[assertions.Step]) -> tuple[str, str]:
+    """Load the candidate, then run every step; the verdict, decided here from the replies."""
+    reply = channel.call({"op": "load"})
+    if not reply["ok"]:
+        if reply.get("compile") is True:
+            return "fail", (f"candidate does not compile: {_text(reply.get('raised'), 80)}: "
+                            f"{_text(reply.get('message'), 120)}")
+        return "fail", _raised_reason(reply, None)
+    for step in steps:
+        if step.kind == "exec":
+            reply = channel.call({"op": "exec", "source": step.source})
+            if not reply["ok"]:
+                return "fail", _raised_reason(reply, step)
+            continue
+        try:
+            held = assertions.holds(step.test, lambda node, step=step: _ask(channel, node, step))
+        except _Failed as exc:
+            return "fail", str(exc)
+        except TypeError as exc:  # comparing incompatible plain values, as the assert itself would fail
+            return "fail", f"TypeError: {_text(str(exc), 120)} at <tests> line {step.line}: {step.text}"
+        if not held:
+            return "fail", f"assertion failed at <tests> line {step.line}: {step.text}"
+    return "pass", "all tests passed"
+
+
+def _exit_verdict(proc: subprocess.Popen, started: bool, cpu_s: int, stderr_tail: str) -> tuple[str, str]:
+    """The verdict for a child that closed its reply pipe before the conversation ended."""
+    rc = proc.returncode
+    if rc < 0:
+        sig = -rc
+        name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else str(sig)
+        if sig in (signal.SIGXCPU, signal.SIGKILL):
+            return "timeout", f"CPU-time limit of {cpu_s} s exceeded ({name})"
+        if sig == signal.SIGXFSZ:
+            return "fail", f"file size limit of {FILE_SIZE_LIMIT_BYTES} bytes exceeded"
+        return "fail", f"killed by {name}"
+    if not started:
+        return "error", f"sandbox failed to start (exit {rc}): {stderr_tail}"
+    return "fail", f"candidate exited with status {rc} before the tests finished"
+
+
 def run_python_tests(
     code: str,
     tests: str,
@@ -303,27 +351,35 @@ def run_python_tests(
     max_output_bytes: int = 64 << 10,
     _audit: bool = True,
 ) -> dict:
-    """Run *code* and then *tests* (plain asserts) in a contained child Python.
+    """Run *code*, then check *tests* (plain asserts; see :mod:`pairbench.validate.assertions`)
+    against it in a contained child Python.
 
     Returns ``{"verdict": "pass"|"fail"|"timeout"|"error", "reason": str, "duration_s": float,
-    "isolation": [str], "output_bytes": int, "output_truncated": bool}``. ``fail`` means the
-    candidate did not compile, raised, failed an assertion or hit a resource limit other than
-    time; ``timeout`` means the wall-clock or CPU-time limit; ``error`` means the sandbox itself
-    could not run (never the candidate's fault). Never raises for anything the candidate does.
+    "isolation": [str], "output_bytes": int, "output_truncated": bool}``. ``pass`` means every
+    assertion held, compared here; ``fail`` means the candidate did not compile, raised, failed or
+    could not be checked on an assertion, broke the result protocol, exited early or hit a resource
+    limit other than time; ``timeout`` means the wall-clock or CPU-time limit; ``error`` means the
+    sandbox itself could not run or the tests cannot be checked (never the candidate's doing).
+    Never raises for anything the candidate does; TypeError/ValueError for bad arguments.
     """
     if not isinstance(code, str) or not isinstance(tests, str):
         raise TypeError("code and tests must be str")
     if timeout_s <= 0 or cpu_s <= 0 or mem_bytes <= 0 or max_output_bytes <= 0:
         raise ValueError("timeout_s, cpu_s, mem_bytes and max_output_bytes must be positive")
+    start = time.monotonic()
+    try:
+        steps = assertions.plan(tests)
+    except SyntaxError as exc:
+        return _result("error", f"the task's tests do not compile: {exc}", start)
+    except assertions.TestsError as exc:
+        return _result("error", f"the task's tests cannot be checked outside the sandbox: {exc}", start)
 
     tmp = tempfile.mkdtemp(prefix="pairbench-sandbox-")
-    start = time.monotonic()
     proc = None
+    channel = None
     try:
-        tmp_path = Path(tmp)
-        (tmp_path / "runner.py").write_text(_RUNNER)
-        (tmp_path / "candidate.py").write_text(code)
-        (tmp_path / "tests.py").write_text(tests)
+        candidate = Path(tmp) / "candidate.py"
+        candidate.write_text(code)
         env = {
             "PATH": "/usr/bin:/bin",
             "LANG": "C.UTF-8",
@@ -334,77 +390,84 @@ def run_python_tests(
             # Tests switch the audit layer off to show that the kernel layer holds on its own.
             "PAIRBENCH_SANDBOX_AUDIT": "1" if _audit else "0",
         }
-        result_r, result_w = os.pipe()
+        request_r, request_w = os.pipe()
+        reply_r, reply_w = os.pipe()
         prefix = _unshare_prefix()
-        argv = [*prefix, sys.executable, "-I", "-S", str(tmp_path / "runner.py"), tmp,
-                str(result_w), str(tmp_path / "candidate.py"), str(tmp_path / "tests.py")]
+        argv = [*prefix, sys.executable, "-I", "-S", str(RUNNER), tmp, str(request_r), str(reply_w),
+                str(candidate)]
         try:
             proc = subprocess.Popen(
                 argv, cwd=tmp, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE, pass_fds=(result_w,), start_new_session=True,
-                preexec_fn=_limits(cpu_s, mem_bytes),
+                stderr=subprocess.PIPE, pass_fds=(request_r, reply_w), start_new_session=True,
+                # setrlimit must run in the child before exec; _limits only calls setrlimit there.
+                preexec_fn=_limits(cpu_s, mem_bytes),  # noqa: PLW1509
             )
-        except OSError as exc:
-            os.close(result_r)
-            os.close(result_w)
+        except (OSError, subprocess.SubprocessError) as exc:  # SubprocessError: setrlimit failed in the child
+            for fd in (request_r, request_w, reply_r, reply_w):
+                os.close(fd)
             return _result("error", f"could not start the sandbox: {exc}", start)
-        os.close(result_w)
-        sinks = {"out": {}, "err": {}, "res": {}}
-        result_stream = os.fdopen(result_r, "rb")
+        finally:
+            if proc is not None:
+                os.close(request_r)
+                os.close(reply_w)
+        sinks = {"out": {}, "err": {}}
         threads = [
             threading.Thread(target=_drain, args=(proc.stdout, max_output_bytes, sinks["out"]), daemon=True),
             threading.Thread(target=_drain, args=(proc.stderr, max_output_bytes, sinks["err"]), daemon=True),
-            threading.Thread(target=_drain, args=(result_stream, 64 << 10, sinks["res"]), daemon=True),
         ]
         for t in threads:
             t.start()
-        timed_out = False
+
+        channel = _Channel(request_w, reply_r, deadline=start + timeout_s)
+        ready = None
         try:
-            proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            timed_out = True
+            ready = channel.recv()
+            if ready.get("phase") != "ready":
+                raise _Broken("a first message that is not 'ready'")
+            verdict, reason = _converse(channel, steps)
+        except _Deadline:
+            verdict, reason = "timeout", f"wall-clock limit of {timeout_s:g} s exceeded"
+        except _Broken as exc:
+            verdict, reason = ("fail", f"the sandboxed code broke the result protocol: it sent {exc}") \
+                if ready is not None else ("error", f"sandbox failed to start: it sent {exc}")
+        except _Gone:
+            # A dying child's pipe closes as it exits; one still running a moment later closed it itself.
+            try:
+                proc.wait(timeout=min(max(start + timeout_s - time.monotonic(), 0.05), _EXIT_GRACE_S))
+                gone = None
+            except subprocess.TimeoutExpired:
+                gone = ("fail", "the sandboxed code closed the result pipe before the tests finished")
+            if gone is None:
+                # stderr is complete once the child has exited (its group may live on until killed)
+                threads[1].join(timeout=1)
+                tail = sinks["err"].get("data", b"")[-300:].decode("utf-8", "replace").strip()
+                gone = _exit_verdict(proc, ready is not None, cpu_s, tail)
+            verdict, reason = gone
         _kill_group(proc)
         proc.wait()
+        channel.close()
         for t in threads:
             t.join(timeout=5)
-        for stream in (proc.stdout, proc.stderr, result_stream):
-            stream.close()
+        proc.stdout.close()
+        proc.stderr.close()
         duration = time.monotonic() - start
 
         out_total = sinks["out"].get("total", 0) + sinks["err"].get("total", 0)
         truncated = (sinks["out"].get("total", 0) > max_output_bytes
                      or sinks["err"].get("total", 0) > max_output_bytes)
-        messages = _parse_result(sinks["res"].get("data", b""))
-        ready = next((m for m in messages if m.get("phase") == "ready"), None)
-        done = next((m for m in messages if m.get("phase") == "done"), None)
-        extra = {"isolation": (["env", "tmpdir", "rlimit", "wall", "output"]
-                               + (["netns"] if prefix else [])
-                               + (ready or {}).get("isolation", [])),
-                 "output_bytes": out_total, "output_truncated": truncated}
-        stderr_tail = sinks["err"].get("data", b"")[-300:].decode("utf-8", "replace").strip()
-
-        if timed_out:
-            verdict, reason = "timeout", f"wall-clock limit of {timeout_s:g} s exceeded"
-        elif done is not None and done.get("verdict") in VERDICTS:
-            verdict, reason = done["verdict"], str(done.get("reason", ""))
-        elif proc.returncode < 0:
-            sig = -proc.returncode
-            name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else str(sig)
-            if sig in (signal.SIGXCPU, signal.SIGKILL):
-                verdict, reason = "timeout", f"CPU-time limit of {cpu_s} s exceeded ({name})"
-            elif sig == signal.SIGXFSZ:
-                verdict, reason = "fail", f"file size limit of {FILE_SIZE_LIMIT_BYTES} bytes exceeded"
-            else:
-                verdict, reason = "fail", f"killed by {name}"
-        elif ready is None:
-            verdict, reason = "error", f"sandbox failed to start (exit {proc.returncode}): {stderr_tail}"
-        else:
-            verdict, reason = "fail", (f"candidate exited with status {proc.returncode} before the "
-                                       "tests finished")
+        # The child's own layers come in its first message, sent before the candidate existed in it.
+        child_layers = (ready or {}).get("isolation")
+        child_layers = {x for x in child_layers if isinstance(x, str)} if isinstance(child_layers, list) else set()
+        applied = {"env", "tmpdir", "rlimit", "wall", "output"} | ({"netns"} if prefix else set())
+        applied |= child_layers & {"landlock-fs", "landlock-net", "landlock-scope", "audit"}
         if truncated:
             reason += f" (output truncated: {out_total} bytes, {max_output_bytes} kept per stream)"
-        return {"verdict": verdict, "reason": reason, "duration_s": round(duration, 6), **extra}
+        return {"verdict": verdict, "reason": reason, "duration_s": round(duration, 6),
+                "isolation": [layer for layer in LAYERS if layer in applied],
+                "output_bytes": out_total, "output_truncated": truncated}
     finally:
+        if channel is not None:
+            channel.close()
         if proc is not None and proc.poll() is None:
             _kill_group(proc)
             proc.wait()
@@ -416,18 +479,6 @@ def _kill_group(proc: subprocess.Popen) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
-
-
-def _parse_result(data: bytes) -> list[dict]:
-    messages = []
-    for line in data.decode("utf-8", "replace").splitlines():
-        try:
-            msg = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(msg, dict):
-            messages.append(msg)
-    return messages
 
 
 def _result(verdict: str, reason: str, start: float) -> dict:
