@@ -213,7 +213,7 @@ rule audit:
     params:
         run_dir="results/demo",
     log:
-        log="logs/demo/audit.log",
+        job="logs/demo/audit.log",
         record="logs/demo/audit.json",
     script:
         "{script}"

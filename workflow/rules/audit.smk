@@ -63,7 +63,7 @@ rule audit:
     params:
         run_dir=lambda wc, output: str(Path(output.audit).parent),
     log:
-        log=f"{LOGS}/audit.log",
+        job=f"{LOGS}/audit.log",
         # the audit record, ok or not: Snakemake deletes a failed job's outputs but keeps its logs
         record=f"{LOGS}/audit.json",
     conda:

@@ -197,6 +197,18 @@ def audit_run(run_dir: str | Path, extra_files: Iterable[str | Path] = ()) -> Au
         result.warnings.append(f"{len(retired)} file(s) under {RETIRED_PREFIX}: retired validation retries, "
                                "kept but no longer part of the run (not audited)")
 
+    # The retire rule's record: every retry it moved is kept under private/superseded/ and out of the run.
+    retired_record = run_dir / "private" / "retired.json"
+    if retired_record.is_file():
+        try:
+            for move in read_artifact(retired_record, "retired")["moved"]:
+                if move["from"] in sha_of:
+                    result.add(move["from"], "retired", "listed as retired in private/retired.json, yet back in the run")
+                if move["to"] not in sha_of and not (run_dir / move["to"]).is_dir():
+                    result.add("private/retired.json", "retired", f"{move['to']}: a retired retry that is gone")
+        except ArtifactError as exc:
+            result.add("private/retired.json", "schema", str(exc))
+
     # 1 + 2 + 4: schema, inputs, manifests.
     for rel in sorted(sha_of):
         if not rel.endswith(".json") or rel.startswith(RETIRED_PREFIX):

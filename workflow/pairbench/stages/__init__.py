@@ -9,5 +9,6 @@ every stage runs and is tested without Snakemake.
 - ``measure``: fixtures, warmup, one visit, a validation retry's partial visit
 - ``validate``: the functional cases of one visit (or retry); retiring retries no longer in the run
 - ``analysis``: statistics and tables, plots
-- ``publish``: the report and the sanitized bundle, the HTML report's landing page, provenance
+- ``publish``: the report and the sanitized bundle, the HTML report's landing page
+- ``integrity``: provenance and the audit
 """

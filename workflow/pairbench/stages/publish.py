@@ -1,5 +1,5 @@
 """Stages 7-8: the report and the allowlisted, scrubbed, leak-gated bundle; the HTML report's landing
-page; the run's provenance."""
+page."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ import yaml
 
 from pairbench.analysis import tables as pb_tables
 from pairbench.core.artifacts import read_artifact, sha256_file, write_artifact
-from pairbench.integrity.provenance import write_provenance
 from pairbench.publish import bundle as pb_bundle
 from pairbench.publish import envfacts, report
 from pairbench.publish.landing import write_landing
@@ -87,8 +86,3 @@ def publish_stage(*, bundle: str, private_dir: str, res_dir: str, root: str, pla
 
 def landing_stage(*, landing: str, paired: str, measurements: str) -> None:
     write_landing(paired, measurements, landing)
-
-
-def provenance_stage(*, provenance: str, run_dir: str, config_sha256: str, plan: str, root: str) -> None:
-    sha = write_provenance(Path(run_dir), Path(provenance), config_sha256, Path(plan), Path(root))
-    log.info("provenance.json sha256 %s", sha)
