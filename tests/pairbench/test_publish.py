@@ -155,7 +155,7 @@ def test_non_numeric_table_field_is_refused(planted, tmp_path):
 def test_json_without_schema_is_refused(planted, tmp_path):
     table = tmp_path / "t.json"
     table.write_text(json.dumps({"rows": []}))
-    with pytest.raises(publish.PublishError, match=r"tables/t.json: a published JSON file must carry a 'schema'"):
+    with pytest.raises(publish.PublishError, match=r"must be a valid pairbench artifact: tables/t.json: corrupt artifact, no 'schema' field"):
         planted["build"]({"tables/t.json": table}, patches={}, clean_source=None)
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import csv
 import fnmatch
 import io
-import json
 import os
 import re
 import shutil
@@ -24,7 +23,7 @@ from typing import Any, Iterable, Mapping
 from pairbench import __version__
 from pairbench.publish import leakgate
 from pairbench.publish import sanitize
-from pairbench.core.artifacts import ArtifactError, atomic_write_text, dumps, parse_schema_id, sha256_bytes, validate, write_artifact
+from pairbench.core.artifacts import ArtifactError, atomic_write_text, dumps, parse_artifact, sha256_bytes, validate, write_artifact
 from pairbench.publish.verify import (MANIFEST, TABLE_SCHEMA, PatchError, apply_patches, fixture_problems, messages_sha256,
                      patched_file_problems, table_problems, text_sha256)
 
@@ -175,17 +174,11 @@ def _prepare(rel: str, data: bytes, identifiers, pseudonyms, categorical) -> tup
     text = sanitize.scrub_text(text, identifiers, pseudonyms)
     exempt = allowed(rel, FIELD_CHECK_EXEMPT)
     if suffix == ".json":
-        try:
-            obj = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise PublishError(f"{rel}: not valid JSON after scrubbing ({exc})") from None
-        if not isinstance(obj, dict) or "schema" not in obj:
-            raise PublishError(f"{rel}: a published JSON file must carry a 'schema' field naming its schema")
-        try:
-            kind, version = parse_schema_id(obj["schema"])
+        try:  # after scrubbing, still an artifact of a known schema
+            obj, kind, version = parse_artifact(text, rel)
             validate(kind, obj, where=rel)
-        except (ValueError, ArtifactError) as exc:
-            raise PublishError(f"{rel}: {exc}") from None
+        except ArtifactError as exc:
+            raise PublishError(f"a published JSON file must be a valid pairbench artifact: {exc}") from None
         problems = [] if exempt else json_field_problems(rel, obj, categorical)
         problems += fixture_problems(rel, obj) if kind == "fixture_manifest" else []
         if problems:
