@@ -7,6 +7,7 @@ import time
 
 def main(argv=None) -> int:
     from . import NATIVE
+    from .weights import DEFAULT_LINEAR, KV_KINDS, LINEAR_KINDS
 
     parser = argparse.ArgumentParser(prog="python -m engine", description=NATIVE)
     parser.add_argument("--version", action="version", version=NATIVE)
@@ -21,9 +22,11 @@ def main(argv=None) -> int:
                             "project's 2-core machines, see docs/perf.md; 0 = same as --threads)")
     serve.add_argument("--max-context", type=int, default=None,
                        help="KV cache positions (default: min(model context, 4096))")
-    serve.add_argument("--linear", choices=["fp16", "fp32"], default="fp16",
-                       help="weight storage of the matrix products: fp16 (default; about 2x faster decode, "
-                            "fp32 accumulation) or fp32 (the exact reference)")
+    serve.add_argument("--linear", choices=list(LINEAR_KINDS), default=DEFAULT_LINEAR,
+                       help="weight format of the matrix products: auto (default: a GGUF's own q4_1/q8_0 "
+                            "blocks with the native kernels, else fp16), fp16, or fp32 (the exact reference)")
+    serve.add_argument("--kv", choices=list(KV_KINDS), default="auto",
+                       help="KV cache dtype: auto (default: f16 with the native attention kernel, else f32), f16, f32")
     conv = sub.add_parser("convert", help="convert a GGUF file to the engine's fast-loading directory")
     conv.add_argument("gguf")
     conv.add_argument("out_dir")

@@ -114,8 +114,8 @@ class KVCache(nn.Module):
         )
         end = int(positions[-1]) + 1
         assert end <= self.max_context, f"KVCache.update: position {end - 1} beyond max_context {self.max_context}"
-        self.k.index_copy_(2, positions, k)
-        self.v.index_copy_(2, positions, v)
+        self.k.index_copy_(2, positions, k.to(self.k.dtype))  # rounds to an f16 cache's dtype
+        self.v.index_copy_(2, positions, v.to(self.v.dtype))
         return self.k[:, :, :end], self.v[:, :, :end]
 
     def nbytes(self) -> int:
@@ -174,6 +174,9 @@ class Attention(nn.Module):
         self.wqkv = Linear(cfg.dim, q_out + 2 * kv_out)
         self.wo = Linear(q_out, cfg.dim)
         self.kv_cache: KVCache | None = None
+        # Optional single-token attention kernel (q (1, H, 1, D), k, v (1, H_kv, S, D)) -> (1, 1, H*D);
+        # set at load (engine.weights) when engine.native is available, else SDPA below.
+        self.decode_attention = None
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
                 mask: torch.Tensor | None) -> torch.Tensor:
@@ -183,17 +186,20 @@ class Attention(nn.Module):
         k = k.view(1, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (1, H_kv, T, D)
         v = v.view(1, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (1, H_kv, T, D)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        k, v = self.kv_cache.update(positions, k, v)  # (1, H_kv, S, D)
-        if T == 1:
+        k, v = self.kv_cache.update(positions, k, v)  # (1, H_kv, S, D), the cache's dtype
+        if T == 1 and self.decode_attention is not None:
+            y = self.decode_attention(q, k, v)  # (1, 1, H*D): engine.native's kernel reads f16 KV as is
+        elif T == 1:
             # Decode: one query per head attends to every cached position, so fold the query heads
             # that share a KV head into the "sequence" axis and skip the GQA expansion entirely.
             rep = self.n_heads // self.n_kv_heads
             qg = q.view(1, self.n_kv_heads, rep, self.head_dim)  # (1, H_kv, rep, D)
-            y = F.scaled_dot_product_attention(qg, k, v)  # (1, H_kv, rep, D)
+            y = F.scaled_dot_product_attention(qg, k.to(q.dtype), v.to(q.dtype))  # (1, H_kv, rep, D)
             y = y.reshape(1, 1, self.n_heads * self.head_dim)  # (1, 1, H*D)
         else:
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None,
-                                               enable_gqa=True)  # (1, H, T, D)
+            # Prefill: widen an f16 cache to the queries' dtype once per layer (cheap beside the GEMMs).
+            y = F.scaled_dot_product_attention(q, k.to(q.dtype), v.to(q.dtype), attn_mask=mask,
+                                               is_causal=mask is None, enable_gqa=True)  # (1, H, T, D)
             y = y.transpose(1, 2).reshape(1, T, self.n_heads * self.head_dim)  # (1, T, H*D)
         return self.wo(y)
 
@@ -217,8 +223,13 @@ class Block(nn.Module):
         self.attention = Attention(cfg)
         self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.feed_forward = FeedForward(cfg)
+        # Optional one-token fast path, set at load when every weight is in a native block format
+        # (engine.kernels.FusedDecode): the same math in two native calls around kv_cache.update.
+        self.fused_decode = None
 
     def forward(self, x, cos, sin, positions, mask):
+        if x.shape[1] == 1 and self.fused_decode is not None:
+            return self.fused_decode(self, x, cos, sin, positions)  # (1, 1, dim)
         h = x + self.attention(self.attention_norm(x), cos, sin, positions, mask)
         return h + self.feed_forward(self.ffn_norm(h))
 
@@ -246,6 +257,9 @@ class Transformer(nn.Module):
 
     def kv_nbytes(self) -> int:
         return sum(layer.attention.kv_cache.nbytes() for layer in self.layers)
+
+    def kv_bytes_per_position(self) -> int:
+        return self.kv_nbytes() // self.max_context if self.max_context else 0
 
     def forward(self, tokens: torch.Tensor, start: int, all_logits: bool = False) -> torch.Tensor:
         """tokens: (1, T) int64 at absolute positions start..start+T-1, whose KV is written to the cache.

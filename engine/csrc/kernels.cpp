@@ -1,0 +1,540 @@
+// pairbench-engine native kernels: the CPU decode hot path in plain C++ (AVX2 + FMA + F16C).
+//
+// Built by engine/native.py with the system compiler into a cache directory keyed by this file's
+// hash, and called through ctypes (no torch headers: it compiles in about a second and does not
+// depend on torch's C++ ABI). Everything here has a pure-PyTorch reference in engine/kernels.py and
+// a unit test against it (tests/engine/test_kernels.py).
+//
+// What is here, and where the idea comes from:
+//  * matrix-vector products over GGUF block-quantized weights, kept exactly as the GGUF stores them
+//    (Q4_1: 32 weights = fp16 scale d, fp16 min m, 16 bytes of nibbles; Q8_0: fp16 d, 32 int8).
+//    The activation row is quantized to int8 per 32-block (scale dx, plus the exact float sum for
+//    Q4_1's min term) and the block dot products run on integer SIMD (maddubs), as llama.cpp's
+//    ggml_vec_dot_q4_1_q8_1 / q8_0_q8_0 do. Bytes per weight: 0.625 (Q4_1), 1.0625 (Q8_0), against
+//    2 for fp16: decode at batch 1 is a stream over the weights, so fewer bytes is the lever.
+//  * dequantization of whole matrices to fp32 (prefill hands the result to MKL sgemm) and of single
+//    embedding rows;
+//  * single-query attention over the KV cache (f16 or f32), split over positions in blocks whose
+//    partial softmax states are merged at the end (flash-decoding, Dao et al. 2023);
+//  * a tiny work-sharing pool: the calling thread and (threads - 1) helpers claim fixed-size chunks
+//    from one atomic counter. There is no barrier to wait at: a helper that the OS has not scheduled
+//    simply claims nothing and the caller does the work, so a busy second core costs at most one
+//    chunk of waiting (the OpenMP barriers of multi-threaded ATen GEMVs stalled for whole time
+//    slices, docs/perf.md). Helpers spin for a short while after each job, then sleep.
+#include <immintrin.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <cstdint>
+#include <cstring>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#define PB_API extern "C" __attribute__((visibility("default")))
+
+namespace {
+
+constexpr int QK = 32;  // weights per block, both formats
+struct BlockQ4_1 { uint16_t d, m; uint8_t qs[16]; };
+struct BlockQ8_0 { uint16_t d; int8_t qs[32]; };
+struct BlockX {  // one quantized block of the activation row
+  float d;       // scale: x ~= d * qs
+  float s;       // exact sum of the 32 float inputs (Q4_1's min term: m * sum(x))
+  int8_t qs[32];
+};
+static_assert(sizeof(BlockQ4_1) == 20, "Q4_1 block is 20 bytes");
+static_assert(sizeof(BlockQ8_0) == 34, "Q8_0 block is 34 bytes");
+
+enum Format : int { F_Q4_1 = 0, F_Q8_0 = 1 };
+
+inline float h2f(uint16_t h) { return _cvtsh_ss(h); }
+
+inline float hsum(__m256 v) {
+  __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
+  lo = _mm_add_ps(lo, hi);
+  lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
+  lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
+  return _mm_cvtss_f32(lo);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The pool
+
+struct Pool {
+  using Fn = void (*)(const void* ctx, int64_t chunk);
+  std::vector<std::thread> workers;
+  // (generation << 32) | next chunk to claim. A helper claims only chunks of the generation it saw,
+  // so it can never run a chunk of a job whose parameters are being rewritten.
+  std::atomic<uint64_t> state{0};
+  std::atomic<int64_t> done{0};
+  std::atomic<int> sleeping{0};
+  std::atomic<bool> stop{false};
+  Fn fn = nullptr;
+  const void* ctx = nullptr;
+  int64_t n_chunks = 0;
+  uint32_t gen = 0;
+  std::mutex mu;
+  std::condition_variable cv;
+  int64_t spin_us = 2000;
+
+  ~Pool() { resize(0); }
+
+  void resize(int helpers) {
+    if ((int)workers.size() == helpers) return;
+    stop = true;
+    { std::lock_guard<std::mutex> g(mu); }
+    cv.notify_all();
+    for (auto& t : workers) t.join();
+    workers.clear();
+    stop = false;
+    for (int i = 0; i < helpers; ++i) workers.emplace_back([this] { loop(); });
+  }
+
+  bool claim(uint32_t g, int64_t* chunk) {
+    uint64_t s = state.load(std::memory_order_acquire);
+    for (;;) {
+      if ((uint32_t)(s >> 32) != g) return false;
+      int64_t next = (int64_t)(s & 0xffffffffu);
+      if (next >= n_chunks) return false;
+      if (state.compare_exchange_weak(s, s + 1, std::memory_order_acq_rel)) { *chunk = next; return true; }
+    }
+  }
+
+  void work(uint32_t g) {
+    int64_t c;
+    while (claim(g, &c)) {
+      fn(ctx, c);
+      done.fetch_add(1, std::memory_order_release);
+    }
+  }
+
+  void loop() {
+    uint32_t seen = (uint32_t)(state.load() >> 32);
+    for (;;) {
+      auto t0 = std::chrono::steady_clock::now();
+      uint32_t g;
+      int spins = 0;
+      for (;;) {
+        if (stop) return;
+        g = (uint32_t)(state.load(std::memory_order_acquire) >> 32);
+        if (g != seen) break;
+        _mm_pause();
+        if (++spins % 256 == 0 &&
+            std::chrono::steady_clock::now() - t0 > std::chrono::microseconds(spin_us)) {
+          std::unique_lock<std::mutex> lk(mu);
+          sleeping.fetch_add(1);
+          cv.wait(lk, [&] { return stop || (uint32_t)(state.load() >> 32) != seen; });
+          sleeping.fetch_sub(1);
+          t0 = std::chrono::steady_clock::now();
+        }
+      }
+      seen = g;
+      work(g);
+    }
+  }
+
+  // Run fn(ctx, 0..n-1) on the caller plus the helpers; returns when every chunk has finished.
+  void run(Fn f, const void* c, int64_t n) {
+    if (workers.empty() || n <= 1) {
+      for (int64_t i = 0; i < n; ++i) f(c, i);
+      return;
+    }
+    fn = f; ctx = c; n_chunks = n;
+    done.store(0, std::memory_order_relaxed);
+    gen += 1;
+    state.store((uint64_t)gen << 32, std::memory_order_release);
+    if (sleeping.load() > 0) { std::lock_guard<std::mutex> g(mu); cv.notify_all(); }
+    work(gen);
+    while (done.load(std::memory_order_acquire) < n) _mm_pause();
+    // Close the generation: a helper still holding the old state fails its claim, so it can never
+    // take a chunk number of this job against the next job's parameters.
+    state.store(((uint64_t)gen << 32) | 0xffffffffull, std::memory_order_release);
+  }
+};
+
+Pool& pool() {
+  static Pool p;
+  return p;
+}
+
+int g_threads = 1;
+
+// ---------------------------------------------------------------------------------------------
+// Activation quantization (one row of k floats -> k/32 BlockX)
+
+void quantize_row(const float* x, int64_t k, BlockX* out) {
+  for (int64_t b = 0; b < k / QK; ++b) {
+    const float* xb = x + b * QK;
+    float amax = 0.f, sum = 0.f;
+    for (int i = 0; i < QK; ++i) { amax = std::fmax(amax, std::fabs(xb[i])); sum += xb[i]; }
+    const float d = amax / 127.f, id = d > 0.f ? 1.f / d : 0.f;
+    out[b].d = d;
+    out[b].s = sum;
+    for (int i = 0; i < QK; ++i) out[b].qs[i] = (int8_t)std::nearbyint(xb[i] * id);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Block dot products (AVX2)
+
+inline __m256i nibbles(const uint8_t* qs) {  // 32 x u8 in [0, 15]: low nibbles = 0..15, high = 16..31
+  const __m128i raw = _mm_loadu_si128((const __m128i*)qs);
+  const __m256i both = _mm256_set_m128i(_mm_srli_epi16(raw, 4), raw);
+  return _mm256_and_si256(both, _mm256_set1_epi8(0x0F));
+}
+
+inline __m256 i32_to_ps_sum(__m256i p16) {  // pairs of int16 -> 8 floats
+  return _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, _mm256_set1_epi16(1)));
+}
+
+// R weight rows (R <= 4) against one activation row; y[r] = row r . x
+template <int R>
+inline void rows_q4_1(const uint8_t* w, int64_t row_bytes, int64_t nb, const BlockX* x, float* y) {
+  __m256 acc[R];
+  float mins[R];
+  for (int r = 0; r < R; ++r) { acc[r] = _mm256_setzero_ps(); mins[r] = 0.f; }
+  for (int64_t b = 0; b < nb; ++b) {
+    const __m256i xq = _mm256_loadu_si256((const __m256i*)x[b].qs);
+    for (int r = 0; r < R; ++r) {
+      const BlockQ4_1* blk = (const BlockQ4_1*)(w + r * row_bytes) + b;
+      const __m256 p = i32_to_ps_sum(_mm256_maddubs_epi16(nibbles(blk->qs), xq));
+      acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(h2f(blk->d) * x[b].d), p, acc[r]);
+      mins[r] += h2f(blk->m) * x[b].s;
+    }
+  }
+  for (int r = 0; r < R; ++r) y[r] = hsum(acc[r]) + mins[r];
+}
+
+template <int R>
+inline void rows_q8_0(const uint8_t* w, int64_t row_bytes, int64_t nb, const BlockX* x, float* y) {
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const __m256i xq = _mm256_loadu_si256((const __m256i*)x[b].qs);
+    for (int r = 0; r < R; ++r) {
+      const BlockQ8_0* blk = (const BlockQ8_0*)(w + r * row_bytes) + b;
+      const __m256i wq = _mm256_loadu_si256((const __m256i*)blk->qs);
+      // maddubs wants one unsigned operand: |w| against x carrying w's sign.
+      const __m256 p = i32_to_ps_sum(_mm256_maddubs_epi16(_mm256_sign_epi8(wq, wq), _mm256_sign_epi8(xq, wq)));
+      acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(h2f(blk->d) * x[b].d), p, acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) y[r] = hsum(acc[r]);
+}
+
+int64_t row_bytes_of(int fmt, int64_t k) { return (k / QK) * (fmt == F_Q4_1 ? 20 : 34); }
+
+struct GemvJob {
+  int fmt;
+  const uint8_t* w;
+  int64_t n, k, m;     // weight rows, inputs, activation rows
+  const BlockX* xq;    // (m, k/32)
+  float* y;            // (m, n)
+  int64_t rows_per_chunk;
+};
+
+template <int R>
+inline void rows_any(int fmt, const uint8_t* w, int64_t rb, int64_t nb, const BlockX* x, float* y) {
+  if (fmt == F_Q4_1) rows_q4_1<R>(w, rb, nb, x, y); else rows_q8_0<R>(w, rb, nb, x, y);
+}
+
+void gemv_chunk(const void* p, int64_t c) {
+  const GemvJob& j = *(const GemvJob*)p;
+  const int64_t rb = row_bytes_of(j.fmt, j.k), nb = j.k / QK;
+  const int64_t r0 = c * j.rows_per_chunk, r1 = std::min(j.n, r0 + j.rows_per_chunk);
+  for (int64_t i = 0; i < j.m; ++i) {
+    const BlockX* x = j.xq + i * nb;
+    float* y = j.y + i * j.n;
+    int64_t r = r0;
+    for (; r + 4 <= r1; r += 4) rows_any<4>(j.fmt, j.w + r * rb, rb, nb, x, y + r);
+    for (; r < r1; ++r) rows_any<1>(j.fmt, j.w + r * rb, rb, nb, x, y + r);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Attention of one query token per head over S cached positions
+
+struct AttnJob {
+  const float* q;          // (H, D)
+  const void* k;           // element (h, s, d) at k + h*k_hs + s*k_ps + d
+  const void* v;
+  int kv_f16;
+  int64_t k_hs, k_ps, v_hs, v_ps;
+  int H, Hkv, D, S, block;
+  float scale;
+  float* part;             // per (kv head, block, rep): [max, sum, acc(D)]
+  int n_blocks;
+};
+
+// exp for x <= 0 (softmax after subtracting the max): Cephes-style range reduction and a degree-6
+// polynomial, relative error ~2e-7 over the range used.
+inline __m256 exp256(__m256 x) {
+  x = _mm256_max_ps(x, _mm256_set1_ps(-87.3f));
+  const __m256 log2e = _mm256_set1_ps(1.44269504088896341f);
+  __m256 n = _mm256_round_ps(_mm256_mul_ps(x, log2e), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.f)));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+constexpr int MAX_REP = 16, MAX_REP_REG = 16, MAX_D = 256, MAX_BLOCK = 256;
+
+// Sum each of 8 vectors: returns (sum(a[0]), ..., sum(a[7])).
+inline __m256 reduce8(const __m256* a) {
+  const __m256 t0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+  const __m256 t1 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
+  return _mm256_add_ps(_mm256_permute2f128_ps(t0, t1, 0x20), _mm256_permute2f128_ps(t0, t1, 0x31));
+}
+
+inline __m256 load8(const void* base, int f16, int64_t off) {
+  if (f16) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)((const uint16_t*)base + off)));
+  return _mm256_loadu_ps((const float*)base + off);
+}
+
+void attn_chunk(const void* p, int64_t c) {
+  const AttnJob& j = *(const AttnJob*)p;
+  const int h = (int)(c / j.n_blocks), blk = (int)(c % j.n_blocks);
+  const int rep = j.H / j.Hkv, D = j.D;
+  const int s0 = blk * j.block, s1 = std::min(j.S, s0 + j.block), n = s1 - s0;
+  alignas(32) float scores[MAX_REP][MAX_BLOCK + 8];
+  alignas(32) float kbuf[8][MAX_D];
+  const float* q = j.q + (int64_t)h * rep * D;
+  const int64_t kb = h * j.k_hs + (int64_t)s0 * j.k_ps, vb = h * j.v_hs + (int64_t)s0 * j.v_ps;
+  // 1. scores = q . k * scale, 8 positions at a time (one horizontal reduction per 8 dot products)
+  for (int s = 0; s < n; s += 8) {
+    const int cnt = std::min(8, n - s);
+    for (int t = 0; t < 8; ++t)
+      for (int d = 0; d < D; d += 8)
+        _mm256_store_ps(&kbuf[t][d], t < cnt ? load8(j.k, j.kv_f16, kb + (int64_t)(s + t) * j.k_ps + d) : _mm256_setzero_ps());
+    for (int r = 0; r < rep; ++r) {
+      __m256 a[8];
+      for (int t = 0; t < 8; ++t) a[t] = _mm256_setzero_ps();
+      for (int d = 0; d < D; d += 8) {
+        const __m256 qv = _mm256_loadu_ps(q + r * D + d);
+        for (int t = 0; t < 8; ++t) a[t] = _mm256_fmadd_ps(qv, _mm256_load_ps(&kbuf[t][d]), a[t]);
+      }
+      _mm256_storeu_ps(&scores[r][s], _mm256_mul_ps(reduce8(a), _mm256_set1_ps(j.scale)));
+    }
+  }
+  // 2. block-local softmax numerators, and the block's (max, sum)
+  for (int r = 0; r < rep; ++r) {
+    float mx = -INFINITY;
+    for (int s = 0; s < n; ++s) mx = std::fmax(mx, scores[r][s]);
+    const __m256 vm = _mm256_set1_ps(mx);
+    __m256 vs = _mm256_setzero_ps();
+    int s = 0;
+    for (; s + 8 <= n; s += 8) {
+      const __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(&scores[r][s]), vm));
+      _mm256_storeu_ps(&scores[r][s], e);
+      vs = _mm256_add_ps(vs, e);
+    }
+    float sum = hsum(vs);
+    for (; s < n; ++s) { scores[r][s] = std::exp(scores[r][s] - mx); sum += scores[r][s]; }
+    float* out = j.part + ((int64_t)(h * j.n_blocks + blk) * rep + r) * (D + 2);
+    out[0] = mx; out[1] = sum;
+  }
+  // 3. acc = sum_s p_s v_s: 32 dims at a time for every query of this KV head, in registers
+  for (int d0 = 0; d0 < D; d0 += 32) {
+    const int nv = std::min(4, (D - d0) / 8);
+    __m256 acc[MAX_REP_REG][4];
+    for (int r = 0; r < rep; ++r) for (int i = 0; i < 4; ++i) acc[r][i] = _mm256_setzero_ps();
+    for (int s = 0; s < n; ++s) {
+      __m256 vv[4];
+      for (int i = 0; i < nv; ++i) vv[i] = load8(j.v, j.kv_f16, vb + (int64_t)s * j.v_ps + d0 + 8 * i);
+      for (int r = 0; r < rep; ++r) {
+        const __m256 ps = _mm256_set1_ps(scores[r][s]);
+        for (int i = 0; i < nv; ++i) acc[r][i] = _mm256_fmadd_ps(ps, vv[i], acc[r][i]);
+      }
+    }
+    for (int r = 0; r < rep; ++r) {
+      float* out = j.part + ((int64_t)(h * j.n_blocks + blk) * rep + r) * (D + 2) + 2 + d0;
+      for (int i = 0; i < nv; ++i) _mm256_storeu_ps(out + 8 * i, acc[r][i]);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Shared implementations behind the C API
+
+template <typename T>
+T* grow(std::vector<T>& v, size_t n) {  // per-thread scratch that only ever grows
+  if (v.size() < n) v.resize(n);
+  return v.data();
+}
+
+thread_local std::vector<BlockX> t_xq;
+thread_local std::vector<float> t_part, t_f1, t_f2, t_f3;
+
+void linear_impl(int fmt, const uint8_t* w, int64_t n, int64_t k, const float* x, int64_t m, float* y) {
+  const int64_t nb = k / QK;
+  BlockX* xq = grow(t_xq, (size_t)(m * nb));
+  for (int64_t i = 0; i < m; ++i) quantize_row(x + i * k, k, xq + i * nb);
+  GemvJob j{fmt, w, n, k, m, xq, y, 32};
+  pool().run(gemv_chunk, &j, (n + j.rows_per_chunk - 1) / j.rows_per_chunk);
+}
+
+void attention_impl(const float* q, const void* k, const void* v, int kv_f16, int64_t k_hs, int64_t k_ps,
+                    int64_t v_hs, int64_t v_ps, int H, int Hkv, int D, int S, float scale, float* out) {
+  const int block = MAX_BLOCK, n_blocks = (S + block - 1) / block, rep = H / Hkv;
+  float* part = grow(t_part, (size_t)Hkv * n_blocks * rep * (D + 2));
+  AttnJob j{q, k, v, kv_f16, k_hs, k_ps, v_hs, v_ps, H, Hkv, D, S, block, scale, part, n_blocks};
+  pool().run(attn_chunk, &j, (int64_t)Hkv * n_blocks);
+  for (int h = 0; h < Hkv; ++h) {  // merge the blocks' partial softmax states
+    for (int r = 0; r < rep; ++r) {
+      float mx = -INFINITY;
+      for (int b = 0; b < n_blocks; ++b) mx = std::fmax(mx, part[((int64_t)(h * n_blocks + b) * rep + r) * (D + 2)]);
+      float* o = out + (int64_t)(h * rep + r) * D;
+      std::memset(o, 0, sizeof(float) * D);
+      float total = 0.f;
+      for (int b = 0; b < n_blocks; ++b) {
+        const float* pp = part + ((int64_t)(h * n_blocks + b) * rep + r) * (D + 2);
+        const float w = std::exp(pp[0] - mx);
+        total += w * pp[1];
+        for (int d = 0; d < D; ++d) o[d] += w * pp[2 + d];
+      }
+      const float inv = 1.f / total;
+      for (int d = 0; d < D; ++d) o[d] *= inv;
+    }
+  }
+}
+
+void rms_norm(const float* x, const float* w, int64_t n, float eps, float* y) {
+  double ss = 0.0;  // as F.rms_norm: mean of squares in fp32 accumulation is enough, double is free here
+  for (int64_t i = 0; i < n; ++i) ss += (double)x[i] * x[i];
+  const float r = 1.f / std::sqrt((float)(ss / n) + eps);
+  for (int64_t i = 0; i < n; ++i) y[i] = x[i] * r * w[i];
+}
+
+// Rotate-half RoPE (as engine/model.py's apply_rope) of n_heads vectors of D, in place.
+void rope(float* x, int n_heads, int D, const float* cos, const float* sin) {
+  const int half = D / 2;
+  for (int h = 0; h < n_heads; ++h) {
+    float* v = x + (int64_t)h * D;
+    for (int i = 0; i < half; ++i) {
+      const float a = v[i], b = v[i + half];
+      v[i] = a * cos[i] - b * sin[i];
+      v[i + half] = b * cos[i + half] + a * sin[i + half];
+    }
+  }
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// C API (argument shapes in engine/native.py)
+
+PB_API int pb_abi_version() { return 2; }
+
+PB_API int pb_cpu_supported() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+}
+
+PB_API void pb_set_threads(int n, int64_t spin_us) {
+  if (n < 1) n = 1;
+  pool().spin_us = spin_us;
+  pool().resize(n - 1);
+  g_threads = n;
+}
+
+PB_API int pb_get_threads() { return g_threads; }
+
+// y (m, n) = x (m, k) @ dequant(w (n, k)).T. w: n rows of k/32 blocks in format fmt.
+PB_API void pb_linear(int fmt, const uint8_t* w, int64_t n, int64_t k, const float* x, int64_t m, float* y) {
+  linear_impl(fmt, w, n, k, x, m, y);
+}
+
+// The activation quantization alone, for tests: out is (k/32) * 40 bytes.
+PB_API void pb_quantize_row(const float* x, int64_t k, void* out) { quantize_row(x, k, (BlockX*)out); }
+
+// out (len(rows), k) float32 = dequant of the listed rows of w (rows == nullptr: rows 0..n_rows-1).
+PB_API void pb_dequantize(int fmt, const uint8_t* w, int64_t k, const int64_t* rows, int64_t n_rows, float* out) {
+  const int64_t rb = row_bytes_of(fmt, k), nb = k / QK;
+  for (int64_t i = 0; i < n_rows; ++i) {
+    const uint8_t* src = w + (rows ? rows[i] : i) * rb;
+    float* dst = out + i * k;
+    for (int64_t b = 0; b < nb; ++b) {
+      if (fmt == F_Q4_1) {
+        const BlockQ4_1* blk = (const BlockQ4_1*)src + b;
+        const float d = h2f(blk->d), mn = h2f(blk->m);
+        for (int t = 0; t < 16; ++t) {
+          dst[b * QK + t] = d * (blk->qs[t] & 0x0F) + mn;
+          dst[b * QK + t + 16] = d * (blk->qs[t] >> 4) + mn;
+        }
+      } else {
+        const BlockQ8_0* blk = (const BlockQ8_0*)src + b;
+        const float d = h2f(blk->d);
+        for (int t = 0; t < QK; ++t) dst[b * QK + t] = d * blk->qs[t];
+      }
+    }
+  }
+}
+
+// Attention of one new token: q (H, D) float32 (already rotated), out (H, D) float32; K/V element
+// (h, s, d) at base + h*hs + s*ps + d (in elements of their dtype: f16 if kv_f16 else f32); S
+// positions; H a multiple of Hkv (grouped-query attention). Returns -1 for an unsupported shape.
+PB_API int pb_attention_decode(const float* q, const void* k, const void* v, int kv_f16, int64_t k_hs, int64_t k_ps,
+                               int64_t v_hs, int64_t v_ps, int H, int Hkv, int D, int S, float scale, float* out) {
+  if (H % Hkv || H / Hkv > MAX_REP || D % 8 || D > MAX_D || S < 1) return -1;
+  attention_impl(q, k, v, kv_f16, k_hs, k_ps, v_hs, v_ps, H, Hkv, D, S, scale, out);
+  return 0;
+}
+
+// One decoder block for one token, in two halves around the KV cache update (which stays in
+// Python: the cache's update(positions, k, v) contract is where patches such as int8 KV hook in).
+// Same math as engine/model.py's Block.forward for T = 1.
+struct LayerW {
+  int32_t fmt_qkv, fmt_o, fmt_13, fmt_2;
+  const uint8_t *wqkv, *wo, *w13, *w2;
+  const float *attn_norm, *ffn_norm;
+  float eps;
+  int32_t dim, hidden, H, Hkv, D;
+};
+
+// q (H*D), k (Hkv*D), v (Hkv*D) of token x (dim): RMSNorm, the fused qkv product, RoPE on q and k.
+PB_API void pb_block_pre(const LayerW* L, const float* x, const float* cos, const float* sin, float* q, float* k,
+                         float* v) {
+  const int q_out = L->H * L->D, kv_out = L->Hkv * L->D;
+  float* xn = grow(t_f1, (size_t)L->dim);
+  float* qkv = grow(t_f2, (size_t)(q_out + 2 * kv_out));
+  rms_norm(x, L->attn_norm, L->dim, L->eps, xn);
+  linear_impl(L->fmt_qkv, L->wqkv, q_out + 2 * kv_out, L->dim, xn, 1, qkv);
+  rope(qkv, L->H, L->D, cos, sin);
+  rope(qkv + q_out, L->Hkv, L->D, cos, sin);
+  std::memcpy(q, qkv, sizeof(float) * q_out);
+  std::memcpy(k, qkv + q_out, sizeof(float) * kv_out);
+  std::memcpy(v, qkv + q_out + kv_out, sizeof(float) * kv_out);
+}
+
+// x (dim) += wo(attention(q, cache)); x += w2(silu(w1 h) * w3 h), h = RMSNorm(x). In place.
+PB_API int pb_block_post(const LayerW* L, float* x, const float* q, const void* k, const void* v, int kv_f16,
+                         int64_t k_hs, int64_t k_ps, int64_t v_hs, int64_t v_ps, int S) {
+  if (L->H % L->Hkv || L->H / L->Hkv > MAX_REP || L->D % 8 || L->D > MAX_D || S < 1) return -1;
+  const int q_out = L->H * L->D;
+  float* att = grow(t_f1, (size_t)std::max<int64_t>(q_out, L->dim));
+  float* tmp = grow(t_f2, (size_t)std::max<int64_t>(L->dim, L->hidden));
+  float* gu = grow(t_f3, (size_t)(2 * L->hidden));
+  attention_impl(q, k, v, kv_f16, k_hs, k_ps, v_hs, v_ps, L->H, L->Hkv, L->D, S, 1.f / std::sqrt((float)L->D), att);
+  linear_impl(L->fmt_o, L->wo, L->dim, q_out, att, 1, tmp);
+  for (int i = 0; i < L->dim; ++i) x[i] += tmp[i];
+  rms_norm(x, L->ffn_norm, L->dim, L->eps, att);
+  linear_impl(L->fmt_13, L->w13, 2 * L->hidden, L->dim, att, 1, gu);
+  for (int i = 0; i < L->hidden; ++i) {
+    const float g = gu[i];
+    tmp[i] = g / (1.f + std::exp(-g)) * gu[L->hidden + i];  // silu(gate) * up
+  }
+  linear_impl(L->fmt_2, L->w2, L->dim, L->hidden, tmp, 1, att);
+  for (int i = 0; i < L->dim; ++i) x[i] += att[i];
+  return 0;
+}
