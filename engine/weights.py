@@ -526,6 +526,30 @@ def load_converted(path: Path, max_context: int | None, linear: str, kv: str) ->
     return _loaded(cfg, state, tok, doc["tokenizer"], template, doc["name"], max_context, linear, kv)
 
 
+def load_tokenizer(spec: str) -> tuple[Tokenizer, str, int]:
+    """(tokenizer, model name, context length) of a model, without loading its weights."""
+    if spec in NAMED_MODELS:
+        return (Tokenizer(byte_level_tokenizer(), eos_id=2, bos_id=None, add_bos=False,
+                          chat_template=TINY_CHAT_TEMPLATE), spec, NAMED_MODELS[spec].context_length)
+    path = Path(spec)
+    if path.is_dir() and (path / "config.json").exists():
+        doc = json.loads((path / "config.json").read_text(encoding="utf-8"))
+        meta, template_file = doc["tokenizer"], path / "chat_template.jinja"
+        template = template_file.read_text(encoding="utf-8") if template_file.exists() else None
+        tok = tokenizers.Tokenizer.from_file(str(path / "tokenizer.json"))
+        name, ctx = doc["name"], int(doc["model"]["context_length"])
+    elif path.is_file():
+        g = GGUFFile(path)
+        tok, meta = gguf_tokenizer(g)
+        template = g.get("tokenizer.chat_template", None)
+        name = path.name[: -len(".gguf")] if path.name.endswith(".gguf") else path.name
+        ctx = int(gguf_config(g).context_length)
+    else:
+        raise ValueError(f"model {spec!r} is neither a named model, a converted directory nor a GGUF file")
+    return (Tokenizer(tok, eos_id=meta["eos_id"], bos_id=meta.get("bos_id"), add_bos=meta.get("add_bos", False),
+                      chat_template=template, stop_ids=meta.get("stop_ids", [])), name, ctx)
+
+
 def load(spec: str, max_context: int | None = None, linear: str = DEFAULT_LINEAR, kv: str = "auto") -> LoadedModel:
     """Load a model: a name in NAMED_MODELS, a converted directory, or a GGUF file.
 
