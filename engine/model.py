@@ -89,7 +89,8 @@ class Linear(nn.Module):
 
 
 class KVCache(nn.Module):
-    """Keys and values of one attention layer, preallocated to ``max_context`` positions.
+    """Keys and values of one attention layer, preallocated to ``max_context`` positions, stored in
+    ``dtype`` (float16 when engine.native's attention kernel reads the cache, float32 otherwise).
 
     Contract of ``update(positions, k, v)``:
       positions: (T,) int64, the absolute positions of the T new tokens, ascending and contiguous;
