@@ -26,6 +26,7 @@ kernels against them and against ``F.linear``.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 import torch
@@ -249,6 +250,22 @@ def linear_ref(fmt: str, blocks: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 # GGUF block formats: the modules
 
 
+_tls = threading.local()
+#: Largest dequantized weight kept in the reused buffer (64 MiB: every SmolLM2 layer matrix; not a
+#: whole-vocabulary lm_head, which only the all-positions logits of tests ask for).
+SCRATCH_MAX = 16 * 2**20
+
+
+def _weight_scratch(numel: int) -> torch.Tensor | None:
+    """A per-thread float32 buffer of >= numel elements that only grows (None: too big to keep)."""
+    if numel > SCRATCH_MAX:
+        return None
+    buf = getattr(_tls, "weight", None)
+    if buf is None or buf.numel() < numel:
+        buf = _tls.weight = torch.empty(numel, dtype=torch.float32)
+    return buf
+
+
 class QuantLinear(nn.Module):
     """A bias-free linear layer over GGUF blocks (q4_1 / q8_0): weight (out, in) held once, as
     ``blocks`` (out, in/32 * block bytes) uint8. Needs ``engine.native``."""
@@ -263,10 +280,13 @@ class QuantLinear(nn.Module):
         rows = x.numel() // self.in_features if x.numel() else 0
         if rows <= QUANT_MAX_ROWS:
             return native.linear(x, self.fmt, self.blocks, self.out_features)
-        return F.linear(x, self.dequantized())  # prefill: compute-bound, one dequantization, then sgemm
+        # Prefill: compute-bound; dequantize once into a reused buffer (no allocation, so no page
+        # faults per call) and let MKL's sgemm do the O(rows) work.
+        return F.linear(x, native.dequantize(self.fmt, self.blocks, self.in_features,
+                                             out=_weight_scratch(self.out_features * self.in_features)))
 
     def dequantized(self) -> torch.Tensor:
-        """(out, in) float32 (a fresh tensor, for the many-row path and for checks)."""
+        """(out, in) float32, a fresh tensor (for checks)."""
         return native.dequantize(self.fmt, self.blocks, self.in_features)
 
     def nbytes(self) -> int:

@@ -193,14 +193,20 @@ def linear(x: torch.Tensor, fmt: str, blocks: torch.Tensor, out_features: int) -
     return y
 
 
-def dequantize(fmt: str, blocks: torch.Tensor, k: int, rows: torch.Tensor | None = None) -> torch.Tensor:
-    """(len(rows) or all rows, k) float32 of the block matrix (rows: int64 row indices)."""
+def dequantize(fmt: str, blocks: torch.Tensor, k: int, rows: torch.Tensor | None = None,
+               out: torch.Tensor | None = None) -> torch.Tensor:
+    """(len(rows) or all rows, k) float32 of the block matrix (rows: int64 row indices), written
+    into ``out`` (a contiguous float32 tensor of at least that many elements) when given."""
     if rows is not None:
         rows = rows.reshape(-1).to(torch.int64).contiguous()
         n = rows.numel()
     else:
         n = blocks.shape[0]
-    out = torch.empty((n, k), dtype=torch.float32)
+    if out is None:
+        out = torch.empty((n, k), dtype=torch.float32)
+    else:
+        assert out.dtype == torch.float32 and out.is_contiguous() and out.numel() >= n * k
+        out = out.view(-1)[:n * k].view(n, k)
     lib().pb_dequantize(FORMATS[fmt], blocks.data_ptr(), k, None if rows is None else rows.data_ptr(), n,
                         out.data_ptr())
     return out

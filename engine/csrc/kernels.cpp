@@ -364,6 +364,47 @@ void attn_chunk(const void* p, int64_t c) {
   }
 }
 
+struct DequantJob {
+  static constexpr int64_t ROWS = 16;
+  int fmt;
+  const uint8_t* w;
+  int64_t k;
+  const int64_t* rows;
+  int64_t n_rows;
+  float* out;
+};
+
+void dequant_chunk(const void* p, int64_t c) {
+  const DequantJob& j = *(const DequantJob*)p;
+  const int64_t rb = row_bytes_of(j.fmt, j.k), nb = j.k / QK;
+  const int64_t r0 = c * DequantJob::ROWS, r1 = std::min(j.n_rows, r0 + DequantJob::ROWS);
+  for (int64_t i = r0; i < r1; ++i) {
+    const uint8_t* src = j.w + (j.rows ? j.rows[i] : i) * rb;
+    float* dst = j.out + i * j.k;
+    for (int64_t b = 0; b < nb; ++b, dst += QK) {
+      __m256i q;  // 32 x int8 weights of this block
+      __m256 d, m;
+      if (j.fmt == F_Q4_1) {
+        const BlockQ4_1* blk = (const BlockQ4_1*)src + b;
+        q = nibbles(blk->qs);
+        d = _mm256_set1_ps(h2f(blk->d));
+        m = _mm256_set1_ps(h2f(blk->m));
+      } else {
+        const BlockQ8_0* blk = (const BlockQ8_0*)src + b;
+        q = _mm256_loadu_si256((const __m256i*)blk->qs);
+        d = _mm256_set1_ps(h2f(blk->d));
+        m = _mm256_setzero_ps();
+      }
+      const __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
+      const __m128i parts[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
+      for (int t = 0; t < 4; ++t) {  // sign-extend (q8_0) or zero-extend (nibbles are < 16: same)
+        const __m256 f = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(parts[t]));
+        _mm256_storeu_ps(dst + 8 * t, _mm256_fmadd_ps(d, f, m));
+      }
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Shared implementations behind the C API
 
@@ -458,27 +499,13 @@ PB_API void pb_linear(int fmt, const uint8_t* w, int64_t n, int64_t k, const flo
 // The activation quantization alone, for tests: out is (k/32) * 40 bytes.
 PB_API void pb_quantize_row(const float* x, int64_t k, void* out) { quantize_row(x, k, (BlockX*)out); }
 
-// out (len(rows), k) float32 = dequant of the listed rows of w (rows == nullptr: rows 0..n_rows-1).
+// out (len(rows), k) float32 = dequant of the listed rows of w (rows == nullptr: rows 0..n_rows-1),
+// split over the pool in chunks of 16 rows.
 PB_API void pb_dequantize(int fmt, const uint8_t* w, int64_t k, const int64_t* rows, int64_t n_rows, float* out) {
-  const int64_t rb = row_bytes_of(fmt, k), nb = k / QK;
-  for (int64_t i = 0; i < n_rows; ++i) {
-    const uint8_t* src = w + (rows ? rows[i] : i) * rb;
-    float* dst = out + i * k;
-    for (int64_t b = 0; b < nb; ++b) {
-      if (fmt == F_Q4_1) {
-        const BlockQ4_1* blk = (const BlockQ4_1*)src + b;
-        const float d = h2f(blk->d), mn = h2f(blk->m);
-        for (int t = 0; t < 16; ++t) {
-          dst[b * QK + t] = d * (blk->qs[t] & 0x0F) + mn;
-          dst[b * QK + t + 16] = d * (blk->qs[t] >> 4) + mn;
-        }
-      } else {
-        const BlockQ8_0* blk = (const BlockQ8_0*)src + b;
-        const float d = h2f(blk->d);
-        for (int t = 0; t < QK; ++t) dst[b * QK + t] = d * blk->qs[t];
-      }
-    }
-  }
+  DequantJob j{fmt, w, k, rows, n_rows, out};
+  const int64_t n_chunks = (n_rows + DequantJob::ROWS - 1) / DequantJob::ROWS;
+  if (n_rows <= 4) { for (int64_t c = 0; c < n_chunks; ++c) dequant_chunk(&j, c); return; }  // embedding lookups
+  pool().run(dequant_chunk, &j, n_chunks);
 }
 
 // Attention of one new token: q (H, D) float32 (already rotated), out (H, D) float32; K/V element

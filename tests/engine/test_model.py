@@ -141,3 +141,11 @@ def test_decoder_matches_transformers_llama(tiny):
         want = hf(torch.tensor([PROMPT])).logits[0].float()
     got = generate.forward_logits(tiny, PROMPT)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_prefill_in_chunks_matches_one_pass(tiny, monkeypatch):
+    whole = generate.forward_logits(tiny, PROMPT)[-1]
+    monkeypatch.setattr(generate, "PREFILL_CHUNK", 5)  # 16 tokens: passes of 5, 5, 5, 1
+    torch.testing.assert_close(generate.prefill(tiny.model, PROMPT, 0), whole, rtol=1e-4, atol=1e-4)
+    step = generate.decode_one(tiny.model, 7, len(PROMPT))  # the cache holds all 16 positions
+    torch.testing.assert_close(step, generate.forward_logits(tiny, PROMPT + [7])[-1], rtol=1e-4, atol=1e-4)
