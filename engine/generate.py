@@ -16,9 +16,10 @@ from .model import Transformer
 
 
 #: Prompt tokens per forward pass of the prefill. Chunks bound every activation of a long prompt
-#: (the (T, 2 * hidden) MLP input is T * 24 KiB for SmolLM2) below glibc's 32 MiB mmap ceiling, so
-#: the server's malloc settings keep them mapped between requests, and they stay near the caches.
-PREFILL_CHUNK = 2048
+#: (the (T, 2 * hidden) MLP output is T * 24 KiB for SmolLM2; a later chunk's attention mask is
+#: T * S * 4 bytes, 32 MiB at S = 8192) near glibc's 32 MiB mmap ceiling, so the server's malloc
+#: settings keep them mapped between requests; and they bound the prefill's peak memory.
+PREFILL_CHUNK = 1024
 
 
 @torch.inference_mode()

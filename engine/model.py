@@ -104,8 +104,11 @@ class KVCache(nn.Module):
         super().__init__()
         self.max_context = max_context
         shape = (1, n_kv_heads, max_context, head_dim)  # (B, H_kv, S, D)
-        self.register_buffer("k", torch.zeros(shape, dtype=dtype), persistent=False)
-        self.register_buffer("v", torch.zeros(shape, dtype=dtype), persistent=False)
+        # Uninitialized on purpose: a position is always written before it is read (the contract
+        # above), so the pages of positions never used are never touched and resident memory
+        # follows the longest sequence served, not max_context.
+        self.register_buffer("k", torch.empty(shape, dtype=dtype), persistent=False)
+        self.register_buffer("v", torch.empty(shape, dtype=dtype), persistent=False)
 
     def update(self, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         T = positions.shape[0]
@@ -277,7 +280,10 @@ class Transformer(nn.Module):
         mask = None
         if T > 1 and start > 0:
             # Queries start+i may see keys 0..start+i; SDPA's is_causal would align them top-left.
-            mask = torch.ones(T, end, dtype=torch.bool).tril(diagonal=start)  # (T, S)
+            # Additive float, built once for all layers: SDPA would otherwise widen a bool mask to
+            # float in every layer (a (T, S) float32 allocation per layer, page faults included).
+            allowed = torch.ones(T, end, dtype=torch.bool).tril(diagonal=start)  # (T, S)
+            mask = torch.zeros(T, end).masked_fill_(~allowed, float("-inf"))  # (T, S)
         x = self.tok_embeddings(tokens)  # (1, T, dim)
         for layer in self.layers:
             x = layer(x, cos, sin, positions, mask)
