@@ -163,6 +163,27 @@ def _check_blocks(fmt: str, blocks: torch.Tensor, k: int) -> None:
                          f"{blocks.dtype} {tuple(blocks.shape)}")
 
 
+def split_rows(fmt: str, blocks: torch.Tensor) -> torch.Tensor:
+    """GGUF blocks -> the kernels' split row layout (the same bytes, regrouped per row: every
+    block's quants, then every block's fp16 d, then (q4_1) every block's fp16 m), so the kernels
+    load and convert 8 scales at once. (rows, nb * bytes) uint8 -> the same shape."""
+    n = blocks.shape[0]
+    b = blocks.reshape(n, -1, block_bytes(fmt))  # (rows, blocks, bytes)
+    parts = [b[..., 4:], b[..., 0:2], b[..., 2:4]] if fmt == "q4_1" else [b[..., 2:], b[..., 0:2]]
+    return torch.cat([p.reshape(n, -1) for p in parts], dim=1).contiguous()
+
+
+def join_rows(fmt: str, split: torch.Tensor) -> torch.Tensor:
+    """The inverse of ``split_rows``: back to GGUF's interleaved blocks."""
+    n = split.shape[0]
+    nb = split.shape[1] // block_bytes(fmt)
+    qb = 16 if fmt == "q4_1" else 32
+    qs = split[:, :nb * qb].reshape(n, nb, qb)
+    d = split[:, nb * qb:nb * (qb + 2)].reshape(n, nb, 2)
+    parts = [d, split[:, nb * (qb + 2):].reshape(n, nb, 2), qs] if fmt == "q4_1" else [d, qs]
+    return torch.cat(parts, dim=-1).reshape(n, -1).contiguous()
+
+
 def dequantize_ref(fmt: str, blocks: torch.Tensor, k: int) -> torch.Tensor:
     """(rows, k) float32 of a block matrix, by the GGUF definitions (ggml's dequantize_row_*):
     q4_1: w = d * q + m, q in [0, 15], element j in the low nibble of byte j, j + 16 in its high one;
@@ -268,13 +289,15 @@ def _weight_scratch(numel: int) -> torch.Tensor | None:
 
 class QuantLinear(nn.Module):
     """A bias-free linear layer over GGUF blocks (q4_1 / q8_0): weight (out, in) held once, as
-    ``blocks`` (out, in/32 * block bytes) uint8. Needs ``engine.native``."""
+    ``blocks`` (out, in/32 * block bytes) uint8 in the split row layout (``layout="gguf"``: split
+    here, a copy). Needs ``engine.native``."""
 
-    def __init__(self, fmt: str, blocks: torch.Tensor, in_features: int):
+    def __init__(self, fmt: str, blocks: torch.Tensor, in_features: int, layout: str = "gguf"):
         super().__init__()
         _check_blocks(fmt, blocks, in_features)
         self.fmt, self.in_features, self.out_features = fmt, in_features, blocks.shape[0]
-        self.register_buffer("blocks", blocks.contiguous(), persistent=False)
+        split = split_rows(fmt, blocks) if layout == "gguf" else blocks.contiguous()
+        self.register_buffer("blocks", split, persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // self.in_features if x.numel() else 0
@@ -298,13 +321,14 @@ class QuantLinear(nn.Module):
 
 class QuantEmbedding(nn.Module):
     """Token embedding whose table is a block matrix (vocab, dim): rows are dequantized on lookup.
-    A tied lm_head is a ``QuantLinear`` over the very same ``blocks`` tensor."""
+    A tied lm_head is a ``QuantLinear`` over the very same ``blocks`` tensor (``layout="split"``)."""
 
-    def __init__(self, fmt: str, blocks: torch.Tensor, dim: int):
+    def __init__(self, fmt: str, blocks: torch.Tensor, dim: int, layout: str = "gguf"):
         super().__init__()
         _check_blocks(fmt, blocks, dim)
         self.fmt, self.dim = fmt, dim
-        self.register_buffer("blocks", blocks.contiguous(), persistent=False)
+        split = split_rows(fmt, blocks) if layout == "gguf" else blocks.contiguous()
+        self.register_buffer("blocks", split, persistent=False)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         rows = native.dequantize(self.fmt, self.blocks, self.dim, tokens)  # (n, dim)

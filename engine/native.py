@@ -33,7 +33,7 @@ import torch
 SOURCE = Path(__file__).resolve().parent / "csrc" / "kernels.cpp"
 FLAGS = ["-O3", "-std=c++17", "-fPIC", "-shared", "-pthread", "-fvisibility=hidden",
          "-mavx2", "-mfma", "-mf16c", "-fno-math-errno"]
-ABI_VERSION = 2
+ABI_VERSION = 3
 FORMATS = {"q4_1": 0, "q8_0": 1}
 #: bytes per block of 32 weights
 BLOCK_BYTES = {"q4_1": 20, "q8_0": 34}
@@ -117,8 +117,9 @@ def _bind(path: Path) -> ctypes.CDLL:
         "pb_cpu_supported": (i32, []),
         "pb_set_threads": (None, [i32, i64]),
         "pb_get_threads": (i32, []),
-        "pb_linear": (None, [i32, p, i64, i64, p, i64, p]),
-        "pb_quantize_row": (None, [p, i64, p]),
+        "pb_pool_stats": (None, [p]),
+        "pb_linear": (i32, [i32, p, i64, i64, p, i64, p]),
+        "pb_quantize_row": (None, [p, i64, p, p, p]),
         "pb_dequantize": (None, [i32, p, i64, p, i64, p]),
         "pb_attention_decode": (i32, [p, p, p, i32, i64, i64, i64, i64, i32, i32, i32, i32, f32, p]),
         "pb_block_pre": (None, [ctypes.POINTER(LayerW), p, p, p, p, p, p]),
@@ -172,6 +173,18 @@ def set_threads(n: int) -> None:
         L.pb_set_threads(int(n), SPIN_US)
 
 
+def pool_stats() -> dict:
+    """The pool's counters since the last call: jobs; stalls (the caller waited > 50 us for a
+    preempted helper); busy (windows in which the caller itself waited > 5 % of the time for a
+    core); alone (jobs the caller ran by itself in the backoff after either)."""
+    L = lib()
+    if L is None:
+        return {"jobs": 0, "stalls": 0, "busy": 0, "alone": 0}
+    buf = (ctypes.c_uint64 * 4)()
+    L.pb_pool_stats(buf)
+    return {"jobs": buf[0], "stalls": buf[1], "busy": buf[2], "alone": buf[3]}
+
+
 def threads() -> int:
     L = lib()
     return L.pb_get_threads() if L is not None else 1
@@ -181,22 +194,35 @@ def threads() -> int:
 # Tensor-level wrappers (the shape contracts of kernels.cpp)
 
 def linear(x: torch.Tensor, fmt: str, blocks: torch.Tensor, out_features: int) -> torch.Tensor:
-    """x (..., k) float32 @ dequant(blocks).T -> (..., out_features) float32.
+    """x (..., k) float32 @ dequant(blocks).T -> (..., out_features) float32, at most 64 rows.
 
-    blocks: (out_features, k/32 * BLOCK_BYTES[fmt]) uint8, contiguous, GGUF block layout."""
+    blocks: (out_features, k/32 * BLOCK_BYTES[fmt]) uint8, contiguous, in the split row layout
+    (``engine.kernels.split_rows``)."""
     k = x.shape[-1]
     x2 = x.reshape(-1, k)
     if x2.dtype != torch.float32 or not x2.is_contiguous():
         x2 = x2.float().contiguous()
     y = torch.empty((*x.shape[:-1], out_features), dtype=torch.float32)
-    lib().pb_linear(FORMATS[fmt], blocks.data_ptr(), out_features, k, x2.data_ptr(), x2.shape[0], y.data_ptr())
+    if lib().pb_linear(FORMATS[fmt], blocks.data_ptr(), out_features, k, x2.data_ptr(), x2.shape[0], y.data_ptr()):
+        raise ValueError(f"native.linear: {x2.shape[0]} rows of {k} inputs (at most 64 rows, a multiple of 32 inputs)")
     return y
+
+
+def quantize_row(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The kernels' int8 rounding of one activation row x (k,): (d, s, q) = per-32 scales, exact
+    block sums, int8 values (as ``engine.kernels.quantize_activation_ref``)."""
+    x = x.float().contiguous()
+    k = x.numel()
+    d, s, q = torch.empty(k // 32), torch.empty(k // 32), torch.empty(k, dtype=torch.int8)
+    lib().pb_quantize_row(x.data_ptr(), k, d.data_ptr(), s.data_ptr(), q.data_ptr())
+    return d, s, q
 
 
 def dequantize(fmt: str, blocks: torch.Tensor, k: int, rows: torch.Tensor | None = None,
                out: torch.Tensor | None = None) -> torch.Tensor:
-    """(len(rows) or all rows, k) float32 of the block matrix (rows: int64 row indices), written
-    into ``out`` (a contiguous float32 tensor of at least that many elements) when given."""
+    """(len(rows) or all rows, k) float32 of the block matrix in the split row layout (rows: int64
+    row indices), written into ``out`` (a contiguous float32 tensor of at least that many elements)
+    when given."""
     if rows is not None:
         rows = rows.reshape(-1).to(torch.int64).contiguous()
         n = rows.numel()

@@ -46,11 +46,13 @@ class Blocks:
     fmt: str
     data: torch.Tensor  # (out, in/32 * block bytes) uint8
     shape: tuple[int, int]  # (out, in) of the weight it encodes
+    layout: str = "gguf"  # "gguf" (the file's interleaved blocks) or "split" (engine.kernels.split_rows)
 
     def float(self) -> torch.Tensor:
-        from .kernels import dequantize_ref
+        from .kernels import dequantize_ref, join_rows
 
-        return dequantize_ref(self.fmt, self.data, self.shape[1])
+        data = join_rows(self.fmt, self.data) if self.layout == "split" else self.data
+        return dequantize_ref(self.fmt, data, self.shape[1])
 
 
 def _shape(w) -> tuple[int, ...]:
@@ -95,7 +97,7 @@ def _make_linear(w, kind: str) -> nn.Module:
     from . import kernels
 
     if kind == "gguf" and isinstance(w, Blocks):
-        return kernels.QuantLinear(w.fmt, w.data, w.shape[1])
+        return kernels.QuantLinear(w.fmt, w.data, w.shape[1], layout=w.layout)
     if kind in ("gguf", "fp16"):
         return kernels.HalfLinear(_as_float(w))
     weight = nn.Parameter(_as_float(w), requires_grad=False)
@@ -107,7 +109,9 @@ def _make_embedding(w, kind: str) -> tuple[nn.Module, nn.Module]:
     from . import kernels
 
     if kind == "gguf" and isinstance(w, Blocks):
-        return kernels.QuantEmbedding(w.fmt, w.data, w.shape[1]), kernels.QuantLinear(w.fmt, w.data, w.shape[1])
+        split = w.data if w.layout == "split" else kernels.split_rows(w.fmt, w.data)  # one table for both
+        return (kernels.QuantEmbedding(w.fmt, split, w.shape[1], layout="split"),
+                kernels.QuantLinear(w.fmt, split, w.shape[1], layout="split"))
     if kind in ("gguf", "fp16"):
         head = kernels.HalfLinear(_as_float(w))
         return kernels.HalfEmbedding(head.prepared), head
@@ -461,18 +465,21 @@ def _loaded(cfg, state, tok, meta, template, name, max_context, linear, kv) -> L
 def convert(gguf_path: Path, out_dir: Path) -> Path:
     """Write the fast-loading form of a GGUF model into ``out_dir`` (created; must not hold a model).
 
-    ``model.safetensors`` holds each weight as the GGUF stores it: block formats as uint8 tensors
-    (their format and logical shape listed under ``weights`` in ``config.json``), the rest float32."""
+    ``model.safetensors`` holds each weight's GGUF bytes: block formats as uint8 tensors in the
+    kernels' split row layout (``engine.kernels.split_rows``: the same bytes regrouped per row; their
+    format, logical shape and layout listed under ``weights`` in ``config.json``), the rest float32."""
     from safetensors.torch import save_file
 
     cfg, state, tok, meta, template, name = read_gguf(Path(gguf_path))
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     tensors, formats = {}, {}
+    from .kernels import split_rows
+
     for key, w in state.items():
-        if isinstance(w, Blocks):
-            tensors[key] = w.data.contiguous()
-            formats[key] = {"format": w.fmt, "shape": list(w.shape)}
+        if isinstance(w, Blocks):  # stored in the kernels' split row layout: loading is a memory map
+            tensors[key] = split_rows(w.fmt, w.data)
+            formats[key] = {"format": w.fmt, "shape": list(w.shape), "layout": "split"}
         else:
             tensors[key] = w.contiguous()
     save_file(tensors, str(out_dir / "model.safetensors"))
@@ -522,7 +529,7 @@ def load_converted(path: Path, max_context: int | None, linear: str, kv: str) ->
     template = template_file.read_text(encoding="utf-8") if template_file.exists() else None
     state = mmap_safetensors(path / "model.safetensors")
     for key, info in doc.get("weights", {}).items():
-        state[key] = Blocks(info["format"], state[key], tuple(info["shape"]))
+        state[key] = Blocks(info["format"], state[key], tuple(info["shape"]), info.get("layout", "gguf"))
     return _loaded(cfg, state, tok, doc["tokenizer"], template, doc["name"], max_context, linear, kv)
 
 

@@ -110,6 +110,26 @@ def test_quantizers_match_gguf_py_byte_for_byte(fmt):
 
 
 @pytest.mark.parametrize("fmt", ["q4_1", "q8_0"])
+def test_split_rows_round_trip(fmt):
+    blocks = kernels.quantize_q4_1(random_weight(7, 96, 10)) if fmt == "q4_1" else kernels.quantize_q8_0(
+        random_weight(7, 96, 10))
+    split = kernels.split_rows(fmt, blocks)
+    assert split.shape == blocks.shape and not torch.equal(split, blocks)
+    assert torch.equal(kernels.join_rows(fmt, split), blocks)
+    assert sorted(split[3].tolist()) == sorted(blocks[3].tolist())  # the same bytes of each row
+
+
+@needs_native
+def test_activation_quantization_matches_the_reference():
+    x = torch.randn(96, generator=torch.Generator().manual_seed(11)) * 3
+    x[:32] = 0.0
+    d, s, q = native.quantize_row(x)
+    d_ref, q_ref = kernels.quantize_activation_ref(x)
+    assert torch.equal(d, d_ref) and torch.equal(q.float().reshape(3, 32), q_ref)
+    torch.testing.assert_close(s, x.reshape(3, 32).sum(-1))
+
+
+@pytest.mark.parametrize("fmt", ["q4_1", "q8_0"])
 def test_dequantize_ref_matches_gguf_py(fmt):
     blocks = kernels.quantize_q4_1(random_weight(48, 96, 3)) if fmt == "q4_1" else kernels.quantize_q8_0(
         random_weight(48, 96, 3))
@@ -124,11 +144,14 @@ def test_q4_1_block_layout_by_hand():
     blocks = torch.from_numpy(np.frombuffer(d.tobytes() + m.tobytes() + qs, dtype=np.uint8).reshape(1, 20).copy())
     want = [((j * 7) % 16) * 0.25 - 1.5 for j in range(16)] + [j * 0.25 - 1.5 for j in range(16)]
     assert kernels.dequantize_ref("q4_1", blocks, 32).tolist() == [want]
+    split = kernels.split_rows("q4_1", blocks)
+    assert split[0, :16].tolist() == list(qs) and split[0, 16:18].tolist() == list(d.tobytes())
+    assert torch.equal(kernels.join_rows("q4_1", split), blocks)
     if native.available():
-        assert native.dequantize("q4_1", blocks, 32).tolist() == [want]
+        assert native.dequantize("q4_1", split, 32).tolist() == [want]
         x = torch.zeros(1, 32)
         x[0, 3], x[0, 20] = 127.0, -64.0  # the activation's int8 scale is exactly 1
-        assert native.linear(x, "q4_1", blocks, 1).item() == 127.0 * want[3] - 64.0 * want[20] == 0.25
+        assert native.linear(x, "q4_1", split, 1).item() == 127.0 * want[3] - 64.0 * want[20] == 0.25
 
 
 @needs_native
@@ -157,7 +180,7 @@ def test_native_dequantize_and_embedding_rows(fmt):
     w = random_weight(40, 64, 6)
     blocks = kernels.quantize_q4_1(w) if fmt == "q4_1" else kernels.quantize_q8_0(w)
     full = torch.from_numpy(gguf.quants.dequantize(blocks.numpy(), GGUF_TYPES[fmt]))
-    assert torch.equal(native.dequantize(fmt, blocks, 64), full)
+    assert torch.equal(native.dequantize(fmt, kernels.split_rows(fmt, blocks), 64), full)
     emb = kernels.QuantEmbedding(fmt, blocks, 64)
     tokens = torch.tensor([[3, 39, 0, 3]])
     assert torch.equal(emb(tokens), full[tokens])
@@ -181,7 +204,7 @@ def test_attention_decode_against_sdpa(H, Hkv, D, S, dtype):
 
 @needs_native
 def test_two_threads_give_identical_results():
-    blocks = kernels.quantize_q4_1(random_weight(3072, 576, 8))
+    blocks = kernels.split_rows("q4_1", kernels.quantize_q4_1(random_weight(3072, 576, 8)))
     x = torch.randn(1, 576)
     q = torch.randn(1, 9, 1, 64)
     k, v = torch.randn(1, 3, 1000, 64).half(), torch.randn(1, 3, 1000, 64).half()
