@@ -350,6 +350,10 @@ class FusedDecode:
         self.L = native.layer_weights(tuple(m.fmt for m in mods), tuple(m.blocks for m in mods),
                                       block.attention_norm.weight, block.ffn_norm.weight, norm_eps,
                                       a.wo.out_features, f.hidden_dim, a.n_heads, a.n_kv_heads, a.head_dim)
+        # The new token's q, k, v, reused every step: the cache's update copies k and v in.
+        self.q = torch.empty(1, a.n_heads, 1, a.head_dim)  # (1, H, 1, D)
+        self.k = torch.empty(1, a.n_kv_heads, 1, a.head_dim)  # (1, H_kv, 1, D)
+        self.v = torch.empty(1, a.n_kv_heads, 1, a.head_dim)
 
     @staticmethod
     def supported(block: nn.Module) -> bool:
@@ -359,32 +363,25 @@ class FusedDecode:
 
     def __call__(self, block: nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                  positions: torch.Tensor) -> torch.Tensor:
-        a = block.attention
         x = x.contiguous()  # (1, 1, dim), updated in place below
-        q = torch.empty(1, a.n_heads, 1, a.head_dim)  # (1, H, 1, D)
-        k = torch.empty(1, a.n_kv_heads, 1, a.head_dim)  # (1, H_kv, 1, D)
-        v = torch.empty(1, a.n_kv_heads, 1, a.head_dim)
-        native.block_pre(self.L, x, cos, sin, q, k, v)
-        k_all, v_all = a.kv_cache.update(positions, k, v)  # (1, H_kv, S, D)
-        native.block_post(self.L, x, q, k_all, v_all)
+        native.block_pre(self.L, x, cos, sin, self.q, self.k, self.v)
+        k_all, v_all = block.attention.kv_cache.update(positions, self.k, self.v)  # (1, H_kv, S, D)
+        native.block_post(self.L, x, self.q, k_all, v_all)
         return x
 
 
 def weight_nbytes(model: nn.Module) -> int:
-    """Bytes of weight storage a model holds, each tensor counted once (tied tables once); the KV
-    cache and the RoPE tables are not weights."""
+    """Bytes of weight storage a model holds, each tensor counted once (a tied table once); the KV
+    cache and the RoPE tables are not weights. (Counted per tensor, not per storage: a converted
+    model's tensors are views of one memory-mapped file.)"""
     seen, total = set(), 0
-    buffers = [b for name, b in model.named_buffers() if name.endswith("blocks")]
-    for t in [*model.parameters(), *buffers]:
-        if t.numel() and t.untyped_storage().data_ptr() not in seen:
-            seen.add(t.untyped_storage().data_ptr())
-            total += t.untyped_storage().nbytes()
-    for mod in model.modules():
-        if isinstance(mod, (HalfLinear, HalfEmbedding)):
-            h = mod.prepared.half
-            if h.untyped_storage().data_ptr() not in seen:
-                seen.add(h.untyped_storage().data_ptr())
-                total += h.untyped_storage().nbytes()
+    tensors = [*model.parameters(), *(b for name, b in model.named_buffers() if name.endswith("blocks"))]
+    tensors += [m.prepared.half for m in model.modules() if isinstance(m, (HalfLinear, HalfEmbedding))]
+    for t in tensors:
+        key = (t.data_ptr(), t.numel())
+        if t.numel() and key not in seen:
+            seen.add(key)
+            total += t.numel() * t.element_size()
     return total
 
 
