@@ -332,6 +332,10 @@ class Engine:
             if stats is None:
                 stats = self._stats(ids, reuse, generated, t0, t_first, t_last, faults0)
             self._count(stats)
+            t = stats["timings"]
+            sys.stderr.write(f"timings: prompt_n={t['prompt_n']} prompt_ms={t['prompt_ms']:.2f} cache_n={t['cache_n']} "
+                             f"predicted_n={t['predicted_n']} predicted_ms={t['predicted_ms']:.2f} "
+                             f"minor_faults={stats['memory']['minor_faults']}\n")
             yield "done", "stop" if (eos or hit) else "length", tail, stats, announced
 
     def _stats(self, ids, reuse, generated, t0, t_first, t_last, faults0) -> dict:
