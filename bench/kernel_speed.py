@@ -7,7 +7,10 @@ L2/L3 and would flatter a single-matrix loop). For each variant it reports the m
 step, the weight bytes read per step, the achieved GB/s and the tok/s ceiling that implies.
 A plain tensor copy and a sum give the machine's memory-bandwidth reference.
 
-    python3 bench/kernel_speed.py [--threads 1 2] [--reps 7] [--only fp32,int4]
+``q4_1`` and ``q8_0`` are the engine's own native kernels (``engine/csrc/kernels.cpp``, through
+``engine.kernels.QuantLinear``), threads = the native pool's; the rest are PyTorch's.
+
+    python3 bench/kernel_speed.py [--threads 1 2] [--reps 7] [--only fp32,int4,q4_1]
 """
 
 from __future__ import annotations
@@ -94,6 +97,20 @@ def make_variant(name: str, shapes, with_head: bool = True):
         packs = [_int8_pack(w) for w in flat]
         ops = [(lambda x, p=p: torch.ops.aten._weight_int8pack_mm(x, p[0], p[1])) for p in packs]
         nbytes = sum(p[0].numel() + p[1].numel() * 4 for p in packs)
+    elif name in ("q4_1", "q8_0"):  # the engine's native kernels (engine/csrc/kernels.cpp), split row layout
+        import sys
+        from pathlib import Path
+
+        sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+        from engine import kernels, native
+
+        if not native.available():
+            raise RuntimeError(f"native kernels unavailable: {native.unavailable_reason()}")
+        native.set_threads(torch.get_num_threads())
+        quant = kernels.quantize_q4_1 if name == "q4_1" else kernels.quantize_q8_0
+        mods = [kernels.QuantLinear(name, quant(w), w.shape[1]) for w in flat]
+        ops = [(lambda x, m=m: m(x)) for m in mods]
+        nbytes = sum(m.nbytes() for m in mods)
     elif name == "int4":
         packs = [_int4_pack(w) for w in flat]
         ops = [(lambda x, p=p: torch.ops.aten._weight_int4pack_mm_for_cpu(x, p[0], GROUP, p[1]))
@@ -124,7 +141,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--reps", type=int, default=7)
-    ap.add_argument("--only", default="fp32,fp32_t,fp32_mv,mkl_packed,bf16,fp16,int8,int4")
+    ap.add_argument("--only", default="fp32,fp32_t,fp32_mv,mkl_packed,bf16,fp16,int8,int4,q4_1,q8_0")
     ap.add_argument("--head-only", action="store_true", help="time only the 49152x576 lm_head")
     args = ap.parse_args()
     print(f"torch {torch.__version__}, {torch.backends.cpu.get_cpu_capability()}")

@@ -1,4 +1,5 @@
-"""Command line: ``python -m engine --version | serve ... | convert <gguf> <out_dir>``."""
+"""Command line: ``python -m engine --version | serve ... | convert <gguf> <out_dir> |
+tokenizer-dir <model> <out_dir> | build-kernels``."""
 
 import argparse
 import sys
@@ -7,6 +8,7 @@ import time
 
 def main(argv=None) -> int:
     from . import NATIVE
+    from .weights import DEFAULT_LINEAR, KV_KINDS, LINEAR_KINDS
 
     parser = argparse.ArgumentParser(prog="python -m engine", description=NATIVE)
     parser.add_argument("--version", action="version", version=NATIVE)
@@ -20,25 +22,67 @@ def main(argv=None) -> int:
                        help="intra-op threads for each decode step (default 1: faster than 2 on this "
                             "project's 2-core machines, see docs/perf.md; 0 = same as --threads)")
     serve.add_argument("--max-context", type=int, default=None,
-                       help="KV cache positions (default: min(model context, 4096))")
-    serve.add_argument("--linear", choices=["fp16", "fp32"], default="fp16",
-                       help="weight storage of the matrix products: fp16 (default; about 2x faster decode, "
-                            "fp32 accumulation) or fp32 (the exact reference)")
-    conv = sub.add_parser("convert", help="convert a GGUF file to the engine's fast-loading directory")
+                       help="KV cache positions (default: the model's whole context, e.g. 8192 for SmolLM2)")
+    serve.add_argument("--linear", choices=list(LINEAR_KINDS), default=DEFAULT_LINEAR,
+                       help="weight format of the matrix products: auto (default: a GGUF's own q4_1/q8_0 "
+                            "blocks with the native kernels, else fp16), fp16, or fp32 (the exact reference)")
+    serve.add_argument("--kv", choices=list(KV_KINDS), default="auto",
+                       help="KV cache dtype: auto (default: f16 with the native attention kernel, else f32), f16, f32")
+    serve.add_argument("--malloc-tuning", choices=["on", "off"], default="on",
+                       help="on (default): keep memory freed between requests mapped (mallopt), so a steady "
+                            "request takes no page faults; off: glibc's defaults")
+    conv = sub.add_parser("convert", help="convert a GGUF file to the engine's fast-loading directory "
+                                          "(and build the native kernels, so a server start never compiles)")
     conv.add_argument("gguf")
     conv.add_argument("out_dir")
+    tdir = sub.add_parser("tokenizer-dir", help="write a Hugging Face tokenizer directory (tokenizer.json, "
+                                                "tokenizer_config.json) for a model, e.g. for AIPerf --tokenizer")
+    tdir.add_argument("model", help="a GGUF file, a converted directory or a named model")
+    tdir.add_argument("out_dir")
+    sub.add_parser("build-kernels", help="compile the native kernels into their cache (./install.sh runs this)")
     args = parser.parse_args(argv)
+
+    if args.command == "build-kernels":
+        from . import native
+
+        try:
+            path = native.build(verbose=True)
+        except RuntimeError as e:
+            print(f"build-kernels: warning: {e}; the engine will use its PyTorch fp16 path", file=sys.stderr)
+            return 1
+        L = native.lib()
+        if L is None:
+            print(f"build-kernels: warning: built {path} but cannot use it: {native.unavailable_reason()}",
+                  file=sys.stderr)
+            return 1
+        print(path)
+        return 0
+    if args.command == "tokenizer-dir":
+        from .tokenizer import write_hf_dir
+        from .weights import load_tokenizer
+
+        try:
+            out = write_hf_dir(*load_tokenizer(args.model), args.out_dir)
+        except (ValueError, OSError) as e:
+            print(f"tokenizer-dir: {e}", file=sys.stderr)
+            return 2
+        print(out)
+        return 0
 
     if args.command == "serve":
         from .server import serve as run_server
 
         return run_server(args.model, host=args.host, port=args.port, threads=args.threads,
                           max_context=args.max_context, linear=args.linear,
-                          decode_threads=args.decode_threads or None)
+                          decode_threads=args.decode_threads or None, kv=args.kv,
+                          malloc_tuning=args.malloc_tuning == "on")
     if args.command == "convert":
         from .weights import convert
 
+        from . import native
+
         t0 = time.perf_counter()
+        native.lib()  # warns (never fails) when the kernels cannot be built
         try:
             out = convert(args.gguf, args.out_dir)
         except (ValueError, OSError) as e:

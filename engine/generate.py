@@ -15,11 +15,22 @@ import torch
 from .model import Transformer
 
 
+#: Prompt tokens per forward pass of the prefill. Chunks bound every activation of a long prompt
+#: (the (T, 2 * hidden) MLP output is T * 24 KiB for SmolLM2; a later chunk's attention mask is
+#: T * S * 4 bytes, 32 MiB at S = 8192) near glibc's 32 MiB mmap ceiling, so the server's malloc
+#: settings keep them mapped between requests; and they bound the prefill's peak memory.
+PREFILL_CHUNK = 1024
+
+
 @torch.inference_mode()
 def prefill(model: Transformer, token_ids: list[int], start: int = 0) -> torch.Tensor:
-    """Run ``token_ids`` at positions start.. through the model; (vocab,) float32 logits of the last one."""
-    tokens = torch.tensor([token_ids], dtype=torch.long)  # (1, T)
-    return model(tokens, start)
+    """Run ``token_ids`` at positions start.. through the model, ``PREFILL_CHUNK`` tokens per pass;
+    (vocab,) float32 logits of the last one."""
+    logits = None
+    for c in range(0, len(token_ids), PREFILL_CHUNK):
+        tokens = torch.tensor([token_ids[c:c + PREFILL_CHUNK]], dtype=torch.long)  # (1, T)
+        logits = model(tokens, start + c)
+    return logits
 
 
 @torch.inference_mode()

@@ -89,7 +89,8 @@ class Linear(nn.Module):
 
 
 class KVCache(nn.Module):
-    """Keys and values of one attention layer, preallocated to ``max_context`` positions.
+    """Keys and values of one attention layer, preallocated to ``max_context`` positions, stored in
+    ``dtype`` (float16 when engine.native's attention kernel reads the cache, float32 otherwise).
 
     Contract of ``update(positions, k, v)``:
       positions: (T,) int64, the absolute positions of the T new tokens, ascending and contiguous;
@@ -103,8 +104,11 @@ class KVCache(nn.Module):
         super().__init__()
         self.max_context = max_context
         shape = (1, n_kv_heads, max_context, head_dim)  # (B, H_kv, S, D)
-        self.register_buffer("k", torch.zeros(shape, dtype=dtype), persistent=False)
-        self.register_buffer("v", torch.zeros(shape, dtype=dtype), persistent=False)
+        # Uninitialized on purpose: a position is always written before it is read (the contract
+        # above), so the pages of positions never used are never touched and resident memory
+        # follows the longest sequence served, not max_context.
+        self.register_buffer("k", torch.empty(shape, dtype=dtype), persistent=False)
+        self.register_buffer("v", torch.empty(shape, dtype=dtype), persistent=False)
 
     def update(self, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         T = positions.shape[0]
@@ -114,8 +118,8 @@ class KVCache(nn.Module):
         )
         end = int(positions[-1]) + 1
         assert end <= self.max_context, f"KVCache.update: position {end - 1} beyond max_context {self.max_context}"
-        self.k.index_copy_(2, positions, k)
-        self.v.index_copy_(2, positions, v)
+        self.k.index_copy_(2, positions, k.to(self.k.dtype))  # rounds to an f16 cache's dtype
+        self.v.index_copy_(2, positions, v.to(self.v.dtype))
         return self.k[:, :, :end], self.v[:, :, :end]
 
     def nbytes(self) -> int:
@@ -174,6 +178,9 @@ class Attention(nn.Module):
         self.wqkv = Linear(cfg.dim, q_out + 2 * kv_out)
         self.wo = Linear(q_out, cfg.dim)
         self.kv_cache: KVCache | None = None
+        # Optional single-token attention kernel (q (1, H, 1, D), k, v (1, H_kv, S, D)) -> (1, 1, H*D);
+        # set at load (engine.weights) when engine.native is available, else SDPA below.
+        self.decode_attention = None
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
                 mask: torch.Tensor | None) -> torch.Tensor:
@@ -183,17 +190,20 @@ class Attention(nn.Module):
         k = k.view(1, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (1, H_kv, T, D)
         v = v.view(1, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (1, H_kv, T, D)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        k, v = self.kv_cache.update(positions, k, v)  # (1, H_kv, S, D)
-        if T == 1:
+        k, v = self.kv_cache.update(positions, k, v)  # (1, H_kv, S, D), the cache's dtype
+        if T == 1 and self.decode_attention is not None:
+            y = self.decode_attention(q, k, v)  # (1, 1, H*D): engine.native's kernel reads f16 KV as is
+        elif T == 1:
             # Decode: one query per head attends to every cached position, so fold the query heads
             # that share a KV head into the "sequence" axis and skip the GQA expansion entirely.
             rep = self.n_heads // self.n_kv_heads
             qg = q.view(1, self.n_kv_heads, rep, self.head_dim)  # (1, H_kv, rep, D)
-            y = F.scaled_dot_product_attention(qg, k, v)  # (1, H_kv, rep, D)
+            y = F.scaled_dot_product_attention(qg, k.to(q.dtype), v.to(q.dtype))  # (1, H_kv, rep, D)
             y = y.reshape(1, 1, self.n_heads * self.head_dim)  # (1, 1, H*D)
         else:
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None,
-                                               enable_gqa=True)  # (1, H, T, D)
+            # Prefill: widen an f16 cache to the queries' dtype once per layer (cheap beside the GEMMs).
+            y = F.scaled_dot_product_attention(q, k.to(q.dtype), v.to(q.dtype), attn_mask=mask,
+                                               is_causal=mask is None, enable_gqa=True)  # (1, H, T, D)
             y = y.transpose(1, 2).reshape(1, T, self.n_heads * self.head_dim)  # (1, T, H*D)
         return self.wo(y)
 
@@ -217,8 +227,13 @@ class Block(nn.Module):
         self.attention = Attention(cfg)
         self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.feed_forward = FeedForward(cfg)
+        # Optional one-token fast path, set at load when every weight is in a native block format
+        # (engine.kernels.FusedDecode): the same math in two native calls around kv_cache.update.
+        self.fused_decode = None
 
     def forward(self, x, cos, sin, positions, mask):
+        if x.shape[1] == 1 and self.fused_decode is not None:
+            return self.fused_decode(self, x, cos, sin, positions)  # (1, 1, dim)
         h = x + self.attention(self.attention_norm(x), cos, sin, positions, mask)
         return h + self.feed_forward(self.ffn_norm(h))
 
@@ -247,6 +262,9 @@ class Transformer(nn.Module):
     def kv_nbytes(self) -> int:
         return sum(layer.attention.kv_cache.nbytes() for layer in self.layers)
 
+    def kv_bytes_per_position(self) -> int:
+        return self.kv_nbytes() // self.max_context if self.max_context else 0
+
     def forward(self, tokens: torch.Tensor, start: int, all_logits: bool = False) -> torch.Tensor:
         """tokens: (1, T) int64 at absolute positions start..start+T-1, whose KV is written to the cache.
 
@@ -262,7 +280,10 @@ class Transformer(nn.Module):
         mask = None
         if T > 1 and start > 0:
             # Queries start+i may see keys 0..start+i; SDPA's is_causal would align them top-left.
-            mask = torch.ones(T, end, dtype=torch.bool).tril(diagonal=start)  # (T, S)
+            # Additive float, built once for all layers: SDPA would otherwise widen a bool mask to
+            # float in every layer (a (T, S) float32 allocation per layer, page faults included).
+            allowed = torch.ones(T, end, dtype=torch.bool).tril(diagonal=start)  # (T, S)
+            mask = torch.zeros(T, end).masked_fill_(~allowed, float("-inf"))  # (T, S)
         x = self.tok_embeddings(tokens)  # (1, T, dim)
         for layer in self.layers:
             x = layer(x, cos, sin, positions, mask)

@@ -1,8 +1,15 @@
-"""HTTP server speaking llama.cpp's server API (docs/contracts.md §1), on the standard library.
+"""HTTP server speaking llama.cpp's server API and the OpenAI API (docs/contracts.md §1), on the
+standard library.
 
-``ThreadingHTTPServer`` answers health/version/tokenize concurrently; a lock around the model runs
-one generation at a time (the KV cache is a single sequence). Streaming uses server-sent events over
-chunked transfer encoding, as vLLM's and llama.cpp's OpenAI servers do.
+``ThreadingHTTPServer`` answers health/version/tokenize/models/metrics concurrently; a lock around
+the model runs one generation at a time (the KV cache is a single sequence). Streaming uses
+server-sent events over chunked transfer encoding, as vLLM's and llama.cpp's OpenAI servers do.
+
+OpenAI compatibility (what the official ``openai`` client, AIPerf and guidellm send): ``GET
+/v1/models``; ``max_completion_tokens`` (as ``max_tokens``); ``stop`` (a string or a list);
+message ``content`` as a list of text parts; error bodies shaped ``{"error": {"message", "type",
+"param", "code"}}``. What the server cannot honour (``n > 1``, ``logprobs``, ``echo``, penalties,
+``top_p`` < 1, tools ...) is a 400 naming the field, never a silently different answer.
 
 Prefix cache (llama.cpp's ``cache_prompt``): the server remembers which tokens the KV cache holds;
 a new request reuses the longest common token prefix with them (at most N-1 of its N prompt
@@ -11,18 +18,26 @@ tokens, because the last one must be evaluated to get logits) and evaluates only
 Timings follow llama.cpp: ``prompt_ms`` runs from the start of evaluation until the first token is
 sampled; ``predicted_ms`` from the first token to the last, so it spans ``predicted_n - 1`` forward
 passes while ``predicted_per_second`` = predicted_n / predicted_ms, exactly as llama.cpp reports it.
+Nothing but the clock is read inside the token loop: usage, memory and the token list are built once,
+after the last token.
+
+Memory between requests: glibc returns freed blocks above its trim/mmap thresholds to the OS and
+then faults them back in on the next request (8k-210k minor faults per 1K-token prefill, up to 0.4 s,
+../shared/NOISE.md). ``serve`` raises those thresholds with ``mallopt`` before loading, so memory
+freed by one request stays mapped for the next (``--malloc-tuning off`` restores glibc's defaults).
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
 import resource
 import signal
+import socket
 import sys
 import threading
 import time
 import uuid
-from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import torch
@@ -30,62 +45,132 @@ import torch
 from . import ENGINE_NAME, NATIVE, __version__
 from .generate import generate, token_limit
 from .tokenizer import IncrementalDecoder
+from .weights import DEFAULT_LINEAR
 
 MAX_BODY_BYTES = 32 * 1024 * 1024
 DEFAULT_MAX_TOKENS = 16
 DEFAULT_TEMPERATURE = 0.8  # llama.cpp's default
+MAX_STOP = 16
 
 
 class RequestError(Exception):
-    """A request the server refuses: becomes ``{"error": {...}}`` with a 4xx status."""
+    """A request the server refuses: becomes an OpenAI-shaped ``{"error": {...}}`` with a 4xx status."""
 
-    def __init__(self, message: str, status: int = 400, kind: str = "invalid_request_error"):
+    def __init__(self, message: str, status: int = 400, kind: str = "invalid_request_error",
+                 param: str | None = None, code: str | None = None):
         super().__init__(message)
-        self.status, self.kind = status, kind
+        self.status, self.kind, self.param, self.code = status, kind, param, code
 
 
 # --------------------------------------------------------------------------------------------------
-# Request validation: known fields must have the documented types; unknown fields are ignored.
+# Request validation: known fields must have the documented types; unknown fields are ignored, and
+# fields whose meaning the server does not implement are refused unless they ask for the default.
 
 def _is_int(x) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
-def _get(body: dict, key: str, check, what: str, default):
+def _is_num(x) -> bool:
+    return (_is_int(x) or isinstance(x, float)) and not isinstance(x, bool)
+
+
+def _get(body: dict, key: str, check, what: str, default, where: str = ""):
     value = body.get(key)
     if value is None:
         return default
     if not check(value):
-        raise RequestError(f"field '{key}' must be {what}, got {json.dumps(value)[:80]}")
+        raise RequestError(f"field '{where}{key}' must be {what}, got {json.dumps(value)[:80]}", param=where + key)
     return value
 
 
+# field -> (is the value the default, i.e. harmless?, what to say)
+UNSUPPORTED = {
+    "n": (lambda v: v == 1, "only n = 1 is supported (one choice per request)"),
+    "best_of": (lambda v: v == 1, "best_of is not supported"),
+    "logprobs": (lambda v: v is False or v == 0, "logprobs are not supported"),
+    "top_logprobs": (lambda v: v == 0, "top_logprobs are not supported"),
+    "echo": (lambda v: v is False, "echo is not supported"),
+    "suffix": (lambda v: v == "", "suffix (insertion) is not supported"),
+    "presence_penalty": (lambda v: v == 0, "presence_penalty is not supported"),
+    "frequency_penalty": (lambda v: v == 0, "frequency_penalty is not supported"),
+    "logit_bias": (lambda v: v == {}, "logit_bias is not supported"),
+    "top_p": (lambda v: v == 1, "top_p < 1 is not supported (sampling is greedy or plain temperature)"),
+    "tools": (lambda v: v == [], "tools are not supported"),
+    "tool_choice": (lambda v: v == "none", "tool_choice is not supported"),
+    "functions": (lambda v: v == [], "functions are not supported"),
+    "response_format": (lambda v: isinstance(v, dict) and v.get("type") == "text",
+                        "response_format other than text is not supported"),
+}
+
+
 def parse_common(body: dict) -> dict:
+    for key, (harmless, why) in UNSUPPORTED.items():
+        if body.get(key) is not None and not harmless(body[key]):
+            raise RequestError(f"field '{key}': {why} (got {json.dumps(body[key])[:80]})", param=key,
+                               code="unsupported_field")
     opts = body.get("stream_options")
     if opts is not None and not isinstance(opts, dict):
-        raise RequestError(f"field 'stream_options' must be an object, got {json.dumps(opts)[:80]}")
-    include_usage = _get(opts or {}, "include_usage", lambda v: isinstance(v, bool), "a boolean", False)
+        raise RequestError(f"field 'stream_options' must be an object, got {json.dumps(opts)[:80]}",
+                           param="stream_options")
+    include_usage = _get(opts or {}, "include_usage", lambda v: isinstance(v, bool), "a boolean", False,
+                         "stream_options.")
+    count = lambda v: _is_int(v) and v >= 0  # noqa: E731
+    max_tokens = _get(body, "max_tokens", count, "an integer >= 0", None)
+    max_completion = _get(body, "max_completion_tokens", count, "an integer >= 0", None)
+    if max_tokens is not None and max_completion is not None and max_tokens != max_completion:
+        raise RequestError(f"fields 'max_tokens' ({max_tokens}) and 'max_completion_tokens' ({max_completion}) "
+                           "disagree; send one of them", param="max_completion_tokens")
     return {
-        "max_tokens": _get(body, "max_tokens", lambda v: _is_int(v) and v >= 0, "an integer >= 0", DEFAULT_MAX_TOKENS),
-        "temperature": float(_get(body, "temperature", lambda v: (_is_int(v) or isinstance(v, float)) and v >= 0,
-                                  "a number >= 0", DEFAULT_TEMPERATURE)),
+        "max_tokens": next((v for v in (max_completion, max_tokens) if v is not None), DEFAULT_MAX_TOKENS),
+        "temperature": float(_get(body, "temperature", lambda v: _is_num(v) and v >= 0, "a number >= 0",
+                                  DEFAULT_TEMPERATURE)),
         "seed": _get(body, "seed", _is_int, "an integer", None),
         "stream": _get(body, "stream", lambda v: isinstance(v, bool), "a boolean", False),
         "include_usage": include_usage,
         "ignore_eos": _get(body, "ignore_eos", lambda v: isinstance(v, bool), "a boolean", False),
         "cache_prompt": _get(body, "cache_prompt", lambda v: isinstance(v, bool), "a boolean", True),
         "return_tokens": _get(body, "return_tokens", lambda v: isinstance(v, bool), "a boolean", False),
+        "stop": parse_stop(body.get("stop")),
     }
 
 
+def parse_stop(stop) -> list[str]:
+    """``stop``: a string or a list of up to MAX_STOP non-empty strings."""
+    if stop is None:
+        return []
+    stops = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops) or len(stops) > MAX_STOP:
+        raise RequestError(f"field 'stop' must be a non-empty string or a list of at most {MAX_STOP} non-empty "
+                           f"strings, got {json.dumps(stop)[:80]}", param="stop")
+    return stops
+
+
 def parse_messages(body: dict) -> list[dict]:
+    """{role, content} messages; content is a string or a list of ``{"type": "text", "text"}`` parts
+    (joined, as the OpenAI API defines them)."""
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
-        raise RequestError("field 'messages' must be a non-empty list of {role, content} objects")
+        raise RequestError("field 'messages' must be a non-empty list of {role, content} objects", param="messages")
+    out = []
     for i, m in enumerate(messages):
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
-            raise RequestError(f"messages[{i}] must be an object with string 'role' and 'content'")
-    return [{"role": m["role"], "content": m["content"]} for m in messages]
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise RequestError(f"messages[{i}] must be an object with a string 'role'", param=f"messages[{i}]")
+        content = m.get("content")
+        if isinstance(content, list):
+            texts = []
+            for j, part in enumerate(content):
+                where = f"messages[{i}].content[{j}]"
+                if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                    kind = part.get("type") if isinstance(part, dict) else None
+                    raise RequestError(f"{where}: only text parts ({{\"type\": \"text\", \"text\": str}}) are "
+                                       f"supported, got type {json.dumps(kind)}", param=where)
+                texts.append(part["text"])
+            content = "".join(texts)
+        if not isinstance(content, str):
+            raise RequestError(f"messages[{i}].content must be a string or a list of text parts",
+                               param=f"messages[{i}].content")
+        out.append({"role": m["role"], "content": content})
+    return out
 
 
 def longest_common_prefix(a: list[int], b: list[int]) -> int:
@@ -96,24 +181,56 @@ def longest_common_prefix(a: list[int], b: list[int]) -> int:
     return n
 
 
+class StopMatcher:
+    """Cuts generated text at the first stop string. Text that could still be the start of a stop
+    string is held back until the next piece decides it, so a stream never shows part of a stop."""
+
+    def __init__(self, stops: list[str]):
+        self.stops, self.held = stops, ""
+
+    def push(self, piece: str) -> tuple[str, bool]:
+        """(text that is safe to emit, whether a stop string was found)."""
+        text = self.held + piece
+        hits = [i for i in (text.find(s) for s in self.stops) if i >= 0]
+        if hits:
+            self.held = ""
+            return text[:min(hits)], True
+        keep = 0
+        for s in self.stops:
+            for k in range(min(len(s) - 1, len(text)), keep, -1):
+                if text.endswith(s[:k]):
+                    keep = k
+                    break
+        self.held = text[len(text) - keep:] if keep else ""
+        return text[:len(text) - keep], False
+
+    def flush(self) -> str:
+        out, self.held = self.held, ""
+        return out
+
+
 # --------------------------------------------------------------------------------------------------
 
 
 class Engine:
-    """The loaded model plus the prefix-cache bookkeeping; ``lock`` serialises generations."""
+    """The loaded model plus the prefix-cache bookkeeping and counters; ``lock`` serialises generations."""
 
-    def __init__(self, spec: str, max_context: int | None, linear: str = "fp32",
-                 decode_threads: int | None = None):
-        self.spec, self.requested_context, self.linear = spec, max_context, linear
+    def __init__(self, spec: str, max_context: int | None, linear: str = DEFAULT_LINEAR,
+                 decode_threads: int | None = None, kv: str = "auto"):
+        self.spec, self.requested_context, self.linear, self.kv = spec, max_context, linear, kv
         self.decode_threads = decode_threads
         self.loaded = None  # set once loading finishes; /health says 503 until then
         self.lock = threading.Lock()
         self.cached: list[int] = []  # tokens whose KV is valid at positions 0..len-1
+        self.counters = {"requests": 0, "prompt_tokens": 0, "generated_tokens": 0, "prompt_seconds": 0.0,
+                         "decode_seconds": 0.0, "processing": 0}
 
     def load(self) -> None:
+        from . import native
         from .weights import load
 
-        self.loaded = load(self.spec, self.requested_context, self.linear)
+        self.loaded = load(self.spec, self.requested_context, self.linear, self.kv)
+        native.set_threads(self.decode_threads or torch.get_num_threads())
 
     @property
     def max_context(self) -> int:
@@ -126,69 +243,102 @@ class Engine:
             try:
                 ids = tok.encode_chat(messages)
             except Exception as e:  # a template error is the request's fault (raise_exception)
-                raise RequestError(f"chat template failed: {e}") from e
+                raise RequestError(f"chat template failed: {e}", param="messages") from e
         else:
             prompt = body.get("prompt")
+            if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+                prompt = prompt[0]  # the OpenAI API's batch of one prompt
             if isinstance(prompt, str):
                 ids = tok.encode(prompt, add_special=True)
             elif isinstance(prompt, list) and all(_is_int(t) for t in prompt):
                 bad = [t for t in prompt if not 0 <= t < self.loaded.config.vocab_size]
                 if bad:
                     raise RequestError(f"field 'prompt': token id {bad[0]} outside the vocabulary "
-                                       f"[0, {self.loaded.config.vocab_size})")
+                                       f"[0, {self.loaded.config.vocab_size})", param="prompt")
                 ids = list(prompt)
             else:
-                raise RequestError("field 'prompt' must be a string or a list of token ids")
+                raise RequestError("field 'prompt' must be a string, a list of token ids, or a list of one "
+                                   "of those", param="prompt")
         if not ids:
-            raise RequestError("the prompt is empty")
+            raise RequestError("the prompt is empty", param="messages" if chat else "prompt")
         if len(ids) > self.max_context:
             raise RequestError(f"the prompt has {len(ids)} tokens, more than the context of {self.max_context}",
-                               kind="exceed_context_size_error")
+                               param="messages" if chat else "prompt", code="context_length_exceeded")
         return ids
 
     def memory(self) -> dict:
         return {"kv_bytes": int(self.loaded.model.kv_nbytes()),
+                "kv_bytes_per_position": int(self.loaded.model.kv_bytes_per_position()),
                 "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
 
     def run(self, ids: list[int], p: dict):
-        """Generate under the lock. Yields ("token", id, piece, is_last) per token, then
-        ("done", finish_reason, tail_text, stats)."""
+        """Generate under the lock. Yields ("token", id, piece, finish, stats) per token, where finish
+        and stats are None except on a final token known as such (the length limit, or a stop
+        string: "length" / "stop"), then ("done", finish_reason, tail_text, stats, announced), where
+        announced says a token event already carried finish_reason (else, e.g. after a stop id, the
+        stream needs a closing chunk)."""
         tok = self.loaded.tokenizer
         limit = token_limit(len(ids), p["max_tokens"], self.max_context)
         with self.lock:
+            self.counters["processing"] += 1
+            faults0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
             reuse = min(longest_common_prefix(self.cached, ids), len(ids) - 1) if p["cache_prompt"] else 0
             self.cached = []  # until this generation completes, the cache content is in flux
             generated: list[int] = []
             detok = IncrementalDecoder(tok)
-            finish = "length"
+            stops = StopMatcher(p["stop"]) if p["stop"] else None
+            hit = False
             t0 = time.perf_counter()
             t_first = t_last = None
             gen = generate(self.loaded.model, ids, p["max_tokens"], stop_ids=tok.stop_ids,
                            temperature=p["temperature"], seed=p["seed"], ignore_eos=p["ignore_eos"], start=reuse,
                            decode_threads=self.decode_threads)
+            stats = None
             try:
                 for token in gen:
                     t_last = time.perf_counter()
                     if t_first is None:
                         t_first = t_last
                     generated.append(token)
-                    is_last = len(generated) == limit
-                    piece = detok.push(token) + (detok.flush() if is_last else "")
-                    yield "token", token, piece, is_last, self._stats(ids, reuse, generated, t0, t_first, t_last)
-                if len(generated) < limit:
-                    finish = "stop"
+                    at_limit = len(generated) == limit
+                    piece = detok.push(token) + (detok.flush() if at_limit else "")
+                    if stops is not None:
+                        piece, hit = stops.push(piece)
+                        if at_limit and not hit:
+                            piece += stops.flush()
+                    finish = "stop" if hit else "length" if at_limit else None
+                    if finish is not None:  # the last token of this request: its chunk carries the figures
+                        stats = self._stats(ids, reuse, generated, t0, t_first, t_last, faults0)
+                    yield "token", token, piece, finish, stats
+                    if hit:
+                        break
             finally:
                 gen.close()
                 t_end = time.perf_counter()
+                eos = len(generated) < limit and not hit  # the generator met a stop id itself
                 # KV now holds the prompt and every generated token that was fed back (all of them
-                # after a stop token, all but the last one otherwise).
-                fed = generated if finish == "stop" else generated[:-1]
-                self.cached = ids + fed
+                # after a stop id, all but the last one otherwise).
+                self.cached = ids + (generated if eos else generated[:-1])
+                self.counters["processing"] -= 1
             if t_first is None:
                 t_first = t_last = t_end
-            yield "done", finish, detok.flush(), self._stats(ids, reuse, generated, t0, t_first, t_last)
+            tail = ""
+            if eos:
+                tail = detok.flush()
+                if stops is not None:
+                    tail, hit = stops.push(tail)
+                    tail += "" if hit else stops.flush()
+            announced = stats is not None
+            if stats is None:
+                stats = self._stats(ids, reuse, generated, t0, t_first, t_last, faults0)
+            self._count(stats)
+            t = stats["timings"]
+            sys.stderr.write(f"timings: prompt_n={t['prompt_n']} prompt_ms={t['prompt_ms']:.2f} cache_n={t['cache_n']} "
+                             f"predicted_n={t['predicted_n']} predicted_ms={t['predicted_ms']:.2f} "
+                             f"minor_faults={stats['memory']['minor_faults']}\n")
+            yield "done", "stop" if (eos or hit) else "length", tail, stats, announced
 
-    def _stats(self, ids, reuse, generated, t0, t_first, t_last) -> dict:
+    def _stats(self, ids, reuse, generated, t0, t_first, t_last, faults0) -> dict:
         prompt_ms = (t_first - t0) * 1e3
         predicted_ms = (t_last - t_first) * 1e3
         n, m = len(ids), len(generated)
@@ -200,8 +350,36 @@ class Engine:
         }
         usage = {"prompt_tokens": n, "completion_tokens": m, "total_tokens": n + m,
                  "prompt_tokens_details": {"cached_tokens": reuse}}
-        return {"timings": timings, "usage": usage, "tokens_cached": reuse, "memory": self.memory(),
+        memory = dict(self.memory(), minor_faults=resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults0)
+        return {"timings": timings, "usage": usage, "tokens_cached": reuse, "memory": memory,
                 "tokens": list(generated)}
+
+    def _count(self, stats: dict) -> None:
+        c, t = self.counters, stats["timings"]
+        c["requests"] += 1
+        c["prompt_tokens"] += t["prompt_n"]
+        c["generated_tokens"] += t["predicted_n"]
+        c["prompt_seconds"] += t["prompt_ms"] / 1e3
+        c["decode_seconds"] += t["predicted_ms"] / 1e3
+
+    def metrics(self) -> str:
+        """Prometheus text exposition (as llama.cpp's ``--metrics`` and vLLM serve it)."""
+        c, mem = self.counters, self.memory()
+        rows = [
+            ("requests_total", "counter", "Completed generation requests.", c["requests"]),
+            ("prompt_tokens_total", "counter", "Prompt tokens evaluated (cached ones excluded).", c["prompt_tokens"]),
+            ("generated_tokens_total", "counter", "Tokens generated.", c["generated_tokens"]),
+            ("prompt_seconds_total", "counter", "Time spent evaluating prompts.", c["prompt_seconds"]),
+            ("decode_seconds_total", "counter", "Time from each first to last generated token.", c["decode_seconds"]),
+            ("requests_processing", "gauge", "Generations running now (0 or 1).", c["processing"]),
+            ("kv_cache_bytes", "gauge", "Bytes of KV cache allocated.", mem["kv_bytes"]),
+            ("peak_rss_bytes", "gauge", "Peak resident set size of the server process.", mem["peak_rss_bytes"]),
+        ]
+        lines = []
+        for name, kind, help_, value in rows:
+            lines += [f"# HELP pairbench_engine_{name} {help_}", f"# TYPE pairbench_engine_{name} {kind}",
+                      f"pairbench_engine_{name} {value}"]
+        return "\n".join(lines) + "\n"
 
 
 # --------------------------------------------------------------------------------------------------
@@ -212,20 +390,36 @@ class Handler(BaseHTTPRequestHandler):
     server_version = f"{ENGINE_NAME}/{__version__}"
     engine: Engine  # set on the subclass made by make_server
 
+    def setup(self):
+        super().setup()
+        # Headers and the first streamed chunk are two small writes; with Nagle's algorithm the
+        # second waits for the client's (delayed) ACK of the first: 40+ ms on a reused connection.
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def handle(self):
+        try:
+            super().handle()
+        except (ConnectionResetError, BrokenPipeError, TimeoutError) as e:
+            self.log_message("client connection closed: %s", type(e).__name__)  # one line, no traceback
+            self.close_connection = True
+
     def log_message(self, format, *args):  # one short line per request, on stderr
         sys.stderr.write(f"{self.address_string()} {format % args}\n")
 
     # ---- plumbing
-    def _send_json(self, status: int, obj: dict) -> None:
-        data = json.dumps(obj).encode()
+    def _send(self, status: int, data: bytes, content_type: str) -> None:
         self.send_response(status)
-        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
-        self.wfile.write(data)
+        if self.command != "HEAD":
+            self.wfile.write(data)
 
-    def _send_error(self, status: int, message: str, kind: str) -> None:
-        self._send_json(status, {"error": {"message": message, "type": kind, "code": status}})
+    def _send_json(self, status: int, obj: dict) -> None:
+        self._send(status, json.dumps(obj).encode(), "application/json")
+
+    def _send_error(self, e: RequestError) -> None:
+        self._send_json(e.status, {"error": {"message": str(e), "type": e.kind, "param": e.param, "code": e.code}})
 
     def _read_body(self) -> dict:
         try:
@@ -252,16 +446,36 @@ class Handler(BaseHTTPRequestHandler):
         self._chunk(b"data: " + (obj if isinstance(obj, bytes) else json.dumps(obj).encode()) + b"\n\n")
 
     # ---- routes
+    def do_HEAD(self):
+        self.do_GET()
+
     def do_GET(self):
-        if self.path == "/health":
-            if self.engine.loaded is None:
-                self._send_json(503, {"status": "loading"})
-            else:
-                self._send_json(200, {"status": "ok"})
-        elif self.path == "/version":
+        loaded = self.engine.loaded
+        path = self.path.split("?", 1)[0]
+        if path == "/health":
+            self._send_json(503, {"status": "loading"}) if loaded is None else self._send_json(200, {"status": "ok"})
+        elif path == "/version":
             self._send_json(200, {"engine": ENGINE_NAME, "version": __version__, "native": NATIVE})
+        elif loaded is None and path in ("/v1/models", "/metrics"):
+            self._send_error(RequestError("the model is still loading", 503, "unavailable_error"))
+        elif path == "/v1/models":
+            self._send_json(200, {"object": "list", "data": [self._model_card()]})
+        elif path.startswith("/v1/models/"):
+            name = path[len("/v1/models/"):]
+            if loaded is not None and name == loaded.name:
+                self._send_json(200, self._model_card())
+            else:
+                self._send_error(RequestError(f"model {name!r} does not exist", 404, "not_found_error",
+                                              param="model", code="model_not_found"))
+        elif path == "/metrics":
+            self._send(200, self.engine.metrics().encode(), "text/plain; version=0.0.4; charset=utf-8")
         else:
-            self._send_error(404, f"no route GET {self.path}", "not_found_error")
+            self._send_error(RequestError(f"no route {self.command} {path}", 404, "not_found_error"))
+
+    def _model_card(self) -> dict:
+        loaded = self.engine.loaded
+        return {"id": loaded.name, "object": "model", "created": int(self.server.started), "owned_by": ENGINE_NAME,
+                "max_model_len": self.engine.max_context}
 
     def do_POST(self):
         routes = {"/tokenize": self.tokenize, "/v1/completions": lambda b: self.complete(b, chat=False),
@@ -274,12 +488,13 @@ class Handler(BaseHTTPRequestHandler):
                 raise RequestError("the model is still loading", status=503, kind="unavailable_error")
             routes[self.path](body)
         except RequestError as e:
-            self._send_error(e.status, str(e), e.kind)
+            self._send_error(e)
         except (BrokenPipeError, ConnectionResetError):
+            self.log_message("client connection closed mid-response")
             self.close_connection = True
         except Exception as e:  # a bug must not take the server down; report it as a 500
             self.log_message("internal error: %r", e)
-            self._send_error(500, f"internal error: {type(e).__name__}: {e}", "server_error")
+            self._send_error(RequestError(f"internal error: {type(e).__name__}: {e}", 500, "server_error"))
 
     def tokenize(self, body: dict) -> None:
         tok = self.engine.loaded.tokenizer
@@ -288,7 +503,7 @@ class Handler(BaseHTTPRequestHandler):
         else:
             content = body.get("content")
             if not isinstance(content, str):
-                raise RequestError("field 'content' must be a string (or send 'messages')")
+                raise RequestError("field 'content' must be a string (or send 'messages')", param="content")
             add_special = _get(body, "add_special", lambda v: isinstance(v, bool), "a boolean", False)
             ids = tok.encode(content, add_special=add_special)
         self._send_json(200, {"tokens": ids, "count": len(ids)})
@@ -316,11 +531,11 @@ class Handler(BaseHTTPRequestHandler):
                 if ev[0] == "token":
                     text.append(ev[2])
                 else:
-                    _, finish, tail, stats = ev
+                    _, finish, tail, stats, _ = ev
                     text.append(tail)
         finally:
             events.close()  # releases the model lock even if something above failed
-        choice = {"index": 0, "finish_reason": finish}
+        choice = {"index": 0, "finish_reason": finish, "logprobs": None}
         if chat:
             choice["message"] = {"role": "assistant", "content": "".join(text)}
         else:
@@ -336,7 +551,7 @@ class Handler(BaseHTTPRequestHandler):
         chunk_head = dict(head, object="chat.completion.chunk" if chat else "text_completion")
 
         def choice(piece: str, tokens: list[int], finish, first: bool) -> dict:
-            c = {"index": 0, "finish_reason": finish, "tokens": tokens}
+            c = {"index": 0, "finish_reason": finish, "tokens": tokens, "logprobs": None}
             if chat:
                 c["delta"] = {"role": "assistant", "content": piece} if first else {"content": piece}
             else:
@@ -344,6 +559,7 @@ class Handler(BaseHTTPRequestHandler):
             return c
 
         started = False
+        n_sent = 0
         try:
             for ev in events:
                 if not started:
@@ -354,50 +570,83 @@ class Handler(BaseHTTPRequestHandler):
                     self.end_headers()
                     started = True
                 if ev[0] == "token":
-                    _, token, piece, is_last, stats = ev
-                    obj = dict(chunk_head, choices=[choice(piece, [token], "length" if is_last else None,
-                                                           first=stats["usage"]["completion_tokens"] == 1)])
-                    if is_last:
+                    _, token, piece, finish, stats = ev
+                    n_sent += 1
+                    obj = dict(chunk_head, choices=[choice(piece, [token], finish, first=n_sent == 1)])
+                    if stats is not None:
                         obj.update(self._extras(stats))
                     self._event(obj)
                 else:
-                    _, finish, tail, stats = ev
-                    if finish != "length" or stats["usage"]["completion_tokens"] == 0:
-                        # Ended by a stop token (or produced nothing): a closing chunk carries finish_reason.
-                        obj = dict(chunk_head, choices=[choice(tail, [], finish, first=False)], **self._extras(stats))
+                    _, finish, tail, stats, announced = ev
+                    if not announced:
+                        # Ended by a stop id (or produced nothing): a closing chunk carries finish_reason.
+                        obj = dict(chunk_head, choices=[choice(tail, [], finish, first=n_sent == 0)],
+                                   **self._extras(stats))
                         self._event(obj)
                     if p["include_usage"]:
                         self._event(dict(chunk_head, choices=[], usage=stats["usage"], **self._extras(stats)))
             self._event(b"[DONE]")
             self._chunk(b"")  # end of the chunked body
         except (BrokenPipeError, ConnectionResetError):
-            self.close_connection = True  # the client left; the generator's finally restores the cache
+            self.log_message("client left mid-stream")  # the generator's finally restores the cache
+            self.close_connection = True
         except Exception as e:
             if not started:
                 raise  # nothing sent yet: do_POST answers with a JSON error status
             # Headers are out: report the failure in-band and end the stream properly.
             self.log_message("internal error mid-stream: %r", e)
             self._event({"error": {"message": f"internal error: {type(e).__name__}: {e}", "type": "server_error",
-                                   "code": 500}})
+                                   "param": None, "code": None}})
             self._chunk(b"")
             self.close_connection = True
         finally:
             events.close()
 
 
-def make_server(engine: Engine, host: str, port: int) -> ThreadingHTTPServer:
+class Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request, client_address):
+        # A client that resets its connection is routine: one line, not socketserver's traceback.
+        exc = sys.exc_info()[1]
+        if isinstance(exc, (ConnectionResetError, BrokenPipeError, TimeoutError)):
+            sys.stderr.write(f"{client_address[0]} client connection closed: {type(exc).__name__}\n")
+        else:
+            super().handle_error(request, client_address)
+
+
+def make_server(engine: Engine, host: str, port: int) -> Server:
     handler = type("BoundHandler", (Handler,), {"engine": engine})
-    server = ThreadingHTTPServer((host, port), handler)
-    server.daemon_threads = True
+    server = Server((host, port), handler)
+    server.started = time.time()
     return server
 
 
+# glibc mallopt parameters (malloc.h)
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_ARENA_MAX = -1, -3, -8
+
+
+def tune_malloc() -> dict:
+    """Keep freed memory mapped between requests: never trim the heap, serve allocations up to
+    glibc's 32 MiB maximum from it instead of fresh mmaps, and use at most two arenas (one per core,
+    so per-connection threads do not each keep a heap). Returns what was applied (empty if not glibc)."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return {}
+    wanted = {"trim_threshold": (M_TRIM_THRESHOLD, 2**31 - 1), "mmap_threshold": (M_MMAP_THRESHOLD, 32 * 2**20),
+              "arena_max": (M_ARENA_MAX, 2)}
+    return {name: value for name, (param, value) in wanted.items() if libc.mallopt(param, value) == 1}
+
+
 def serve(spec: str, host: str = "127.0.0.1", port: int = 8080, threads: int | None = None,
-          max_context: int | None = None, linear: str = "fp16", decode_threads: int | None = 1) -> int:
+          max_context: int | None = None, linear: str = DEFAULT_LINEAR, decode_threads: int | None = 1,
+          kv: str = "auto", malloc_tuning: bool = True) -> int:
     """Listen at once (``/health`` answers 503 while loading), load the model, serve until SIGTERM/SIGINT."""
+    tuned = tune_malloc() if malloc_tuning else {}
     if threads is not None:
         torch.set_num_threads(threads)
-    engine = Engine(spec, max_context, linear, decode_threads)
+    engine = Engine(spec, max_context, linear, decode_threads, kv)
     server = make_server(engine, host, port)
     thread = threading.Thread(target=server.serve_forever, name="http", daemon=True)
     thread.start()
@@ -415,9 +664,11 @@ def serve(spec: str, host: str = "127.0.0.1", port: int = 8080, threads: int | N
         except (ValueError, OSError) as e:
             print(f"{NATIVE}: cannot load model: {e}", file=sys.stderr, flush=True)
             return 2
-        print(f"{NATIVE} ready: model {engine.loaded.name} on http://{host}:{server.server_address[1]} "
-              f"(max_context {engine.max_context}, linear {linear}, threads {torch.get_num_threads()}, "
-              f"decode threads {decode_threads or torch.get_num_threads()}, "
+        lm = engine.loaded
+        print(f"{NATIVE} ready: model {lm.name} on http://{host}:{server.server_address[1]} "
+              f"(max_context {engine.max_context}, linear {lm.linear}, kv {lm.kv_dtype}, "
+              f"threads {torch.get_num_threads()}, decode threads {decode_threads or torch.get_num_threads()}, "
+              f"malloc {'tuned ' + ','.join(tuned) if tuned else 'glibc defaults'}, "
               f"loaded in {time.perf_counter() - t0:.1f} s)", file=sys.stderr, flush=True)
         threading.Event().wait()
     except SystemExit as e:

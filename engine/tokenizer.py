@@ -8,6 +8,7 @@ templates taken from GGUF metadata render exactly as they do upstream.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import jinja2
 import jinja2.sandbox
@@ -69,6 +70,36 @@ class Tokenizer:
     def encode_chat(self, messages: list[dict]) -> list[int]:
         """The prompt ids of a chat request: template applied, generation prompt added."""
         return self.encode(self.apply_chat_template(messages, add_generation_prompt=True), add_special=True)
+
+
+def write_hf_dir(tokenizer: Tokenizer, name: str, context_length: int, out_dir) -> Path:
+    """Write ``tokenizer.json`` + ``tokenizer_config.json`` (+ ``special_tokens_map.json``) that
+    ``transformers.AutoTokenizer.from_pretrained(out_dir)`` loads as this model's tokenizer: the same
+    ids for the same text, the same chat template. For clients that count tokens themselves (AIPerf,
+    guidellm) without a model hub. Returns ``out_dir``."""
+    from tokenizers.processors import TemplateProcessing
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tok = tokenizers.Tokenizer.from_str(tokenizer.tok.to_str())  # a copy: the engine's stays untouched
+    name_of = tokenizer.tok.id_to_token
+    bos = name_of(tokenizer.bos_id) if tokenizer.bos_id is not None else None
+    if tokenizer.add_bos and bos is not None:
+        tok.post_processor = TemplateProcessing(single=f"{bos} $A", pair=f"{bos} $A {bos} $B",
+                                                special_tokens=[(bos, tokenizer.bos_id)])
+    tok.save(str(out / "tokenizer.json"))
+    specials = {"eos_token": name_of(tokenizer.eos_id)}
+    if bos is not None:
+        specials["bos_token"] = bos
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": context_length,
+              "clean_up_tokenization_spaces": False, "add_bos_token": bool(tokenizer.add_bos),
+              "name_or_path": name, **specials}
+    if tokenizer.chat_template is not None:
+        config["chat_template"] = tokenizer.chat_template
+    (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    (out / "special_tokens_map.json").write_text(json.dumps(specials, indent=2, sort_keys=True) + "\n",
+                                                 encoding="utf-8")
+    return out
 
 
 class IncrementalDecoder:

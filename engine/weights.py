@@ -27,11 +27,40 @@ import tokenizers
 import torch
 from tokenizers import AddedToken, decoders, models, pre_tokenizers
 
-from .model import ModelConfig, Transformer
+from torch import nn
+
+from .model import Embedding, Linear, ModelConfig, Transformer
 from .tokenizer import Tokenizer
 
-FORMAT = "pairbench-engine/v1"
-DEFAULT_MAX_CONTEXT = 4096
+FORMAT = "pairbench-engine/v2"
+LINEAR_KINDS = ("auto", "fp16", "fp32")
+#: One default for ``load``, ``Engine`` and ``python -m engine serve``.
+DEFAULT_LINEAR = "auto"
+KV_KINDS = ("auto", "f16", "f32")
+
+
+@dataclass(frozen=True)
+class Blocks:
+    """A weight kept in a GGUF block format (``engine.kernels.BLOCK_FORMATS``), exactly as stored."""
+
+    fmt: str
+    data: torch.Tensor  # (out, in/32 * block bytes) uint8
+    shape: tuple[int, int]  # (out, in) of the weight it encodes
+    layout: str = "gguf"  # "gguf" (the file's interleaved blocks) or "split" (engine.kernels.split_rows)
+
+    def float(self) -> torch.Tensor:
+        from .kernels import dequantize_ref, join_rows
+
+        data = join_rows(self.fmt, self.data) if self.layout == "split" else self.data
+        return dequantize_ref(self.fmt, data, self.shape[1])
+
+
+def _shape(w) -> tuple[int, ...]:
+    return tuple(w.shape) if isinstance(w, Blocks) else tuple(w.shape)
+
+
+def _as_float(w) -> torch.Tensor:
+    return w.float() if isinstance(w, Blocks) else w.float().contiguous()
 
 
 @dataclass
@@ -41,42 +70,115 @@ class LoadedModel:
     config: ModelConfig
     name: str
     chat_template: str | None
+    linear: str = "fp32"  # what the matrix products resolved to: "fp32", "fp16" or "gguf" (native blocks)
+    kv_dtype: str = "f32"
 
 
 # --------------------------------------------------------------------------------------------------
 # Building the model from a state dict
 
 
-def build_model(cfg: ModelConfig, state: dict[str, torch.Tensor], max_context: int) -> Transformer:
-    """A Transformer holding ``state`` (this engine's parameter names), with its KV cache allocated."""
+def resolve_linear(linear: str, state: dict) -> str:
+    """``auto`` -> ``gguf`` (the GGUF blocks with the native kernels) when the state holds blocks and
+    engine.native is available, else ``fp16``. ``fp16`` and ``fp32`` are taken as asked."""
+    if linear not in LINEAR_KINDS:
+        raise ValueError(f"linear {linear!r} is not one of {LINEAR_KINDS}")
+    if linear != "auto":
+        return linear
+    if any(isinstance(w, Blocks) for w in state.values()):
+        from . import native
+
+        if native.available():
+            return "gguf"
+    return "fp16"
+
+
+def _make_linear(w, kind: str) -> nn.Module:
+    from . import kernels
+
+    if kind == "gguf" and isinstance(w, Blocks):
+        return kernels.QuantLinear(w.fmt, w.data, w.shape[1], layout=w.layout)
+    if kind in ("gguf", "fp16"):
+        return kernels.HalfLinear(_as_float(w))
+    weight = nn.Parameter(_as_float(w), requires_grad=False)
+    return Linear(weight.shape[1], weight.shape[0], weight=weight)
+
+
+def _make_embedding(w, kind: str) -> tuple[nn.Module, nn.Module]:
+    """(embedding, tied lm_head) sharing one table in the decode format."""
+    from . import kernels
+
+    if kind == "gguf" and isinstance(w, Blocks):
+        split = w.data if w.layout == "split" else kernels.split_rows(w.fmt, w.data)  # one table for both
+        return (kernels.QuantEmbedding(w.fmt, split, w.shape[1], layout="split"),
+                kernels.QuantLinear(w.fmt, split, w.shape[1], layout="split"))
+    if kind in ("gguf", "fp16"):
+        head = kernels.HalfLinear(_as_float(w))
+        return kernels.HalfEmbedding(head.prepared), head
+    emb = Embedding(*w.shape)
+    emb.weight = nn.Parameter(_as_float(w), requires_grad=False)
+    return emb, Linear(w.shape[1], w.shape[0], weight=emb.weight)
+
+
+def build_model(cfg: ModelConfig, state: dict, max_context: int, linear: str = DEFAULT_LINEAR,
+                kv: str = "auto") -> tuple[Transformer, str, str]:
+    """A Transformer holding ``state`` (this engine's parameter names; values are float tensors or
+    ``Blocks``), each weight converted once to the decode format ``linear`` resolves to, with its KV
+    cache allocated. Returns (model, resolved linear kind, KV dtype name)."""
+    from . import native
+
     with torch.device("meta"):
         model = Transformer(cfg)
     state = dict(state)
-    if cfg.tie_embeddings:
-        if "output.weight" in state:
-            raise ValueError("tied-embedding model must not carry a separate output.weight")
-        state["output.weight"] = state["tok_embeddings.weight"]
+    if cfg.tie_embeddings and "output.weight" in state:
+        raise ValueError("tied-embedding model must not carry a separate output.weight")
     shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-    expected = set(shapes)
-    missing, unexpected = sorted(expected - set(state)), sorted(set(state) - expected)
+    if cfg.tie_embeddings:
+        shapes.pop("output.weight")
+    missing, unexpected = sorted(set(shapes) - set(state)), sorted(set(state) - set(shapes))
     if missing or unexpected:
         raise ValueError(f"weights do not fit the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
     for key, value in state.items():
-        if tuple(value.shape) != shapes[key]:
-            raise ValueError(f"weight {key}: shape {tuple(value.shape)}, model expects {shapes[key]}")
-    model.load_state_dict({k: v.float().contiguous() for k, v in state.items()}, assign=True)
-    if cfg.tie_embeddings:
-        model.output.weight = model.tok_embeddings.weight
-    for p in model.parameters():
-        p.requires_grad_(False)
+        if _shape(value) != shapes[key]:
+            raise ValueError(f"weight {key}: shape {_shape(value)}, model expects {shapes[key]}")
+    kind = resolve_linear(linear, state)
+    if kv not in KV_KINDS:
+        raise ValueError(f"kv {kv!r} is not one of {KV_KINDS}")
+    fast_attention = kind != "fp32" and native.available() and native.attention_supported(
+        cfg.n_heads, cfg.n_kv_heads, cfg.head_dim)
+    kv_dtype = {"f16": torch.float16, "f32": torch.float32}.get(kv) or (
+        torch.float16 if fast_attention else torch.float32)
+
+    # One weight at a time, so the load never holds a second full copy (the peak RSS stays low).
+    model.tok_embeddings, tied_head = _make_embedding(state.pop("tok_embeddings.weight"), kind)
+    model.output = tied_head if cfg.tie_embeddings else _make_linear(state.pop("output.weight"), kind)
+    for i, layer in enumerate(model.layers):
+        p = f"layers.{i}."
+        for parent, name in ((layer.attention, "wqkv"), (layer.attention, "wo"),
+                             (layer.feed_forward, "w13"), (layer.feed_forward, "w2")):
+            key = f"{p}{'attention' if parent is layer.attention else 'feed_forward'}.{name}.weight"
+            setattr(parent, name, _make_linear(state.pop(key), kind))
+        if fast_attention:
+            layer.attention.decode_attention = native.attention_decode
+    norms = {k: nn.Parameter(_as_float(v), requires_grad=False) for k, v in state.items()}
+    model.load_state_dict(norms, strict=False, assign=True)
     model.eval()
-    model.setup_cache(max_context)
-    return model
+    model.setup_cache(max_context, kv_dtype)
+    leftover = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
+    if leftover:
+        raise ValueError(f"weights do not fit the model: {leftover[:5]} not loaded")
+    if fast_attention:
+        from .kernels import FusedDecode
+
+        for layer in model.layers:
+            if FusedDecode.supported(layer):
+                layer.fused_decode = FusedDecode(layer, cfg.norm_eps)
+    return model, kind, {torch.float16: "f16", torch.float32: "f32"}[kv_dtype]
 
 
 def _resolve_max_context(cfg: ModelConfig, max_context: int | None) -> int:
     if max_context is None:
-        return min(cfg.context_length, DEFAULT_MAX_CONTEXT)
+        return cfg.context_length
     if not isinstance(max_context, int) or max_context < 1:
         raise ValueError(f"max_context must be a positive int, got {max_context!r}")
     if max_context > cfg.context_length:
@@ -152,11 +254,13 @@ def random_state(cfg: ModelConfig, seed: int) -> dict[str, torch.Tensor]:
     return state
 
 
-def load_named(name: str, max_context: int | None) -> LoadedModel:
+def load_named(name: str, max_context: int | None, linear: str = DEFAULT_LINEAR, kv: str = "auto") -> LoadedModel:
     cfg = NAMED_MODELS[name]
-    model = build_model(cfg, random_state(cfg, zlib.crc32(name.encode())), _resolve_max_context(cfg, max_context))
+    model, kind, kv_dtype = build_model(cfg, random_state(cfg, zlib.crc32(name.encode())),
+                                        _resolve_max_context(cfg, max_context), linear, kv)
     tok = Tokenizer(byte_level_tokenizer(), eos_id=2, bos_id=None, add_bos=False, chat_template=TINY_CHAT_TEMPLATE)
-    return LoadedModel(model=model, tokenizer=tok, config=cfg, name=name, chat_template=TINY_CHAT_TEMPLATE)
+    return LoadedModel(model=model, tokenizer=tok, config=cfg, name=name, chat_template=TINY_CHAT_TEMPLATE,
+                       linear=kind, kv_dtype=kv_dtype)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -214,6 +318,33 @@ class GGUFFile:
         shape = tuple(int(x) for x in reversed(t.shape))
         return dequantize(t.data, t.tensor_type, shape, name)
 
+    def weight(self, name: str):
+        """A 2-D weight as ``Blocks`` when the native kernels know its format (a copy of the bytes,
+        verbatim), else dequantized to float32."""
+        from gguf import GGMLQuantizationType as Q
+
+        t = self.tensors.get(name)
+        fmt = {Q.Q4_1: "q4_1", Q.Q8_0: "q8_0"}.get(t.tensor_type) if t is not None else None
+        if fmt is None or len(t.shape) != 2:
+            return self.tensor(name)
+        out_f, in_f = int(t.shape[1]), int(t.shape[0])
+        data = torch.from_numpy(np.array(t.data, dtype=np.uint8).reshape(out_f, -1))  # (out, row bytes)
+        return Blocks(fmt, data, (out_f, in_f))
+
+
+def _unpermute(w, n_heads: int):
+    if isinstance(w, Blocks):  # blocks run along a row, so the row permutation moves whole rows
+        return Blocks(w.fmt, unpermute_rope(w.data, n_heads), w.shape)
+    return unpermute_rope(w, n_heads)
+
+
+def _cat_rows(parts: list):
+    """Stack weights along the output dim; blocks stay blocks when all share one format."""
+    if all(isinstance(p, Blocks) for p in parts) and len({p.fmt for p in parts}) == 1:
+        data = torch.cat([p.data for p in parts])
+        return Blocks(parts[0].fmt, data, (sum(p.shape[0] for p in parts), parts[0].shape[1]))
+    return torch.cat([_as_float(p) for p in parts])
+
 
 def gguf_config(g: GGUFFile) -> ModelConfig:
     arch = g.get("general.architecture")
@@ -240,18 +371,20 @@ def gguf_config(g: GGUFFile) -> ModelConfig:
     )
 
 
-def gguf_state(g: GGUFFile, cfg: ModelConfig) -> dict[str, torch.Tensor]:
-    state = {"tok_embeddings.weight": g.tensor("token_embd.weight"), "norm.weight": g.tensor("output_norm.weight")}
+def gguf_state(g: GGUFFile, cfg: ModelConfig) -> dict:
+    """This engine's state dict from a GGUF: 2-D weights as ``Blocks`` where the native kernels know
+    the format (``GGUFFile.weight``), norms and the rest as float32."""
+    state = {"tok_embeddings.weight": g.weight("token_embd.weight"), "norm.weight": g.tensor("output_norm.weight")}
     if not cfg.tie_embeddings:
-        state["output.weight"] = g.tensor("output.weight")
+        state["output.weight"] = g.weight("output.weight")
     for i in range(cfg.n_layers):
         b, p = f"blk.{i}.", f"layers.{i}."
-        q = unpermute_rope(g.tensor(b + "attn_q.weight"), cfg.n_heads)
-        k = unpermute_rope(g.tensor(b + "attn_k.weight"), cfg.n_kv_heads)
-        state[p + "attention.wqkv.weight"] = torch.cat([q, k, g.tensor(b + "attn_v.weight")])
-        state[p + "attention.wo.weight"] = g.tensor(b + "attn_output.weight")
-        state[p + "feed_forward.w13.weight"] = torch.cat([g.tensor(b + "ffn_gate.weight"), g.tensor(b + "ffn_up.weight")])
-        state[p + "feed_forward.w2.weight"] = g.tensor(b + "ffn_down.weight")
+        q = _unpermute(g.weight(b + "attn_q.weight"), cfg.n_heads)
+        k = _unpermute(g.weight(b + "attn_k.weight"), cfg.n_kv_heads)
+        state[p + "attention.wqkv.weight"] = _cat_rows([q, k, g.weight(b + "attn_v.weight")])
+        state[p + "attention.wo.weight"] = g.weight(b + "attn_output.weight")
+        state[p + "feed_forward.w13.weight"] = _cat_rows([g.weight(b + "ffn_gate.weight"), g.weight(b + "ffn_up.weight")])
+        state[p + "feed_forward.w2.weight"] = g.weight(b + "ffn_down.weight")
         state[p + "attention_norm.weight"] = g.tensor(b + "attn_norm.weight")
         state[p + "ffn_norm.weight"] = g.tensor(b + "ffn_norm.weight")
     known = {"token_embd.weight", "output_norm.weight", "output.weight"} | {
@@ -317,79 +450,135 @@ def read_gguf(path: Path):
     return cfg, gguf_state(g, cfg), tok, meta, template, name
 
 
-def _loaded(cfg, state, tok, meta, template, name, max_context) -> LoadedModel:
-    model = build_model(cfg, state, _resolve_max_context(cfg, max_context))
+def _loaded(cfg, state, tok, meta, template, name, max_context, linear, kv) -> LoadedModel:
+    model, kind, kv_dtype = build_model(cfg, state, _resolve_max_context(cfg, max_context), linear, kv)
     tokenizer = Tokenizer(tok, eos_id=meta["eos_id"], bos_id=meta.get("bos_id"), add_bos=meta.get("add_bos", False),
                           chat_template=template, stop_ids=meta.get("stop_ids", []))
-    return LoadedModel(model=model, tokenizer=tokenizer, config=cfg, name=name, chat_template=template)
+    return LoadedModel(model=model, tokenizer=tokenizer, config=cfg, name=name, chat_template=template,
+                       linear=kind, kv_dtype=kv_dtype)
 
 
 # --------------------------------------------------------------------------------------------------
-# Converted format
+# Converted format (v2): the GGUF's blocks verbatim (already un-permuted and fused), norms in fp32
 
 
 def convert(gguf_path: Path, out_dir: Path) -> Path:
-    """Write the fast-loading form of a GGUF model into ``out_dir`` (created; must not hold a model)."""
+    """Write the fast-loading form of a GGUF model into ``out_dir`` (created; must not hold a model).
+
+    ``model.safetensors`` holds each weight's GGUF bytes: block formats as uint8 tensors in the
+    kernels' split row layout (``engine.kernels.split_rows``: the same bytes regrouped per row; their
+    format, logical shape and layout listed under ``weights`` in ``config.json``), the rest float32."""
     from safetensors.torch import save_file
 
     cfg, state, tok, meta, template, name = read_gguf(Path(gguf_path))
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.contiguous() for k, v in state.items()}, str(out_dir / "model.safetensors"))
+    tensors, formats = {}, {}
+    from .kernels import split_rows
+
+    for key, w in state.items():
+        if isinstance(w, Blocks):  # stored in the kernels' split row layout: loading is a memory map
+            tensors[key] = split_rows(w.fmt, w.data)
+            formats[key] = {"format": w.fmt, "shape": list(w.shape), "layout": "split"}
+        else:
+            tensors[key] = w.contiguous()
+    save_file(tensors, str(out_dir / "model.safetensors"))
     tok.save(str(out_dir / "tokenizer.json"))
     if template is not None:
         (out_dir / "chat_template.jinja").write_text(template, encoding="utf-8")
-    doc = {"format": FORMAT, "name": name, "model": cfg.to_dict(), "tokenizer": meta,
+    doc = {"format": FORMAT, "name": name, "model": cfg.to_dict(), "tokenizer": meta, "weights": formats,
            "source": {"file": Path(gguf_path).name}}
     (out_dir / "config.json").write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     return out_dir
 
 
-def load_converted(path: Path, max_context: int | None) -> LoadedModel:
-    from safetensors.torch import load_file
+_ST_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "U8": torch.uint8,
+              "I8": torch.int8, "I32": torch.int32, "I64": torch.int64}
 
+
+def mmap_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    """The tensors of a safetensors file as views of one private (copy-on-write) memory map: no copy
+    at load, the weights live once, in the page cache, and pages come in as they are first used."""
+    import mmap
+    import struct
+
+    with open(path, "rb") as f:
+        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+    (n,) = struct.unpack("<Q", mm[:8])
+    header = json.loads(mm[8:8 + n])
+    header.pop("__metadata__", None)
+    base = torch.frombuffer(mm, dtype=torch.uint8)  # keeps the map alive as long as any view lives
+    out = {}
+    for key, info in header.items():
+        if info["dtype"] not in _ST_DTYPES:
+            raise ValueError(f"{path}: tensor {key} has unsupported dtype {info['dtype']}")
+        begin, end = info["data_offsets"]
+        raw = base[8 + n + begin: 8 + n + end]
+        out[key] = raw.view(_ST_DTYPES[info["dtype"]]).reshape(info["shape"])
+    return out
+
+
+def load_converted(path: Path, max_context: int | None, linear: str, kv: str) -> LoadedModel:
     doc = json.loads((path / "config.json").read_text(encoding="utf-8"))
     if doc.get("format") != FORMAT:
-        raise ValueError(f"{path / 'config.json'}: format {doc.get('format')!r}, expected {FORMAT!r}")
+        raise ValueError(f"{path / 'config.json'}: format {doc.get('format')!r}, expected {FORMAT!r} "
+                         "(convert the GGUF again with `python -m engine convert`)")
     cfg = ModelConfig.from_dict(doc["model"])
     tok = tokenizers.Tokenizer.from_file(str(path / "tokenizer.json"))
     template_file = path / "chat_template.jinja"
     template = template_file.read_text(encoding="utf-8") if template_file.exists() else None
-    state = load_file(str(path / "model.safetensors"))
-    return _loaded(cfg, state, tok, doc["tokenizer"], template, doc["name"], max_context)
+    state = mmap_safetensors(path / "model.safetensors")
+    for key, info in doc.get("weights", {}).items():
+        state[key] = Blocks(info["format"], state[key], tuple(info["shape"]), info.get("layout", "gguf"))
+    return _loaded(cfg, state, tok, doc["tokenizer"], template, doc["name"], max_context, linear, kv)
 
 
-LINEAR_KINDS = ("fp32", "fp16")
+def load_tokenizer(spec: str) -> tuple[Tokenizer, str, int]:
+    """(tokenizer, model name, context length) of a model, without loading its weights."""
+    if spec in NAMED_MODELS:
+        return (Tokenizer(byte_level_tokenizer(), eos_id=2, bos_id=None, add_bos=False,
+                          chat_template=TINY_CHAT_TEMPLATE), spec, NAMED_MODELS[spec].context_length)
+    path = Path(spec)
+    if path.is_dir() and (path / "config.json").exists():
+        doc = json.loads((path / "config.json").read_text(encoding="utf-8"))
+        meta, template_file = doc["tokenizer"], path / "chat_template.jinja"
+        template = template_file.read_text(encoding="utf-8") if template_file.exists() else None
+        tok = tokenizers.Tokenizer.from_file(str(path / "tokenizer.json"))
+        name, ctx = doc["name"], int(doc["model"]["context_length"])
+    elif path.is_file():
+        g = GGUFFile(path)
+        tok, meta = gguf_tokenizer(g)
+        template = g.get("tokenizer.chat_template", None)
+        name = path.name[: -len(".gguf")] if path.name.endswith(".gguf") else path.name
+        ctx = int(gguf_config(g).context_length)
+    else:
+        raise ValueError(f"model {spec!r} is neither a named model, a converted directory nor a GGUF file")
+    return (Tokenizer(tok, eos_id=meta["eos_id"], bos_id=meta.get("bos_id"), add_bos=meta.get("add_bos", False),
+                      chat_template=template, stop_ids=meta.get("stop_ids", [])), name, ctx)
 
 
-def load(spec: str, max_context: int | None = None, linear: str = "fp32") -> LoadedModel:
+def load(spec: str, max_context: int | None = None, linear: str = DEFAULT_LINEAR, kv: str = "auto") -> LoadedModel:
     """Load a model: a name in NAMED_MODELS, a converted directory, or a GGUF file.
 
-    ``linear`` picks the weight storage of the matrix products: ``fp32`` (exact reference), or
-    ``fp16`` (``engine.kernels``: half the weight bytes per decode step, fp32 accumulation)."""
+    ``linear`` picks the weight format of the matrix products (``engine.kernels``): ``auto`` (the
+    default everywhere: a GGUF's own q4_1/q8_0 blocks with the native kernels when they are
+    available, else fp16), ``fp16``, or ``fp32`` (the exact reference). ``kv``: the KV cache's
+    dtype, ``auto`` (f16 when the native attention kernel serves it, else f32), ``f16`` or ``f32``.
+    Every weight is held once, in the format decode uses."""
     if linear not in LINEAR_KINDS:
         raise ValueError(f"linear {linear!r} is not one of {LINEAR_KINDS}")
-    loaded = _load(spec, max_context)
-    if linear == "fp16":
-        from . import kernels
-
-        kernels.quantize_(loaded.model)
-    return loaded
-
-
-def _load(spec: str, max_context: int | None) -> LoadedModel:
     if spec in NAMED_MODELS:
-        return load_named(spec, max_context)
+        return load_named(spec, max_context, linear, kv)
     path = Path(spec)
     if path.is_dir():
         if not (path / "config.json").exists():
             raise ValueError(f"model directory {spec} has no config.json (make one with `python -m engine convert`)")
-        return load_converted(path, max_context)
+        return load_converted(path, max_context, linear, kv)
     if path.is_file():
         with open(path, "rb") as f:
             magic = f.read(4)
         if magic != b"GGUF":
             raise ValueError(f"model file {spec} is not a GGUF file (magic {magic!r})")
-        return _loaded(*read_gguf(path), max_context)
+        return _loaded(*read_gguf(path), max_context, linear, kv)
     raise ValueError(f"model {spec!r} is neither a named model ({', '.join(NAMED_MODELS)}), "
                      "a converted directory nor a GGUF file")

@@ -76,7 +76,7 @@ def test_unpermute_inverts_llama_cpp_permute():
 
 
 def write_tiny_gguf(path, qtype) -> engine.LoadedModel:
-    tiny = engine.load("tiny", max_context=64)
+    tiny = engine.load("tiny", max_context=64, linear="fp32")
     cfg = tiny.config
     sd = tiny.model.state_dict()
     q_out, kv_out = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
@@ -144,7 +144,7 @@ def tiny_f32_gguf(tmp_path_factory):
 
 def test_gguf_f32_loads_to_the_same_model(tiny_f32_gguf):
     path, tiny = tiny_f32_gguf
-    loaded = engine.load(str(path), max_context=64)
+    loaded = engine.load(str(path), max_context=64, linear="fp32")
     # GGUF stores the epsilon as float32
     assert loaded.config.norm_eps == pytest.approx(tiny.config.norm_eps, rel=1e-6)
     assert dataclasses.replace(loaded.config, norm_eps=tiny.config.norm_eps) == tiny.config
@@ -162,7 +162,7 @@ def test_gguf_f32_loads_to_the_same_model(tiny_f32_gguf):
 def test_quantized_gguf_loads_the_quantized_values(tmp_path, qtype):
     path = tmp_path / f"tiny-{qtype.name}.gguf"
     tiny = write_tiny_gguf(path, qtype)
-    loaded = engine.load(str(path), max_context=64)
+    loaded = engine.load(str(path), max_context=64, linear="fp32")  # dequantized once, to compare values
     ours = loaded.model.state_dict()
     for key, orig in tiny.model.state_dict().items():
         if orig.dim() == 2:  # blocks run along rows, so the q/k row permutation commutes with them
@@ -181,10 +181,10 @@ def test_convert_round_trip_and_serve(tiny_f32_gguf, tmp_path, repo_root):
     subprocess.run([sys.executable, "-m", "engine", "convert", str(path), str(out)], cwd=repo_root, check=True)
     assert {p.name for p in out.iterdir()} == {"model.safetensors", "config.json", "tokenizer.json",
                                                "chat_template.jinja"}
-    conv = engine.load(str(out), max_context=64)
+    conv = engine.load(str(out), max_context=64, linear="fp32")
     assert conv.config == engine.load(str(path)).config and conv.chat_template == weights.TINY_CHAT_TEMPLATE
     assert torch.equal(generate.forward_logits(conv, PROMPT), generate.forward_logits(tiny, PROMPT))
-    expected = generate.greedy(tiny, PROMPT, 6)
+    expected = generate.greedy(engine.load(str(out), max_context=64), PROMPT, 6)  # the server's default format
     srv = ServerProcess(repo_root, str(out), ["--max-context", "64"])
     try:
         r = srv.client.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 6, "temperature": 0,

@@ -13,7 +13,7 @@ from engine.model import KVCache, ModelConfig
 
 @pytest.fixture(scope="module")
 def tiny():
-    return engine.load("tiny", max_context=128)
+    return engine.load("tiny", max_context=128, linear="fp32")  # the exact reference
 
 
 PROMPT = [5, 80, 120, 33, 200, 17, 64, 64, 9, 250, 3, 101, 77, 140, 12, 58]
@@ -60,14 +60,16 @@ def test_prefill_after_a_cached_prefix_uses_the_offset_causal_mask(tiny):
 
 
 def test_tied_model_shares_the_embedding():
-    tied = engine.load("tiny-tied", max_context=32)
+    tied = engine.load("tiny-tied", max_context=32, linear="fp32")
     assert tied.model.output.weight is tied.model.tok_embeddings.weight
-    untied = engine.load("tiny", max_context=32)
+    untied = engine.load("tiny", max_context=32, linear="fp32")
     assert untied.model.output.weight is not untied.model.tok_embeddings.weight
+    half = engine.load("tiny-tied", max_context=32, linear="fp16")  # one fp16 table serves both
+    assert half.model.output.prepared is half.model.tok_embeddings.prepared
 
 
 def test_named_weights_are_deterministic():
-    a, b = engine.load("tiny", max_context=16), engine.load("tiny", max_context=16)
+    a, b = engine.load("tiny", max_context=16, linear="fp32"), engine.load("tiny", max_context=16, linear="fp32")
     for (ka, va), (kb, vb) in zip(a.model.state_dict().items(), b.model.state_dict().items()):
         assert ka == kb and torch.equal(va, vb)
 
@@ -139,3 +141,11 @@ def test_decoder_matches_transformers_llama(tiny):
         want = hf(torch.tensor([PROMPT])).logits[0].float()
     got = generate.forward_logits(tiny, PROMPT)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_prefill_in_chunks_matches_one_pass(tiny, monkeypatch):
+    whole = generate.forward_logits(tiny, PROMPT)[-1]
+    monkeypatch.setattr(generate, "PREFILL_CHUNK", 5)  # 16 tokens: passes of 5, 5, 5, 1
+    torch.testing.assert_close(generate.prefill(tiny.model, PROMPT, 0), whole, rtol=1e-4, atol=1e-4)
+    step = generate.decode_one(tiny.model, 7, len(PROMPT))  # the cache holds all 16 positions
+    torch.testing.assert_close(step, generate.forward_logits(tiny, PROMPT + [7])[-1], rtol=1e-4, atol=1e-4)

@@ -84,31 +84,41 @@ def test_tokenize_content(server):
     assert r["count"] == 7 and r["tokens"][-1] == 2
 
 
-@pytest.mark.parametrize("body, fragment", [
-    (b'{"prompt": "x", "max_tokens": 4', "malformed JSON"),
-    (b"[1, 2]", "object"),
-    ({"prompt": "x", "max_tokens": -1}, "max_tokens"),
-    ({"prompt": "x", "max_tokens": 1.5}, "max_tokens"),
-    ({"prompt": "x", "max_tokens": True}, "max_tokens"),
-    ({"prompt": "x", "temperature": "hot"}, "temperature"),
-    ({"prompt": "x", "temperature": -0.5}, "temperature"),
-    ({"prompt": "x", "stream": "yes"}, "stream"),
-    ({"prompt": "x", "cache_prompt": 0}, "cache_prompt"),
-    ({"prompt": "x", "seed": "1"}, "seed"),
-    ({"prompt": "x", "stream_options": {"include_usage": "y"}}, "include_usage"),
-    ({"prompt": 7}, "prompt"),
-    ({"prompt": [1, 99999]}, "99999"),
-    ({"prompt": ""}, "empty"),
-    ({"prompt": "a" * (MAX_CONTEXT + 1)}, "context"),
+@pytest.mark.parametrize("body, fragment, param", [
+    (b'{"prompt": "x", "max_tokens": 4', "malformed JSON", None),
+    (b"[1, 2]", "object", None),
+    ({"prompt": "x", "max_tokens": -1}, "max_tokens", "max_tokens"),
+    ({"prompt": "x", "max_tokens": 1.5}, "max_tokens", "max_tokens"),
+    ({"prompt": "x", "max_tokens": True}, "max_tokens", "max_tokens"),
+    ({"prompt": "x", "max_completion_tokens": -2}, "max_completion_tokens", "max_completion_tokens"),
+    ({"prompt": "x", "temperature": "hot"}, "temperature", "temperature"),
+    ({"prompt": "x", "temperature": -0.5}, "temperature", "temperature"),
+    ({"prompt": "x", "stream": "yes"}, "stream", "stream"),
+    ({"prompt": "x", "cache_prompt": 0}, "cache_prompt", "cache_prompt"),
+    ({"prompt": "x", "seed": "1"}, "seed", "seed"),
+    ({"prompt": "x", "stream_options": {"include_usage": "y"}}, "include_usage", "stream_options.include_usage"),
+    ({"prompt": "x", "stop": ["ok", ""]}, "stop", "stop"),
+    ({"prompt": "x", "stop": 5}, "stop", "stop"),
+    ({"prompt": 7}, "prompt", "prompt"),
+    ({"prompt": [1, 99999]}, "99999", "prompt"),
+    ({"prompt": ""}, "empty", "prompt"),
+    ({"prompt": "a" * (MAX_CONTEXT + 1)}, "context", "prompt"),
 ])
-def test_bad_completion_input_is_4xx_and_server_survives(server, body, fragment):
+def test_bad_completion_input_is_4xx_and_server_survives(server, body, fragment, param):
     kwargs = {"content": body} if isinstance(body, bytes) else {"json": body}
     r = server.client.post("/v1/completions", **kwargs)
     assert 400 <= r.status_code < 500, r.text
     err = r.json()["error"]
-    assert fragment in err["message"] and err["code"] == r.status_code
+    assert set(err) == {"message", "type", "param", "code"}  # the OpenAI error shape
+    assert fragment in err["message"] and err["param"] == param and err["type"] == "invalid_request_error"
     assert server.client.get("/health").status_code == 200
     assert complete(server, prompt="still alive", max_tokens=2)["usage"]["completion_tokens"] == 2
+
+
+def test_over_long_prompt_is_context_length_exceeded(server):
+    r = server.client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "a" * 400}]})
+    assert r.status_code == 400
+    assert r.json()["error"]["code"] == "context_length_exceeded" and r.json()["error"]["param"] == "messages"
 
 
 @pytest.mark.parametrize("path, body", [
@@ -199,3 +209,170 @@ def test_client_disconnect_mid_stream_releases_the_model(server):
 def test_sigterm_exits_cleanly(repo_root):
     srv = ServerProcess(repo_root, "tiny", ["--max-context", "64"])
     assert srv.stop(timeout=20) == 0
+
+
+# --------------------------------------------------------------------------------------------------
+# OpenAI compatibility (the official client itself drives the server in test_openai_client.py)
+
+
+def test_models_lists_the_served_model(server):
+    r = server.client.get("/v1/models")
+    assert r.status_code == 200
+    doc = r.json()
+    assert doc["object"] == "list" and [m["id"] for m in doc["data"]] == ["tiny"]
+    assert doc["data"][0]["object"] == "model" and doc["data"][0]["max_model_len"] == MAX_CONTEXT
+    assert server.client.get("/v1/models/tiny").json()["id"] == "tiny"
+    missing = server.client.get("/v1/models/gpt-4")
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"
+
+
+def test_max_completion_tokens_is_honoured_and_must_agree_with_max_tokens(server):
+    msgs = [{"role": "user", "content": "Count"}]
+    for body in ({"max_completion_tokens": 5}, {"max_completion_tokens": 5, "max_tokens": 5}):
+        r = server.client.post("/v1/chat/completions", json={"messages": msgs, "temperature": 0, "ignore_eos": True,
+                                                              **body})
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 5
+    r = server.client.post("/v1/chat/completions", json={"messages": msgs, "max_tokens": 4, "max_completion_tokens": 5})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "max_completion_tokens"
+    assert "disagree" in r.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("field, value", [("n", 2), ("logprobs", True), ("logprobs", 3), ("top_logprobs", 2),
+                                          ("echo", True), ("best_of", 3), ("top_p", 0.5), ("presence_penalty", 0.5),
+                                          ("frequency_penalty", 1), ("logit_bias", {"5": 10}),
+                                          ("tools", [{"type": "function"}]),
+                                          ("response_format", {"type": "json_object"})])
+def test_fields_the_server_cannot_honour_are_a_400_naming_them(server, field, value):
+    r = server.client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}],
+                                                          "max_tokens": 2, field: value})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == field and field in err["message"] and err["code"] == "unsupported_field"
+
+
+def test_default_values_of_unsupported_fields_are_accepted(server):
+    body = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 2, "temperature": 0, "n": 1,
+            "logprobs": False, "top_p": 1, "presence_penalty": 0, "frequency_penalty": 0.0, "echo": False,
+            "response_format": {"type": "text"}, "ignore_eos": True}
+    r = server.client.post("/v1/chat/completions", json=body)
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2
+
+
+def test_content_given_as_text_parts(server):
+    plain = [{"role": "user", "content": "Hello there, engine."}]
+    parts = [{"role": "user", "content": [{"type": "text", "text": "Hello there, "}, {"type": "text", "text": "engine."}]}]
+    count = server.client.post("/tokenize", json={"messages": plain}).json()["count"]
+    assert server.client.post("/tokenize", json={"messages": parts}).json()["count"] == count
+    body = {"max_tokens": 4, "temperature": 0, "ignore_eos": True, "return_tokens": True, "cache_prompt": False}
+    a = server.client.post("/v1/chat/completions", json={"messages": plain, **body}).json()
+    b = server.client.post("/v1/chat/completions", json={"messages": parts, **body}).json()
+    assert b["usage"]["prompt_tokens"] == count and a["choices"][0]["tokens"] == b["choices"][0]["tokens"]
+    image = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:,"}}]}]
+    r = server.client.post("/v1/chat/completions", json={"messages": image})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "messages[0].content[0]"
+
+
+def _greedy_text(server, prompt, n=24):
+    return complete(server, prompt=prompt, max_tokens=n, cache_prompt=False, return_tokens=True)
+
+
+def test_stop_strings_cut_the_text_plain_and_streamed(server):
+    full = _greedy_text(server, "Stop here")
+    text = full["choices"][0]["text"]
+    stop = text[6:9]  # three characters from inside the greedy continuation
+    assert len(stop) == 3 and text.find(stop) >= 0
+    want = text[:text.find(stop)]
+    for stops in (stop, ["never-appears", stop]):
+        r = complete(server, prompt="Stop here", max_tokens=24, cache_prompt=False, stop=stops)
+        assert r["choices"][0]["text"] == want and r["choices"][0]["finish_reason"] == "stop"
+        assert r["usage"]["completion_tokens"] < 24
+    body = {"prompt": "Stop here", "max_tokens": 24, "temperature": 0, "ignore_eos": True, "cache_prompt": False,
+            "stream": True, "stop": [stop], "stream_options": {"include_usage": True}}
+    with server.client.stream("POST", "/v1/completions", json=body) as resp:
+        events = sse_events(resp)
+    chunks = [e for e in events[:-1] if e["choices"]]
+    assert "".join(c["choices"][0]["text"] for c in chunks) == want  # no part of the stop leaks
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop" and "timings" in chunks[-1]
+    assert events[-2]["usage"]["completion_tokens"] == len(chunks)
+
+
+def test_stop_matcher_holds_back_partial_matches():
+    from engine.server import StopMatcher
+
+    m = StopMatcher(["END", "xy"])
+    assert m.push("abc E") == ("abc ", False)
+    assert m.push("N") == ("", False)
+    assert m.push("Dzz") == ("", True)
+    m = StopMatcher(["END"])
+    assert m.push("EN") == ("", False) and m.push("x") == ("ENx", False) and m.flush() == ""
+
+
+def test_head_requests(server):
+    for path in ("/health", "/v1/models", "/version"):
+        r = server.client.head(path)
+        assert r.status_code == 200 and r.content == b"" and int(r.headers["content-length"]) > 0
+
+
+def test_metrics_are_prometheus_text(server):
+    def value(text, name):
+        return float(next(line.split()[1] for line in text.splitlines() if line.startswith(name + " ")))
+
+    before = server.client.get("/metrics").text
+    complete(server, prompt="metrics", max_tokens=3, cache_prompt=False)
+    r = server.client.get("/metrics")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    assert "# TYPE pairbench_engine_generated_tokens_total counter" in r.text
+    assert value(r.text, "pairbench_engine_generated_tokens_total") == value(
+        before, "pairbench_engine_generated_tokens_total") + 3
+    assert value(r.text, "pairbench_engine_requests_total") == value(before, "pairbench_engine_requests_total") + 1
+
+
+def test_client_reset_is_one_log_line(repo_root):
+    import socket
+    import struct
+    import time
+
+    srv = ServerProcess(repo_root, "tiny", ["--max-context", "64"])
+    try:
+        s = socket.create_connection(("127.0.0.1", srv.port))
+        s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert b"200" in s.recv(4096)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        s.close()  # RST on an idle keep-alive connection
+        deadline = time.monotonic() + 30
+        while "client connection closed" not in srv.output() and time.monotonic() < deadline:
+            time.sleep(0.05)  # waits for the server's own log line, not a fixed delay
+        assert srv.client.get("/health").status_code == 200
+        log = srv.output()
+    finally:
+        srv.stop()
+    assert log.count("client connection closed") == 1 and "Traceback" not in log
+
+
+def test_first_streamed_chunk_is_not_held_back_on_a_reused_connection(server):
+    """TCP_NODELAY: on a keep-alive connection the headers and the first chunk are two small writes;
+    with Nagle's algorithm the second waited for the client's delayed ACK (42-46 ms measured). The
+    gap between sending a request and reading its first chunk, beyond the engine's own prompt time,
+    stays small on every request after the first."""
+    import socket
+    import statistics
+    import time
+
+    body = json.dumps({"prompt": "Nagle", "max_tokens": 2, "temperature": 0, "ignore_eos": True,
+                       "cache_prompt": False, "stream": True}).encode()
+    request = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+               b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+    excess = []
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as s:
+        for _ in range(8):
+            t0 = time.perf_counter()
+            s.sendall(request)
+            buf = b""
+            while b"data: " not in buf:
+                buf += s.recv(65536)
+            t_first = time.perf_counter()
+            while not buf.endswith(b"\r\n0\r\n\r\n"):  # the end of the chunked body
+                buf += s.recv(65536)
+            timings = json.loads(next(line[6:] for line in buf.split(b"\r\n") if b'"timings"' in line))["timings"]
+            excess.append((t_first - t0) * 1e3 - timings["prompt_ms"])
+    assert statistics.median(excess[1:]) < 20, excess  # the first request opens the connection

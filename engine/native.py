@@ -1,0 +1,287 @@
+"""The engine's native kernels (``engine/csrc/kernels.cpp``): built once, loaded through ctypes.
+
+Why ctypes and not ``torch.utils.cpp_extension``: the kernels need no torch headers (they take raw
+pointers), so the build is one ``g++`` call of about a second instead of a minute of compiling
+torch's headers, and the library does not depend on torch's C++ ABI.
+
+Where the library lives: the engine runs from each arm's exported source tree
+(``results/<label>/src/<arm>/engine``), so the build is keyed by what it is built from: the sha256
+of the C++ source, the compiler's version line and the flags. It goes to
+``$PAIRBENCH_NATIVE_CACHE`` or ``~/.cache/pairbench/engine-native/<key>/``. A patch that changes the
+C++ source therefore gets its own build, and identical sources share one. ``./install.sh`` builds it
+(``python -m engine build-kernels``); otherwise the first load builds it, under a file lock.
+
+Without a compiler, on a CPU without AVX2/FMA/F16C, or with ``PAIRBENCH_ENGINE_NATIVE=0``, ``lib()``
+returns None, one warning names the reason, and the engine uses its PyTorch fp16 path.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import fcntl
+import hashlib
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).resolve().parent / "csrc" / "kernels.cpp"
+FLAGS = ["-O3", "-std=c++17", "-fPIC", "-shared", "-pthread", "-fvisibility=hidden",
+         "-mavx2", "-mfma", "-mf16c", "-fno-math-errno"]
+ABI_VERSION = 3
+FORMATS = {"q4_1": 0, "q8_0": 1}
+#: bytes per block of 32 weights
+BLOCK_BYTES = {"q4_1": 20, "q8_0": 34}
+#: how long (microseconds) pool helpers spin for the next job before they sleep
+SPIN_US = 2000
+
+_lock = threading.Lock()
+_state: dict = {}
+
+
+def cache_root() -> Path:
+    env = os.environ.get("PAIRBENCH_NATIVE_CACHE")
+    return Path(env) if env else Path.home() / ".cache" / "pairbench" / "engine-native"
+
+
+def compiler() -> str | None:
+    cxx = os.environ.get("CXX")
+    if cxx:
+        return shutil.which(shlex.split(cxx)[0]) and cxx
+    return next((c for c in ("g++", "c++", "clang++") if shutil.which(c)), None)
+
+
+def build_key(cxx: str) -> str:
+    try:
+        version = subprocess.run([*shlex.split(cxx), "--version"], capture_output=True, text=True,
+                                 timeout=60).stdout.splitlines()[:1]
+    except (OSError, subprocess.SubprocessError):
+        version = []
+    h = hashlib.sha256()
+    for part in (SOURCE.read_bytes(), "\n".join(version).encode(), " ".join(FLAGS).encode()):
+        h.update(hashlib.sha256(part).digest())
+    return h.hexdigest()[:20]
+
+
+def build(verbose: bool = False) -> Path:
+    """Compile the library if this source/compiler/flags has no build yet; return its path.
+
+    Raises RuntimeError naming the reason (no compiler, compile error)."""
+    if not SOURCE.is_file():
+        raise RuntimeError(f"kernel source {SOURCE} is missing")
+    cxx = compiler()
+    if cxx is None:
+        raise RuntimeError("no C++ compiler found (tried $CXX, g++, c++, clang++)")
+    out_dir = cache_root() / build_key(cxx)
+    lib = out_dir / "libpairbench_kernels.so"
+    if lib.is_file():
+        return lib
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with open(out_dir / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # two servers starting at once build it once
+        if lib.is_file():
+            return lib
+        tmp = out_dir / f".build-{os.getpid()}.so"
+        cmd = [*shlex.split(cxx), *FLAGS, str(SOURCE), "-o", str(tmp)]
+        if verbose:
+            print("$ " + " ".join(cmd), file=sys.stderr, flush=True)
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if r.returncode != 0:
+            tmp.unlink(missing_ok=True)
+            raise RuntimeError(f"compiling {SOURCE.name} failed ({cxx}, exit {r.returncode}): "
+                               f"{r.stderr.strip()[-1500:]}")
+        os.replace(tmp, lib)
+    return lib
+
+
+class LayerW(ctypes.Structure):
+    """kernels.cpp's LayerW: one decoder block's weights for the fused decode step."""
+
+    _fields_ = [("fmt_qkv", ctypes.c_int32), ("fmt_o", ctypes.c_int32), ("fmt_13", ctypes.c_int32),
+                ("fmt_2", ctypes.c_int32), ("wqkv", ctypes.c_void_p), ("wo", ctypes.c_void_p),
+                ("w13", ctypes.c_void_p), ("w2", ctypes.c_void_p), ("attn_norm", ctypes.c_void_p),
+                ("ffn_norm", ctypes.c_void_p), ("eps", ctypes.c_float), ("dim", ctypes.c_int32),
+                ("hidden", ctypes.c_int32), ("H", ctypes.c_int32), ("Hkv", ctypes.c_int32), ("D", ctypes.c_int32)]
+
+
+def _bind(path: Path) -> ctypes.CDLL:
+    L = ctypes.CDLL(str(path))
+    i64, i32, p, f32 = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p, ctypes.c_float
+    sig = {
+        "pb_abi_version": (i32, []),
+        "pb_cpu_supported": (i32, []),
+        "pb_set_threads": (None, [i32, i64]),
+        "pb_get_threads": (i32, []),
+        "pb_pool_stats": (None, [p]),
+        "pb_linear": (i32, [i32, p, i64, i64, p, i64, p]),
+        "pb_quantize_row": (None, [p, i64, p, p, p]),
+        "pb_dequantize": (None, [i32, p, i64, p, i64, p]),
+        "pb_attention_decode": (i32, [p, p, p, i32, i64, i64, i64, i64, i32, i32, i32, i32, f32, p]),
+        "pb_block_pre": (None, [ctypes.POINTER(LayerW), p, p, p, p, p, p]),
+        "pb_block_post": (i32, [ctypes.POINTER(LayerW), p, p, p, p, i32, i64, i64, i64, i64, i32]),
+    }
+    for name, (res, args) in sig.items():
+        fn = getattr(L, name)
+        fn.restype, fn.argtypes = res, args
+    return L
+
+
+def lib() -> ctypes.CDLL | None:
+    """The loaded library, building it on first use; None (after one warning) if unavailable."""
+    if "lib" in _state:
+        return _state["lib"]
+    with _lock:
+        if "lib" in _state:
+            return _state["lib"]
+        L, why = None, None
+        if os.environ.get("PAIRBENCH_ENGINE_NATIVE", "1") == "0":
+            why = "disabled by PAIRBENCH_ENGINE_NATIVE=0"
+        else:
+            try:
+                L = _bind(build())
+                if L.pb_abi_version() != ABI_VERSION:
+                    L, why = None, f"library ABI {L.pb_abi_version()} != {ABI_VERSION}"
+                elif not L.pb_cpu_supported():
+                    L, why = None, "this CPU lacks AVX2/FMA/F16C"
+            except (RuntimeError, OSError) as e:
+                L, why = None, str(e)
+        if L is None:
+            print(f"pairbench-engine: warning: native kernels unavailable ({why}); using the PyTorch "
+                  "fp16 path (slower decode, same API)", file=sys.stderr, flush=True)
+        _state["lib"], _state["why"] = L, why
+        return L
+
+
+def available() -> bool:
+    return lib() is not None
+
+
+def unavailable_reason() -> str | None:
+    lib()
+    return _state.get("why")
+
+
+def set_threads(n: int) -> None:
+    """Threads of the native pool (the caller plus n - 1 helpers) for every later kernel call."""
+    L = lib()
+    if L is not None and L.pb_get_threads() != n:
+        L.pb_set_threads(int(n), SPIN_US)
+
+
+def pool_stats() -> dict:
+    """The pool's counters since the last call: jobs; stalls (the caller waited > 50 us for a
+    preempted helper); busy (windows in which the caller itself waited > 5 % of the time for a
+    core); alone (jobs the caller ran by itself in the backoff after either)."""
+    L = lib()
+    if L is None:
+        return {"jobs": 0, "stalls": 0, "busy": 0, "alone": 0}
+    buf = (ctypes.c_uint64 * 4)()
+    L.pb_pool_stats(buf)
+    return {"jobs": buf[0], "stalls": buf[1], "busy": buf[2], "alone": buf[3]}
+
+
+def threads() -> int:
+    L = lib()
+    return L.pb_get_threads() if L is not None else 1
+
+
+# ------------------------------------------------------------------------------------------------
+# Tensor-level wrappers (the shape contracts of kernels.cpp)
+
+def linear(x: torch.Tensor, fmt: str, blocks: torch.Tensor, out_features: int) -> torch.Tensor:
+    """x (..., k) float32 @ dequant(blocks).T -> (..., out_features) float32, at most 64 rows.
+
+    blocks: (out_features, k/32 * BLOCK_BYTES[fmt]) uint8, contiguous, in the split row layout
+    (``engine.kernels.split_rows``)."""
+    k = x.shape[-1]
+    x2 = x.reshape(-1, k)
+    if x2.dtype != torch.float32 or not x2.is_contiguous():
+        x2 = x2.float().contiguous()
+    y = torch.empty((*x.shape[:-1], out_features), dtype=torch.float32)
+    if lib().pb_linear(FORMATS[fmt], blocks.data_ptr(), out_features, k, x2.data_ptr(), x2.shape[0], y.data_ptr()):
+        raise ValueError(f"native.linear: {x2.shape[0]} rows of {k} inputs (at most 64 rows, a multiple of 32 inputs)")
+    return y
+
+
+def quantize_row(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The kernels' int8 rounding of one activation row x (k,): (d, s, q) = per-32 scales, exact
+    block sums, int8 values (as ``engine.kernels.quantize_activation_ref``)."""
+    x = x.float().contiguous()
+    k = x.numel()
+    d, s, q = torch.empty(k // 32), torch.empty(k // 32), torch.empty(k, dtype=torch.int8)
+    lib().pb_quantize_row(x.data_ptr(), k, d.data_ptr(), s.data_ptr(), q.data_ptr())
+    return d, s, q
+
+
+def dequantize(fmt: str, blocks: torch.Tensor, k: int, rows: torch.Tensor | None = None,
+               out: torch.Tensor | None = None) -> torch.Tensor:
+    """(len(rows) or all rows, k) float32 of the block matrix in the split row layout (rows: int64
+    row indices), written into ``out`` (a contiguous float32 tensor of at least that many elements)
+    when given."""
+    if rows is not None:
+        rows = rows.reshape(-1).to(torch.int64).contiguous()
+        n = rows.numel()
+    else:
+        n = blocks.shape[0]
+    if out is None:
+        out = torch.empty((n, k), dtype=torch.float32)
+    else:
+        assert out.dtype == torch.float32 and out.is_contiguous() and out.numel() >= n * k
+        out = out.view(-1)[:n * k].view(n, k)
+    lib().pb_dequantize(FORMATS[fmt], blocks.data_ptr(), k, None if rows is None else rows.data_ptr(), n,
+                        out.data_ptr())
+    return out
+
+
+def attention_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Attention of one new token. q (1, H, 1, D) float32; k, v (1, H_kv, S, D) float16 or float32
+    with unit stride along D (views of the cache are fine). Returns (1, 1, H*D) float32."""
+    _, H, _, D = q.shape
+    _, Hkv, S, _ = k.shape
+    assert k.dtype == v.dtype and k.dtype in (torch.float16, torch.float32) and k.stride(3) == v.stride(3) == 1, (
+        f"attention_decode: k {k.dtype} {tuple(k.stride())}, v {v.dtype} {tuple(v.stride())}")
+    q = q.reshape(H, D).contiguous().float()
+    out = torch.empty((1, 1, H * D), dtype=torch.float32)
+    rc = lib().pb_attention_decode(q.data_ptr(), k.data_ptr(), v.data_ptr(), int(k.dtype == torch.float16),
+                                   k.stride(1), k.stride(2), v.stride(1), v.stride(2), H, Hkv, D, S,
+                                   D ** -0.5, out.data_ptr())
+    if rc != 0:
+        raise ValueError(f"attention_decode: unsupported shape H={H} H_kv={Hkv} D={D} S={S}")
+    return out
+
+
+def attention_supported(n_heads: int, n_kv_heads: int, head_dim: int) -> bool:
+    return n_heads % n_kv_heads == 0 and n_heads // n_kv_heads <= 16 and head_dim % 8 == 0 and head_dim <= 256
+
+
+def layer_weights(fmts: tuple[str, str, str, str], blocks: tuple, attn_norm: torch.Tensor, ffn_norm: torch.Tensor,
+                  eps: float, dim: int, hidden: int, n_heads: int, n_kv_heads: int, head_dim: int) -> LayerW:
+    """The LayerW of one block (qkv, o, gate-up, down blocks; fp32 norms). The tensors must outlive it."""
+    for t in (*blocks, attn_norm, ffn_norm):
+        assert t.is_contiguous(), "layer_weights: tensors must be contiguous"
+    assert attn_norm.dtype == ffn_norm.dtype == torch.float32
+    return LayerW(*(FORMATS[f] for f in fmts), *(b.data_ptr() for b in blocks), attn_norm.data_ptr(),
+                  ffn_norm.data_ptr(), eps, dim, hidden, n_heads, n_kv_heads, head_dim)
+
+
+def block_pre(L: LayerW, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+              v: torch.Tensor) -> None:
+    """Fill q (H*D), k, v (H_kv*D) float32 for token x (dim): RMSNorm, qkv product, RoPE (cos/sin rows (D,))."""
+    lib().pb_block_pre(ctypes.byref(L), x.data_ptr(), cos.data_ptr(), sin.data_ptr(), q.data_ptr(), k.data_ptr(),
+                       v.data_ptr())
+
+
+def block_post(L: LayerW, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """x (dim) float32, in place: += wo(attention(q, k, v)), then += the SwiGLU MLP of its RMSNorm.
+    k, v: (1, H_kv, S, D) float16/float32 with unit stride along D."""
+    assert k.dtype == v.dtype and k.dtype in (torch.float16, torch.float32) and k.stride(3) == v.stride(3) == 1
+    rc = lib().pb_block_post(ctypes.byref(L), x.data_ptr(), q.data_ptr(), k.data_ptr(), v.data_ptr(),
+                             int(k.dtype == torch.float16), k.stride(1), k.stride(2), v.stride(1), v.stride(2),
+                             k.shape[2])
+    if rc != 0:
+        raise ValueError(f"block_post: unsupported shape (S={k.shape[2]})")
