@@ -84,6 +84,15 @@ def test_git_source_exported_at_tag_then_patched(upstream, tmp_path):
     assert git(upstream, "status", "--porcelain") == ""  # the user's checkout untouched
 
 
+def test_git_source_under_home_is_written_with_a_tilde(upstream, tmp_path, monkeypatch):
+    # config/llama-cpp.yaml names ~/.cache/pairbench/llama.cpp; the tilde is the user's home, not a
+    # folder called "~" under the checkout
+    monkeypatch.setenv("HOME", str(upstream.parent))
+    body = export_source("a", {"git": "~/llama", "tag": "b100"}, [], tmp_path / "checkout" / "src" / "a",
+                         tmp_path / "checkout", plan_sha256="0" * 64)
+    assert body["git"]["commit"] == git(upstream, "rev-parse", "b100") and body["source"]["git"] == "~/llama"
+
+
 def test_git_source_patch_that_does_not_apply_names_hunk(upstream, tmp_path):
     patch = write_patch(tmp_path, "stale.patch", "int kv_bits = 32;", "int kv_bits = 8;")
     with pytest.raises(PatchError, match=r"patches\[0\]: patch stale.patch does not apply: first failure at src/kv.c"):

@@ -7,6 +7,9 @@ Commands:
 - ``audit <run dir> [--extra FILE] [--out audit.json]``: re-validate every artifact of
   ``results/<label>`` and walk its hash chain (:func:`pairbench.integrity.audit.audit_run`); exit status 1 and
   one ``FAIL <file>: [check] ...`` line per finding if anything was tampered with or corrupted.
+- ``llama-tree [--version V] [--cache DIR]``: make (once) the local llama.cpp git repository with the
+  tag ``llama-cpp-python-<V>-vendor`` from the llama-cpp-python sdist on PyPI
+  (:func:`pairbench.arms.llamacpp_tree.ensure_tree`); prints its path, tag and commit as JSON.
 - ``scan <dir>``: run the leak gate over a folder with this machine's identifiers
   (:func:`pairbench.publish.leakgate.scan`); prints ``file:line: detector`` per finding, never the values.
 
@@ -75,7 +78,31 @@ def _audit(args: argparse.Namespace) -> int:
     return audit_main(argv)
 
 
-COMMANDS: list[Callable] = [_add_verify, _add_scan, _add_audit]
+def _add_llama_tree(sub) -> None:
+    from pairbench.arms.llamacpp_tree import DEFAULT_VERSION
+
+    p = sub.add_parser("llama-tree", help="make the local llama.cpp repository (tag "
+                       "llama-cpp-python-<version>-vendor) from the llama-cpp-python sdist, once")
+    p.add_argument("--version", default=DEFAULT_VERSION, help="llama-cpp-python version (default %(default)s)")
+    p.add_argument("--cache", default=None, help="cache root (default $PAIRBENCH_CACHE or ~/.cache/pairbench)")
+    p.set_defaults(func=_llama_tree)
+
+
+def _llama_tree(args: argparse.Namespace) -> int:
+    import json
+
+    from pairbench.arms.llamacpp_tree import TreeError, ensure_tree
+
+    try:
+        info = ensure_tree(args.version, args.cache)
+    except TreeError as exc:
+        print(f"llama-tree: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(info, indent=2, sort_keys=True))
+    return 0
+
+
+COMMANDS: list[Callable] = [_add_verify, _add_scan, _add_audit, _add_llama_tree]
 
 
 def main(argv: list[str] | None = None) -> int:

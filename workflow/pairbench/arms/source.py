@@ -166,8 +166,8 @@ def _export_external(arm: str, source: dict | None, patches: list[str], arm_dir:
         version = "installed"
     else:
         repo = source["git"]
-        if not is_url_like(repo) and not Path(repo).is_absolute():
-            repo = str((root / repo).resolve())
+        if not is_url_like(repo):  # ~/.cache/pairbench/llama.cpp works as written in a config
+            repo = str((root / Path(repo).expanduser()).resolve())
         exp = export_tag(repo, source["tag"], arm_dir, cache_dir=root / "resources" / "cache" / "git")
         git = {"tag": exp.tag, "commit": exp.commit, "tree": exp.tree, "tag_object": exp.tag_object}
         version = exp.tag

@@ -18,13 +18,13 @@ Steps (made once, in the user's cache; a second call only re-reads the tag):
 4. an annotated tag records the sdist's name, sha256 and the upstream llama.cpp commit that the sdist
    says it vendored (``.git/modules/vendor/llama.cpp/HEAD``; its objects are not in the sdist).
 
-The cache root is ``$PAIRBENCH_CACHE``, else ``$XDG_CACHE_HOME/pairbench``, else
-``~/.cache/pairbench``. A lock file serialises concurrent callers.
+The repository lives in the user's cache (:func:`pairbench.core.cache.user_cache`), by default
+``~/.cache/pairbench/llama.cpp``; a lock file serialises concurrent callers. Command line:
+``python -m pairbench llama-tree [--version 0.3.36]`` prints the repository, tag and commit as JSON.
 """
 
 from __future__ import annotations
 
-import argparse
 import fcntl
 import hashlib
 import json
@@ -36,6 +36,8 @@ import tarfile
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
+
+from pairbench.core.cache import user_cache
 
 DEFAULT_VERSION = "0.3.36"
 # sha256 of the sdist as PyPI's simple index lists it (https://pypi.org/simple/llama-cpp-python/);
@@ -50,13 +52,6 @@ IDENTITY = {"GIT_AUTHOR_NAME": "pairbench", "GIT_AUTHOR_EMAIL": "pairbench@inval
 
 class TreeError(Exception):
     """The tree cannot be made: download failed, hash mismatch, sdist without vendor/llama.cpp."""
-
-
-def cache_root() -> Path:
-    if os.environ.get("PAIRBENCH_CACHE"):
-        return Path(os.environ["PAIRBENCH_CACHE"]).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "pairbench"
 
 
 def tag_name(version: str) -> str:
@@ -138,7 +133,7 @@ def _upstream_commit(tar: tarfile.TarFile, top: str) -> str | None:
 
 def ensure_tree(version: str = DEFAULT_VERSION, cache: str | os.PathLike | None = None) -> dict:
     """Make (once) and return ``{repo, tag, commit, tree, sdist, sdist_sha256, upstream_commit, files, made}``."""
-    root = Path(cache).expanduser() if cache else cache_root()
+    root = Path(cache).expanduser() if cache else user_cache()
     repo = root / "llama.cpp"
     tag = tag_name(version)
     with _locked(root / "llama.cpp.lock"):
@@ -203,21 +198,3 @@ def _describe(repo: Path, tag: str, made: bool) -> dict:
             "tree": _git(repo, "rev-parse", f"{commit}^{{tree}}"),
             "sdist": fields.get("sdist"), "sdist_sha256": fields.get("sdist-sha256"),
             "upstream_commit": fields.get("upstream-commit"), "made": made}
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--version", default=DEFAULT_VERSION, help="llama-cpp-python version (default %(default)s)")
-    ap.add_argument("--cache", default=None, help="cache root (default $PAIRBENCH_CACHE or ~/.cache/pairbench)")
-    args = ap.parse_args(argv)
-    try:
-        info = ensure_tree(args.version, args.cache)
-    except TreeError as exc:
-        print(f"llama-tree: {exc}", file=sys.stderr)
-        return 1
-    print(json.dumps(info, indent=2, sort_keys=True))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
