@@ -8,6 +8,10 @@ Steps (each a subprocess run from ``src/<arm>/`` with its output appended to the
    file), so an unchanged source, patch set and model never convert again, whichever run label asks;
 3. ``python -m engine --version`` — the native engine string recorded with every result.
 
+An external arm (:func:`build_external_arm`) runs its build command instead, or, for a profile with
+``build.cmake`` (llama-server), a CMake build of only the needed targets through ccache
+(:mod:`pairbench.arms.cmake`), and then its version command.
+
 A failing step raises :class:`BuildError` naming the step, its exit code and the log.
 """
 
@@ -21,6 +25,7 @@ import sys
 import time
 from pathlib import Path
 
+from pairbench.arms.cmake import CMakeBuildError, cmake_build
 from pairbench.core.artifacts import sha256_file
 from pairbench.engines.profiles import arm_engine, load_profile, render
 
@@ -136,7 +141,7 @@ def build_external_arm(arm: str, arm_cfg: dict, arm_dir: str | Path, source: dic
     log.parent.mkdir(parents=True, exist_ok=True)
     log.write_text("")
     t0 = time.perf_counter()
-    out = build_external(arm, arm_cfg, arm_dir, log)
+    out = build_external(arm, arm_cfg, arm_dir, log, commit=(source.get("git") or {}).get("commit"))
     path = Path(model["path"]).resolve() if model.get("path") else None
     try:
         rel = path.relative_to(Path(root).resolve()).as_posix() if path else None
@@ -154,26 +159,32 @@ def build_external_arm(arm: str, arm_cfg: dict, arm_dir: str | Path, source: dic
         "duration_s": time.perf_counter() - t0,
         "python": sys.version.split()[0],
         "engine": out["profile"],
+        "toolchain": out["toolchain"],
         "inputs": {"source": source_sha256},
     }
 
 
 def build_external(arm_name: str, arm: dict, arm_dir: str | os.PathLike, log: str | os.PathLike,
-                   timeout_s: float | None = None, python: str = sys.executable) -> dict:
-    """Run a non-embedded arm's build command (arm ``build`` or the profile's) in its exported tree,
-    then its version command. Returns ``{"steps": [...], "native_version": str|None, "profile": {...}}``.
+                   timeout_s: float | None = None, python: str = sys.executable, commit: str | None = None) -> dict:
+    """Build a non-embedded arm in its exported tree, then run its version command. Returns
+    ``{"steps": [...], "native_version": str|None, "profile": {...}, "toolchain": {...}|None}``.
 
-    Each step's output is appended to *log*; a non-zero exit raises :class:`BuildError` naming the
-    arm, the step, the status and the log.
+    The arm's own ``build`` argv wins; else a profile with ``build.cmake`` is configured and compiled
+    through ccache (:mod:`pairbench.arms.cmake`, which fills ``toolchain``); else the profile's
+    ``build.command`` runs. *commit* (the exported tag's commit) fills ``{commit}`` (its first 7
+    characters, ``unknown`` without one). Each step's output is appended to *log*; a failure raises
+    :class:`BuildError` naming the arm and the step (and, for CMake, the first compiler error).
     """
     profile = load_profile(arm_engine(arm))
     arm_dir, log = Path(arm_dir).resolve(), Path(log)
     log.parent.mkdir(parents=True, exist_ok=True)
     values = {"python": python, "src": str(arm_dir), "threads": arm.get("threads"), "port": None,
-              "model": None, "ctx": None, "host": "127.0.0.1"}
-    build_t = arm["build"] if "build" in arm and arm["build"] is not None else (profile.data.get("build") or {}).get("command")
-    timeout_s = timeout_s or (profile.data.get("build") or {}).get("timeout_s") or 3600
-    steps, native = [], None
+              "model": None, "ctx": None, "host": "127.0.0.1", "commit": commit[:7] if commit else "unknown"}
+    bspec = profile.data.get("build") or {}
+    own = "build" in arm and arm["build"] is not None
+    build_t = arm["build"] if own else bspec.get("command")
+    timeout_s = timeout_s or bspec.get("timeout_s") or 3600
+    steps, native, toolchain = [], None, None
 
     def run(step: str, argv: list[str], optional: bool = False) -> str | None:
         t0 = time.perf_counter()
@@ -181,8 +192,9 @@ def build_external(arm_name: str, arm: dict, arm_dir: str | os.PathLike, log: st
             fh.write(f"$ {' '.join(argv)}\n")
             fh.flush()
             try:
-                proc = subprocess.run(argv, cwd=arm_dir, stdout=subprocess.PIPE, stderr=fh, text=True,
-                                      timeout=timeout_s)
+                # stderr too is captured for the version step: llama.cpp's tools print --version there
+                proc = subprocess.run(argv, cwd=arm_dir, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE if optional else fh, text=True, timeout=timeout_s)
             except FileNotFoundError as exc:
                 if optional:  # e.g. `vllm --version` where only the server's /version can tell
                     fh.write(f"{exc.filename}: not found; the version is left unknown\n")
@@ -193,6 +205,8 @@ def build_external(arm_name: str, arm: dict, arm_dir: str | os.PathLike, log: st
             except subprocess.TimeoutExpired:
                 raise BuildError(f"arm {arm_name}: build step {step!r} exceeded {timeout_s:g} s; see {log}") from None
             fh.write(proc.stdout)
+            if optional:
+                fh.write(proc.stderr)
         steps.append({"step": step, "argv": [os.path.basename(a) if os.path.isabs(a) else a for a in argv],
                       "exit_code": proc.returncode, "duration_s": time.perf_counter() - t0})
         if proc.returncode != 0 and optional:
@@ -201,12 +215,21 @@ def build_external(arm_name: str, arm: dict, arm_dir: str | os.PathLike, log: st
             return None
         if proc.returncode != 0:
             raise BuildError(f"arm {arm_name}: build step {step!r} exited with status {proc.returncode}; see {log}")
-        return proc.stdout
+        return proc.stdout if (proc.stdout or "").strip() or not optional else proc.stderr
 
-    if build_t:
+    if not own and bspec.get("cmake"):
+        spec = bspec["cmake"]
+        flags = [str(f) for f in render(list(spec.get("flags") or []), values, "build.cmake.flags")]
+        try:
+            out = cmake_build(arm_name, spec, arm_dir, log, flags=flags, timeout_s=timeout_s)
+        except CMakeBuildError as exc:
+            raise BuildError(str(exc)) from None
+        steps.extend(out["steps"])
+        toolchain = out["toolchain"]
+    elif build_t:
         run("build", [str(a) for a in render(list(build_t), values, f"arms.{arm_name}.build")])
     ver_t = (profile.data.get("version") or {}).get("command")
     if ver_t:
         out = run("version", [str(a) for a in render(list(ver_t), values, "version")], optional=True)
         native = (out or "").strip().splitlines()[0] if (out or "").strip() else None
-    return {"steps": steps, "native_version": native, "profile": profile.summary()}
+    return {"steps": steps, "native_version": native, "profile": profile.summary(), "toolchain": toolchain}

@@ -45,7 +45,7 @@ SCHEMA = Path(__file__).resolve().parents[2] / "schemas" / "engine_profile.schem
 # Placeholders a launch/build/version template may use. A value of None drops the element and, if
 # the element before it is a bare flag (starts with '-'), that flag too: "--threads {threads}" with
 # no threads configured leaves the server's own default.
-PLACEHOLDERS = ("port", "model", "threads", "ctx", "python", "src", "host", "output_tokens")
+PLACEHOLDERS = ("port", "model", "threads", "ctx", "python", "src", "host", "output_tokens", "commit")
 
 DEFAULT_ENGINE = "embedded"
 
@@ -234,6 +234,15 @@ def _check_consistency(data: dict, path: Path) -> None:
         cmd = (data.get(section) or {}).get("command")
         for i, item in enumerate(cmd or []):
             _check_placeholders(item, f"{path}: {section}.command[{i}]")
+    cmake = (data.get("build") or {}).get("cmake")
+    if cmake:
+        if (data.get("build") or {}).get("command"):
+            raise EngineError(f"{path}: build has both command and cmake; give one")
+        for i, item in enumerate(cmake.get("flags") or []):
+            _check_placeholders(item, f"{path}: build.cmake.flags[{i}]")
+            if item.startswith("-DCMAKE_C_COMPILER_LAUNCHER") or item.startswith("-DCMAKE_CXX_COMPILER_LAUNCHER"):
+                raise EngineError(f"{path}: build.cmake.flags[{i}]: the compiler launcher is set by "
+                                  "build.cmake.compiler_cache, not by a flag")
     sent = {**data["request"]["fields"], **data["request"]["output_length"]["fields"]}
     for k, v in (data["prefix_cache"].get("request_fields") or {}).items():
         if sent.get(k) != v:

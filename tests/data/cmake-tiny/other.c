@@ -1,0 +1,6 @@
+#include <stdio.h>
+
+int main(void) {
+    printf("other\n");
+    return 0;
+}

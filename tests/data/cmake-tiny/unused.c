@@ -1,0 +1,1 @@
+#error "unused is never a target of the build"
