@@ -66,6 +66,15 @@ def test_a_patched_copy_elsewhere_recompiles_only_the_patched_file_and_a_rerun_n
     assert again["toolchain"]["ccache"]["calls"] == 0 and again["toolchain"]["ccache"]["hit_rate"] is None
 
 
+def test_a_relative_log_path_still_counts(tmp_path, monkeypatch):
+    # the rule passes logs/<label>/build/<arm>.steps.log, relative to the checkout; ccache runs in
+    # the build's subfolders, so the stats log must be made absolute before it is handed over
+    t = tree(tmp_path, "baseline")
+    monkeypatch.chdir(tmp_path)
+    out = build(t, Path("rel.log"))
+    assert out["toolchain"]["ccache"]["calls"] == 2 and (tmp_path / "rel.log.ccache").is_file()
+
+
 def test_a_compile_error_names_the_arm_and_quotes_the_first_error_without_the_tree_path(tmp_path):
     bad = tree(tmp_path, "broken", edit=('printf("hello %d\\n", 1);', "printf(undeclared_name);"))
     with pytest.raises(pc.CMakeBuildError) as err:

@@ -137,7 +137,7 @@ def cmake_build(arm: str, spec: dict, tree: str | os.PathLike, log: str | os.Pat
     """Configure and compile *tree* per the profile's ``build.cmake`` *spec* (``targets``, ``jobs``,
     ``build_dir``, ``compiler_cache``) with the rendered *flags*. Returns ``{"steps", "toolchain"}``.
     Output goes to *log*; the ccache stats log sits beside it (``<log>.ccache``)."""
-    tree, log = Path(tree).resolve(), Path(log)
+    tree, log = Path(tree).resolve(), Path(log).resolve()  # ccache runs in the build's subfolders
     for tool in ("cmake",):
         if shutil.which(tool) is None:
             raise CMakeBuildError(f"arm {arm}: {tool} is not installed (Debian: apt-get install cmake g++)")
