@@ -49,6 +49,20 @@ VISIT_IDS = [v["id"] for v in VISITS]
 BASELINE = pb_config.baseline_arm(CFG)
 
 
+def crosscheck_arms(cfg):
+    """[baseline, candidate] when both engine profiles name a cross-check tool and
+    crosscheck.repetitions > 0, else [] (no cross-check jobs)."""
+    from pairbench.measure.crosscheck import has_crosscheck
+
+    if cfg["crosscheck"]["repetitions"] < 1:
+        return []
+    pair = [pb_config.baseline_arm(cfg), pb_config.candidate_arm(cfg)]
+    return pair if all(has_crosscheck(cfg["arms"][a]) for a in pair) else []
+
+
+CROSSCHECK = crosscheck_arms(CFG)
+
+
 wildcard_constraints:
     arm="|".join(ARMS),
     length="|".join(LENGTHS),
@@ -91,6 +105,12 @@ def previous_visit(visits, visit_id, res):
     if v["index"] == 1:
         return []
     return [ancient(visit_marker(res, visits[v["index"] - 2]["id"]))]
+
+
+def previous_crosscheck(arms, arm, res):
+    """Cross-checks run one arm after the other (ordering only)."""
+    i = arms.index(arm)
+    return [ancient(f"{res}/crosscheck/{arms[i - 1]}.json")] if i else []
 
 
 def visit_marker(res, visit_id):
@@ -210,6 +230,8 @@ def all_artifacts(cfg, res, visit_ids, lengths):
         f"{res}/stats/summary.json",
         *(f"{res}/tables/{t}.csv" for t in ("measurements", "summary", "paired", "ratios", "timing_agreement")),
         *(f"{res}/plots/{p}.png" for p in ("ratios", "drift")),
+        *(f"{res}/crosscheck/{arm}.json" for arm in crosscheck_arms(cfg)),
+        *([f"{res}/stats/crosscheck.json"] if crosscheck_arms(cfg) else []),
         f"{res}/publish/MANIFEST.json",
         f"{res}/publish/README.md",
     ]

@@ -20,6 +20,8 @@ rule publish:
         timing_csv=f"{RES}/tables/timing_agreement.csv",
         ratios_png=f"{RES}/plots/ratios.png",
         drift_png=f"{RES}/plots/drift.png",
+        # [] unless both compared arms' engines have a cross-check tool (common.smk: crosscheck_arms)
+        crosscheck=[f"{RES}/stats/crosscheck.json"] if CROSSCHECK else [],
     output:
         # Files, not directory(): Snakemake would drop a .snakemake_timestamp into a directory
         # output, and the bundle must hold exactly what MANIFEST.json lists.

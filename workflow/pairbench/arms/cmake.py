@@ -196,6 +196,7 @@ def cmake_build(arm: str, spec: dict, tree: str | os.PathLike, log: str | os.Pat
         "flags": all_flags,
         "targets": targets,
         "jobs": jobs,
+        "build_dir": build_dir,
         "ccache": ccache,
     }
     return {"steps": steps, "toolchain": toolchain}

@@ -30,16 +30,18 @@ class PatchError(Exception):
     """A patch does not apply. The message names the arm, the patch and the first failing file/hunk."""
 
 
-def source_files(src: str | Path) -> list[str]:
+def source_files(src: str | Path, exclude_top: tuple[str, ...] = ()) -> list[str]:
     """Files of a source tree, relative and sorted, without byte-code caches.
 
     Also without the empty ``.snakemake_timestamp`` that Snakemake leaves at the top of a
     ``directory()`` output: an external arm's tree is ``src/<arm>/`` itself, and that marker is the
-    workflow's, not the source's."""
+    workflow's, not the source's. *exclude_top* names top-level folders to leave out: a compiled
+    engine's in-tree build folder (``build/``), which the build adds after the export."""
     src = Path(src)
     out = []
     for dirpath, dirnames, filenames in os.walk(src):
-        dirnames[:] = sorted(d for d in dirnames if d not in ("__pycache__", ".pytest_cache"))
+        dirnames[:] = sorted(d for d in dirnames if d not in ("__pycache__", ".pytest_cache")
+                             and not (Path(dirpath) == src and d in exclude_top))
         for name in filenames:
             if name.endswith((".pyc", ".pyo")):
                 continue
@@ -49,9 +51,9 @@ def source_files(src: str | Path) -> list[str]:
     return sorted(out)
 
 
-def manifest(tree: str | Path) -> dict[str, str]:
+def manifest(tree: str | Path, exclude_top: tuple[str, ...] = ()) -> dict[str, str]:
     tree = Path(tree)
-    return {rel: sha256_file(tree / rel) for rel in source_files(tree)}
+    return {rel: sha256_file(tree / rel) for rel in source_files(tree, exclude_top)}
 
 
 def tree_sha256(man: dict[str, str]) -> str:

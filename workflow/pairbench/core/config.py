@@ -24,6 +24,7 @@ ARM_DEFAULTS = {"source": None, "patches": [], "args": [], "env": {}, "engine": 
 SERVER_DEFAULTS = {"threads": None, "startup_timeout_s": 120, "request_timeout_s": 300, "stop_timeout_s": 10}
 VALIDATE_DEFAULTS = {"cases": ["token_counts", "done_marker", "python_function", "matches_baseline"], "timeout_s": 5,
                      "agreement": 1.0, "retries": 1, "retry_on": ["timeout"]}
+CROSSCHECK_DEFAULTS = {"repetitions": 3}
 STATS_DEFAULTS = {
     "metrics": ["decode_tok_s", "prefill_tok_s", "ttft_ms", "e2e_ms"],
     "trim": None,
@@ -59,6 +60,7 @@ def normalized(config: dict) -> dict:
     cfg["server"] = {**SERVER_DEFAULTS, **(cfg.get("server") or {})}
     cfg["validate"] = {**copy.deepcopy(VALIDATE_DEFAULTS), **(cfg.get("validate") or {})}
     cfg["stats"] = {**copy.deepcopy(STATS_DEFAULTS), **(cfg.get("stats") or {})}
+    cfg["crosscheck"] = {**CROSSCHECK_DEFAULTS, **(cfg.get("crosscheck") or {})}
     cfg.setdefault("order", "abba")
     cfg.setdefault("baseline", None)
     cfg.setdefault("candidate", None)

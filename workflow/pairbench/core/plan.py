@@ -64,7 +64,7 @@ def round_salt(seed: int, round_: int) -> str:
 # Config sections that do not shape the measurement. They reach their own stages as params, so
 # changing one reruns that stage and what follows (Snakemake's params trigger), never the plan and
 # so never a visit.
-NOT_PLANNED = ("stats", "validate", "retries")
+NOT_PLANNED = ("stats", "validate", "retries", "crosscheck")
 
 
 def measurement_config(config: dict) -> dict:

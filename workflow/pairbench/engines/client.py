@@ -110,6 +110,10 @@ def _absorb(result: StreamResult, chunk: dict, now: float) -> None:
         if piece is None:
             piece = (choice.get("delta") or {}).get("content")
         ids = choice.get("tokens")
+        if ids is None and isinstance(chunk.get("__verbose"), dict):
+            # llama-server's OpenAI-compatible stream carries a chunk's token ids only in its debug
+            # copy of the native reply ("verbose": true in the request); its last chunk has none
+            ids = chunk["__verbose"].get("tokens")
         n = len(ids) if isinstance(ids, list) else (1 if piece else 0)
         if isinstance(ids, list):
             result.token_ids.extend(ids)

@@ -45,7 +45,8 @@ SCHEMA = Path(__file__).resolve().parents[2] / "schemas" / "engine_profile.schem
 # Placeholders a launch/build/version template may use. A value of None drops the element and, if
 # the element before it is a bare flag (starts with '-'), that flag too: "--threads {threads}" with
 # no threads configured leaves the server's own default.
-PLACEHOLDERS = ("port", "model", "threads", "ctx", "python", "src", "host", "output_tokens", "commit")
+PLACEHOLDERS = ("port", "model", "threads", "ctx", "python", "src", "host", "output_tokens", "commit",
+                "lengths", "repetitions")
 
 DEFAULT_ENGINE = "embedded"
 
@@ -234,6 +235,9 @@ def _check_consistency(data: dict, path: Path) -> None:
         cmd = (data.get(section) or {}).get("command")
         for i, item in enumerate(cmd or []):
             _check_placeholders(item, f"{path}: {section}.command[{i}]")
+    for i, cmd in enumerate((data.get("crosscheck") or {}).get("commands") or []):
+        for j, item in enumerate(cmd):
+            _check_placeholders(item, f"{path}: crosscheck.commands[{i}][{j}]")
     cmake = (data.get("build") or {}).get("cmake")
     if cmake:
         if (data.get("build") or {}).get("command"):

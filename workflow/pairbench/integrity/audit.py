@@ -140,10 +140,21 @@ def _check_source_tree(result: AuditResult, rel: str, data: dict, run_dir: Path)
     if not tree.is_dir():
         result.add(tree_rel, "manifest", f"exported source tree recorded in {rel} is missing")
         return
-    now = manifest(tree)
+    pristine = (data.get("pristine") or {}).get("manifest") or {}
+    # A compiled engine builds inside its tree (build/<arm>.json names the folder): its outputs are
+    # not the source, unless the exported tag itself had files there (then they are checked).
+    exclude = ()
+    build_path = run_dir / "build" / f"{Path(rel).stem}.json"
+    if build_path.is_file():
+        try:
+            bdir = ((json.loads(build_path.read_text()).get("toolchain") or {}).get("build_dir"))
+        except (OSError, json.JSONDecodeError):
+            bdir = None
+        if bdir and not any(p.split("/", 1)[0] == bdir for p in pristine):
+            exclude = (bdir,)
+    now = manifest(tree, exclude)
     if tree_sha256(now) == patched["tree_sha256"]:
         return
-    pristine = (data.get("pristine") or {}).get("manifest") or {}
     changed = set(patched.get("changed") or [])
     culprits = sorted(p for p in set(now) | set(pristine)
                       if p not in changed and now.get(p) != pristine.get(p))

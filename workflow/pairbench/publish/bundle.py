@@ -46,7 +46,7 @@ CATEGORICAL_FIELDS: frozenset[str] = frozenset({
     "arm", "baseline", "candidate", "length", "round", "metric", "verdict", "case", "case_name", "cases",
     "kind", "stat", "statistic", "unit", "direction", "status", "reason", "reasons", "flags", "label",
     "method", "test", "alternative", "order", "visit_order", "role", "engine", "model", "quantization",
-    "significant", "better", "schema",
+    "significant", "better", "schema", "quantity", "size", "tool", "tool_direction",
 })
 
 # Files exempt from the field check (still scrubbed and leak-gated): prose, config, code, and JSON

@@ -237,16 +237,72 @@ def diagnostics_section(warmups: dict, measures: list[dict]) -> list[str]:
     return out
 
 
+def build_section(plan: dict, builds: dict) -> list[str]:
+    """For compiled engines (a CMake build): compiler, flags, targets, time and compiler-cache use."""
+    arms = [a for a in plan["arms"] if builds[a].get("toolchain")]
+    if not arms:
+        return []
+    out = ["## How it was built", ""]
+    rows = []
+    for arm in arms:
+        b, tc = builds[arm], builds[arm]["toolchain"]
+        cc = tc["ccache"]
+        steps = {st["step"]: st["duration_s"] for st in b["steps"]}
+        cache = "not used" if cc is None else (
+            f"{cc['hits']} hits / {cc['misses']} misses of {cc['calls']} compiles"
+            + (f" ({cc['hit_rate'] * 100:.0f}%)" if cc["hit_rate"] is not None else " (nothing to compile)"))
+        cxx = tc["cxx_compiler"] or {}
+        rows.append([f"`{arm}`", f"{cxx.get('id', '?')} {cxx.get('version', '?')}", ", ".join(f"`{t}`" for t in tc["targets"]),
+                     _f(steps.get("configure"), ".1f"), _f(steps.get("compile"), ".1f"), cache])
+    out += _table(["arm", "C++ compiler", "targets", "configure (s)", "compile (s)", "ccache"], rows)
+    tc = builds[arms[0]]["toolchain"]
+    same = all(builds[a]["toolchain"]["flags"] == tc["flags"] for a in arms)
+    out.append(f"CMake ({tc['generator']}, {tc['cmake']}), `-j {tc['jobs']}`, flags"
+               + (" (both arms): " if same else f" of `{arms[0]}`: ") + " ".join(f"`{f}`" for f in tc["flags"]) + ".")
+    if cxx.get("version_line"):
+        out.append(f"Compiler: `{cxx['version_line']}`.")
+    out.append("")
+    return out
+
+
+def crosscheck_section(body: dict | None) -> list[str]:
+    """The engine's own benchmark beside pairbench's verdicts (stats/crosscheck.json), and whether they agree."""
+    if body is None:
+        return []
+    from pairbench.analysis.crosscheck import statement
+
+    tool = body["tool"]
+    out = [f"## Cross-check: {tool}", "",
+           f"`{tool}` was built from each arm's own patched tree and run after every visit, one arm after "
+           f"the other, {body['repetitions']} repetitions per test, with the arms' threads. Prefill rows "
+           f"compare its `pp<length>` (one batch, empty context) with the server's own prompt timing; decode "
+           f"rows compare `tg<output>` after a context of `<length>` tokens with the server's decode timing. "
+           f"Its ratio has no interval (no pairing, few repetitions): it either lies inside pairbench's "
+           f"confidence interval or not. Direction uses the run's noise threshold (±{body['noise'] * 100:g}%).", ""]
+    rows = [[r["length"], r["quantity"], f"`{r['test']}`" + (f" @ d{r['n_depth']}" if r["n_depth"] else ""),
+             f"{_f(r['baseline_tok_s'])} ± {_f(r['baseline_stddev_tok_s'])}",
+             f"{_f(r['candidate_tok_s'])} ± {_f(r['candidate_stddev_tok_s'])}",
+             _f(r["tool_ratio"], ".3f"), f"{_f(r['pairbench_ratio'], '.3f')} [{_f(r['pairbench_ci_low'], '.3f')}, "
+             f"{_f(r['pairbench_ci_high'], '.3f')}]", r["verdict"], r["direction"], r["size"] or "–"]
+            for r in body["rows"]]
+    out += _table(["length", "quantity", f"{tool} test", f"{body['baseline']} tok/s", f"{body['candidate']} tok/s",
+                   f"{tool} ratio", "pairbench ratio [CI]", "pairbench verdict", "direction", "size"], rows)
+    out += [f"**{statement(body)}**", ""]
+    return out
+
+
 def render(*, plan: dict, sources: dict, builds: dict, fixtures: dict, warmups: dict, measures: list[dict],
            validations: dict, df: pd.DataFrame, agreement: pd.DataFrame, summary: dict,
-           files: list[str]) -> str:
+           files: list[str], crosscheck: dict | None = None) -> str:
     """The whole README.md report."""
     title = f"# pairbench: `{plan['candidate']}` against `{plan['baseline']}`"
     lines = [title, "", f"Leak gate: {LEAK_GATE_MARKER}", ""]
     lines += compared_section(plan, sources, builds)
+    lines += build_section(plan, builds)
     lines += plan_section(plan, fixtures)
     lines += gates_section(measures, validations, df)
     lines += [statistics_section(summary).rstrip(), ""]
+    lines += crosscheck_section(crosscheck)
     lines += timing_section(agreement)
     lines += diagnostics_section(warmups, measures)
     lines += ["## Files", "", *[f"- `{f}`" for f in sorted(files)], "- `MANIFEST.json`: sha256 of every file", ""]

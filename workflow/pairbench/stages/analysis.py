@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from pairbench.analysis import crosscheck as pb_crosscheck
 from pairbench.analysis import plots as pb_plots
 from pairbench.analysis import stats as pb_stats
 from pairbench.analysis import tables as pb_tables
@@ -47,3 +48,15 @@ def stats_stage(*, summary: str, measurements: str, summary_csv: str, paired_csv
 def plots_stage(*, ratios: str, drift: str, summary: str, measurements: str) -> None:
     pb_plots.plot_ratios(read_artifact(summary, "summary"), ratios)
     pb_plots.plot_drift(pd.read_csv(measurements), drift)
+
+
+def crosscheck_compare_stage(*, comparison: str, summary: str, plan: str, crosschecks: list[str]) -> None:
+    """The engine's own benchmark against pairbench's verdicts (pairbench.analysis.crosscheck)."""
+    plan_body = read_artifact(plan, "plan")
+    by_arm = {b["arm"]: (b, p) for b, p in ((read_artifact(p, "crosscheck"), p) for p in crosschecks)}
+    base, cand = plan_body["baseline"], plan_body["candidate"]
+    body = pb_crosscheck.compare(read_artifact(summary, "summary"), by_arm[base][0], by_arm[cand][0],
+                                 output_tokens=plan_body["output_tokens"])
+    body["inputs"] = {"summary": sha256_file(summary),
+                      **{f"crosscheck.{a}": sha256_file(p) for a, (_, p) in sorted(by_arm.items())}}
+    write_artifact(comparison, "crosscheck_summary", body)

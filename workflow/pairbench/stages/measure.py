@@ -1,5 +1,5 @@
 """Stages 3-4: fixtures (fitted with the first arm's tokenizer, checked by every arm's), warmup,
-one visit, and a validation retry's partial visit. Every engine is driven through its adapter
+one visit, a validation retry's partial visit, and the engine's own benchmark as a cross-check. Every engine is driven through its adapter
 (:func:`pairbench.engines.adapter.for_arm`), the embedded one included."""
 
 from __future__ import annotations
@@ -10,7 +10,9 @@ from pathlib import Path
 from pairbench.core.artifacts import read_artifact, sha256_file, write_artifact
 from pairbench.engines.adapter import ArmEngine, for_arm
 from pairbench.engines.client import http
+from pairbench.arms.build import model_arg
 from pairbench.integrity import recovery
+from pairbench.measure import crosscheck as pb_crosscheck
 from pairbench.measure import fixtures as pb_fixtures
 from pairbench.measure import visit as pb_visit
 from pairbench.validate import retries
@@ -143,3 +145,17 @@ def _measure(plan: dict, plan_path: str, build_path: str, fixture_paths: list[st
         if not rec["ok"]:
             log.warning("%s length %d flagged: %s", visit["id"], rec["length"], "; ".join(rec["flags"]))
     return body, outputs, inputs
+
+
+def crosscheck_stage(*, crosscheck: str, raw: str, plan: str, build: str, arm: str, arm_dir: str, arm_config: dict,
+                     repetitions: int, root: str, tool_log: str) -> None:
+    """The engine's own benchmark (llama-bench) from this arm's build, at the plan's lengths; runs
+    after every visit and validation, one arm at a time (ordering inputs of the rule)."""
+    plan_body = read_artifact(plan, "plan")
+    build_body = read_artifact(build, "build")
+    body = pb_crosscheck.run_crosscheck(
+        arm, arm_config, src_dir=arm_dir, model=model_arg(build_body, root), lengths=plan_body["lengths"],
+        output_tokens=plan_body["output_tokens"], repetitions=repetitions, raw_out=raw, log=tool_log)
+    body["inputs"] = {"plan": sha256_file(plan), "build": sha256_file(build)}
+    log.info("%s: %s", arm, ", ".join(f"{t['test']}@d{t['n_depth']} {t['avg_tok_s']:.1f} tok/s" for t in body["tests"]))
+    write_artifact(crosscheck, "crosscheck", body)

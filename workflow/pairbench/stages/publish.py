@@ -4,6 +4,9 @@ page."""
 from __future__ import annotations
 
 import logging
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pandas as pd
@@ -19,6 +22,20 @@ from pairbench.stages.analysis import read_validations
 log = logging.getLogger("pairbench")
 
 
+def _without_build_dir(tree: Path, build_dir: str, dest: Path) -> Path:
+    """A copy of *tree* without its top-level *build_dir* (hard links where the filesystem allows:
+    nothing is modified in place, and 100 MB of objects are not copied to re-apply a patch)."""
+    def link(src, dst):
+        try:
+            os.link(src, dst)
+        except OSError:
+            shutil.copy2(src, dst)
+
+    shutil.copytree(tree, dest, symlinks=True, copy_function=link,
+                    ignore=lambda d, names: [build_dir] if Path(d) == tree and build_dir in names else [])
+    return dest
+
+
 def _by(paths: list[str], kind: str, key: str) -> dict:
     return {b[key]: b for b in (read_artifact(p, kind) for p in paths)}
 
@@ -26,7 +43,8 @@ def _by(paths: list[str], kind: str, key: str) -> dict:
 def publish_stage(*, bundle: str, private_dir: str, res_dir: str, root: str, plan: str, sources: list[str],
                   builds: list[str], fixtures: list[str], prompts: list[str], warmups: list[str],
                   measures: list[str], validations: list[str], summary: str, measurements: str, summary_csv: str,
-                  paired_csv: str, ratios_csv: str, timing_csv: str, ratios_png: str, drift_png: str) -> None:
+                  paired_csv: str, ratios_csv: str, timing_csv: str, ratios_png: str, drift_png: str,
+                  crosscheck: list[str]) -> None:
     """The report and the allowlisted, scrubbed, leak-gated bundle (pairbench.publish.bundle.build_bundle)."""
     plan_body = read_artifact(plan, "plan")
     source_bodies = _by(sources, "source", "arm")
@@ -59,6 +77,8 @@ def publish_stage(*, bundle: str, private_dir: str, res_dir: str, root: str, pla
         **{f"tables/{name}.csv": path for name, path in tables.items()},
         "plots/ratios.png": ratios_png,
         "plots/drift.png": drift_png,
+        # the cross-check comparison (numbers and short labels only): when the engines have a tool
+        **({"tables/crosscheck.json": crosscheck[0]} if crosscheck else {}),
     }
     # stats/summary.json itself is not bundled: its free-text fields (reasons, method names) fail
     # publish's field check. Its numbers are in tables/*.csv and its words in README.md.
@@ -69,17 +89,25 @@ def publish_stage(*, bundle: str, private_dir: str, res_dir: str, root: str, pla
     if patches and not base_src["patches"] and base_src["source"] == source_bodies[cand]["source"]:
         clean_source = Path(res_dir) / "src" / plan_body["baseline"]
         tree = Path(res_dir) / "src" / cand
-        patched = {f"engine/{rel}": sha256_file(tree / "engine" / rel)
-                   for rel in source_bodies[cand]["patched"]["changed"] if (tree / "engine" / rel).is_file()}
+        # the embedded engine's tree is src/<arm>/engine/ (patches name engine/...); a git tag's is
+        # src/<arm>/ itself (patches name the repository's own paths)
+        prefix = "engine/" if isinstance(base_src["source"], str) else ""
+        patched = {f"{prefix}{rel}": sha256_file(tree / prefix / rel)
+                   for rel in source_bodies[cand]["patched"]["changed"] if (tree / prefix / rel).is_file()}
+    bdir = (build_bodies[plan_body["baseline"]].get("toolchain") or {}).get("build_dir")
     listing = [*files, *(f"patches/{n}" for n in patches), "README.md"]
     files["README.md"] = report.render(
         plan=plan_body, sources=source_bodies, builds=build_bodies, fixtures=fixture_bodies,
         warmups=_by(warmups, "warmup", "arm"), measures=[read_artifact(p, "measure") for p in measures],
         validations=read_validations(validations), df=df, agreement=pb_tables.timing_agreement(df),
-        summary=read_artifact(summary, "summary"), files=listing).encode()
-    result = pb_bundle.build_bundle(bundle, files, identifiers=identifiers, private_dir=Path(private_dir) / "publish",
-                                    patches=patches, clean_source=clean_source, patched_files=patched,
-                                    patch_roots=[str(Path(root).resolve())])
+        summary=read_artifact(summary, "summary"), files=listing,
+        crosscheck=read_artifact(crosscheck[0], "crosscheck_summary") if crosscheck else None).encode()
+    with tempfile.TemporaryDirectory(dir=private_dir, prefix=".clean-source-") as tmp:
+        if clean_source is not None and bdir:  # re-applying the patches needs the source, not the objects
+            clean_source = _without_build_dir(clean_source, bdir, Path(tmp) / "src")
+        result = pb_bundle.build_bundle(bundle, files, identifiers=identifiers, private_dir=Path(private_dir) / "publish",
+                                        patches=patches, clean_source=clean_source, patched_files=patched,
+                                        patch_roots=[str(Path(root).resolve())])
     log.info("published %s: %s (excluded by the allowlist: %s)", bundle, result["report_line"],
              ", ".join(result["excluded"]) or "nothing")
 

@@ -1,0 +1,122 @@
+"""The llama-bench cross-check: running the tool from an arm's tree, and its comparison with pairbench.
+
+A fake ``llama-bench`` (a script in a throwaway tree's build/bin/) prints the recorded outputs in
+tests/data/crosscheck/, chosen by its own arguments, as the real one prints them with ``-o json``.
+"""
+
+import json
+import stat
+import sys
+from pathlib import Path
+
+import pytest
+
+from pairbench.analysis import crosscheck as ac
+from pairbench.core.artifacts import validate
+from pairbench.measure import crosscheck as mc
+from pairbench.publish.bundle import CATEGORICAL_FIELDS, json_field_problems
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "crosscheck"
+ARM = {"engine": "llama-server", "threads": 1}
+
+
+def fake_tree(tmp_path: Path, arm: str) -> Path:
+    tree = tmp_path / arm
+    (tree / "build" / "bin").mkdir(parents=True)
+    tool = tree / "build" / "bin" / "llama-bench"
+    tool.write_text(f"""#!{sys.executable}
+import pathlib, sys
+args = sys.argv[1:]
+pathlib.Path("calls.txt").open("a").write(" ".join(args) + "\\n")
+part = "pp" if args[args.index("--n-gen") + 1] == "0" else "tg"
+sys.stdout.write(pathlib.Path({str(DATA)!r}, "{arm}-" + part + ".json").read_text())
+""")
+    tool.chmod(tool.stat().st_mode | stat.S_IXUSR)
+    return tree
+
+
+def run(tmp_path, arm):
+    tree = fake_tree(tmp_path, arm)
+    body = mc.run_crosscheck(arm, ARM, src_dir=tree, model=str(tmp_path / "models" / "m.gguf"), lengths=[256, 1024],
+                             output_tokens=64, repetitions=3, raw_out=tmp_path / f"raw-{arm}.json",
+                             log=tmp_path / f"{arm}.log")
+    return tree, {**body, "inputs": {}}
+
+
+def test_runs_the_profiles_two_commands_from_the_arms_tree(tmp_path):
+    tree, body = run(tmp_path, "baseline")
+    calls = (tree / "calls.txt").read_text().splitlines()
+    model = str(tmp_path / "models" / "m.gguf")
+    assert calls == [
+        f"--model {model} --threads 1 --n-prompt 256,1024 --n-gen 0 --repetitions 3 --output json",
+        f"--model {model} --threads 1 --n-prompt 0 --n-gen 64 --n-depth 256,1024 --repetitions 3 --output json",
+    ]
+    assert [(t["test"], t["n_depth"], t["avg_tok_s"]) for t in body["tests"]] == [
+        ("pp256", 0, 150.0), ("pp1024", 0, 120.0), ("tg64", 256, 55.0), ("tg64", 1024, 50.0)]
+    assert body["tests"][0]["samples_tok_s"] == [147.0, 150.0, 153.0] and body["tests"][0]["n_ubatch"] == 512
+    validate("crosscheck", {"schema": "pairbench.crosscheck/v1", **body})
+    # the artifact names files, never their folders; the raw output (model path, CPU) stays private
+    public = json.dumps(body)
+    assert str(tmp_path) not in public and "Example CPU" not in public
+    assert body["runs"][0]["argv"][:3] == ["llama-bench", "--model", "m.gguf"]
+    raw = json.loads((tmp_path / "raw-baseline.json").read_text())
+    assert raw[0][0]["cpu_info"] == "Example CPU"
+
+
+def test_a_failing_tool_names_the_arm(tmp_path):
+    tree = fake_tree(tmp_path, "baseline")
+    (tree / "build" / "bin" / "llama-bench").write_text(f"#!{sys.executable}\nraise SystemExit(2)\n")
+    with pytest.raises(mc.CrosscheckError, match=r"arm baseline: llama-bench exited with status 2; see "):
+        mc.run_crosscheck("baseline", ARM, src_dir=tree, model="m.gguf", lengths=[256], output_tokens=64,
+                          repetitions=1, raw_out=tmp_path / "raw.json", log=tmp_path / "x.log")
+    (tree / "build" / "bin" / "llama-bench").unlink()
+    with pytest.raises(mc.CrosscheckError, match=r"llama-bench not found; does the build compile it"):
+        mc.run_crosscheck("baseline", ARM, src_dir=tree, model="m.gguf", lengths=[256], output_tokens=64,
+                          repetitions=1, raw_out=tmp_path / "raw.json", log=tmp_path / "x.log")
+
+
+def cell(verdict, hl, lo, hi):
+    return {"verdict": verdict, "hl_ratio": hl, "ci_low": lo, "ci_high": hi}
+
+
+SUMMARY = {
+    "baseline": "baseline", "candidate": "candidate", "params": {"noise": 0.01},
+    "paired": {
+        "256": {"engine_prefill_tok_s": cell("faster", 1.48, 1.45, 1.52),
+                "engine_decode_tok_s": cell("no detectable difference", 1.001, 0.995, 1.006)},
+        "1024": {"engine_prefill_tok_s": cell("faster", 1.30, 1.25, 1.36),       # tool: 1.40, outside
+                 "decode_tok_s": cell("inconclusive", 0.99, 0.95, 1.03)},          # no engine decode metric
+    },
+}
+
+
+def test_compare_judges_direction_and_size_per_length(tmp_path):
+    _, base = run(tmp_path, "baseline")
+    _, cand = run(tmp_path, "candidate")
+    body = ac.compare(SUMMARY, base, cand, output_tokens=64)
+    got = [(r["length"], r["quantity"], r["test"], r["metric"], round(r["tool_ratio"], 4), r["tool_direction"],
+            r["direction"], r["size"]) for r in body["rows"]]
+    assert got == [
+        (256, "prefill", "pp256", "engine_prefill_tok_s", 1.5, "faster", "agree", "within CI"),
+        (256, "decode", "tg64", "engine_decode_tok_s", 1.0036, "no detectable difference", "agree", "within CI"),
+        (1024, "prefill", "pp1024", "engine_prefill_tok_s", 1.4, "faster", "agree", "outside CI"),
+        (1024, "decode", "tg64", "decode_tok_s", 0.998, "no detectable difference", "undecided", "within CI"),
+    ]
+    assert round(body["rows"][2]["size_gap"], 4) == round(1.4 / 1.30 - 1, 4)
+    assert body["direction_counts"] == {"agree": 3, "disagree": 0, "undecided": 1} and body["size_within_ci"] == 3
+    assert ac.statement(body) == (
+        "llama-bench and pairbench agree on the direction of the effect in 3 of 4 comparisons; "
+        "1 undecided (pairbench inconclusive). llama-bench's ratio lies inside pairbench's confidence "
+        "interval in 3 of 4.")
+    published = {"schema": "pairbench.crosscheck_summary/v1", "inputs": {}, **body}
+    validate("crosscheck_summary", published)
+    assert json_field_problems("tables/crosscheck.json", published, CATEGORICAL_FIELDS) == []
+
+
+def test_a_tool_that_contradicts_pairbench_is_a_disagreement(tmp_path):
+    _, base = run(tmp_path, "baseline")
+    _, cand = run(tmp_path, "candidate")
+    summary = {**SUMMARY, "paired": {"256": {"engine_prefill_tok_s": cell("slower", 0.9, 0.85, 0.95)}}}
+    body = ac.compare(summary, base, cand, output_tokens=64)
+    assert [(r["direction"], r["size"]) for r in body["rows"]] == [("disagree", "outside CI")]
+    assert "disagree in 1" in ac.statement(body)

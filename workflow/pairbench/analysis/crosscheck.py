@@ -1,0 +1,103 @@
+"""Do the engine's own benchmark and pairbench agree? The cross-check comparison, computed once.
+
+Inputs: ``stats/summary.json`` (pairbench's paired comparison) and ``crosscheck/<arm>.json`` for the
+baseline and the candidate (:mod:`pairbench.measure.crosscheck`). For every planned length, two rows:
+
+- **prefill**: llama-bench's ``pp<length>`` against pairbench's ``engine_prefill_tok_s`` (the
+  server's own prompt timing, the closest thing to what llama-bench times), else ``prefill_tok_s``;
+- **decode**: ``tg<output_tokens>`` at depth ``<length>`` against ``engine_decode_tok_s``, else
+  ``decode_tok_s``.
+
+Per row, ``tool_ratio`` = candidate / baseline of the tool's mean rates, and two judgements:
+
+- ``direction``: the tool's ratio classified with the run's own noise threshold (``faster`` above
+  1 + noise, ``slower`` below 1 - noise, else ``no detectable difference``), compared with
+  pairbench's verdict: ``agree``, ``disagree``, or ``undecided`` when pairbench's verdict is
+  ``inconclusive`` (it then cannot confirm or contradict anything);
+- ``size``: ``within CI`` when the tool's ratio lies inside pairbench's bootstrap CI of the
+  ratio, else ``outside CI``; ``size_gap`` = tool ratio / pairbench's Hodges-Lehmann ratio - 1.
+
+llama-bench has no paired design and (here) a few repetitions, so its ratio carries no interval:
+it is a point that pairbench's interval either contains or not. The body is the ``crosscheck_summary``
+artifact; it holds numbers and short labels only, so it is published as ``tables/crosscheck.json``.
+"""
+
+from __future__ import annotations
+
+PAIRS = {"prefill": ("pp", ("engine_prefill_tok_s", "prefill_tok_s")),
+         "decode": ("tg", ("engine_decode_tok_s", "decode_tok_s"))}
+
+
+def _tool_test(tests: list[dict], kind: str, length: int, output_tokens: int) -> dict | None:
+    for t in tests:
+        if kind == "pp" and t["kind"] == "pp" and t["n_prompt"] == length and t["n_depth"] == 0:
+            return t
+        if kind == "tg" and t["kind"] == "tg" and t["n_gen"] == output_tokens and t["n_depth"] == length:
+            return t
+    return None
+
+
+def classify(ratio: float | None, noise: float) -> str | None:
+    if ratio is None:
+        return None
+    if ratio > 1 + noise:
+        return "faster"
+    if ratio < 1 - noise:
+        return "slower"
+    return "no detectable difference"
+
+
+def compare(summary: dict, baseline: dict, candidate: dict, *, output_tokens: int) -> dict:
+    """The ``crosscheck_summary`` body (without ``inputs``) from the summary and both arms' cross-checks."""
+    noise = float(summary["params"]["noise"])
+    rows = []
+    for length in sorted(int(n) for n in summary["paired"]):
+        cells = summary["paired"][str(length)]
+        for quantity, (kind, metrics) in PAIRS.items():
+            metric = next((m for m in metrics if m in cells), None)
+            b = _tool_test(baseline["tests"], kind, length, output_tokens)
+            c = _tool_test(candidate["tests"], kind, length, output_tokens)
+            if metric is None or b is None or c is None:
+                continue
+            cell = cells[metric]
+            ratio = c["avg_tok_s"] / b["avg_tok_s"] if b["avg_tok_s"] > 0 else None
+            tool_dir = classify(ratio, noise)
+            verdict = cell["verdict"]
+            if verdict == "inconclusive" or tool_dir is None:
+                direction = "undecided"
+            else:
+                direction = "agree" if tool_dir == verdict else "disagree"
+            lo, hi, hl = cell["ci_low"], cell["ci_high"], cell["hl_ratio"]
+            size = None if ratio is None or lo is None or hi is None else ("within CI" if lo <= ratio <= hi else "outside CI")
+            rows.append({
+                "length": length, "quantity": quantity, "test": b["test"], "n_depth": b["n_depth"],
+                "metric": metric, "baseline_tok_s": b["avg_tok_s"], "candidate_tok_s": c["avg_tok_s"],
+                "baseline_stddev_tok_s": b["stddev_tok_s"], "candidate_stddev_tok_s": c["stddev_tok_s"],
+                "tool_ratio": ratio, "tool_direction": tool_dir,
+                "pairbench_ratio": hl, "pairbench_ci_low": lo, "pairbench_ci_high": hi, "verdict": verdict,
+                "direction": direction, "size": size,
+                "size_gap": None if ratio is None or not hl else ratio / hl - 1,
+            })
+    counts = {k: sum(1 for r in rows if r["direction"] == k) for k in ("agree", "disagree", "undecided")}
+    return {"baseline": summary["baseline"], "candidate": summary["candidate"], "tool": baseline["tool"],
+            "noise": noise, "repetitions": baseline["repetitions"], "rows": rows,
+            "direction_counts": counts,
+            "size_within_ci": sum(1 for r in rows if r["size"] == "within CI")}
+
+
+def statement(body: dict) -> str:
+    """One sentence for the report: do the tool and pairbench agree, on direction and on size."""
+    rows = body["rows"]
+    if not rows:
+        return f"{body['tool']} produced no test matching the planned lengths; nothing to compare."
+    n = len(rows)
+    c = body["direction_counts"]
+    parts = [f"{body['tool']} and pairbench agree on the direction of the effect in {c['agree']} of {n} "
+             f"comparisons"]
+    if c["disagree"]:
+        parts.append(f"disagree in {c['disagree']}")
+    if c["undecided"]:
+        parts.append(f"{c['undecided']} undecided (pairbench inconclusive)")
+    size = (f"{body['tool']}'s ratio lies inside pairbench's confidence interval in "
+            f"{body['size_within_ci']} of {n}")
+    return "; ".join(parts) + ". " + size + "."
