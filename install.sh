@@ -1,16 +1,21 @@
 #!/usr/bin/env bash
 # pairbench's one install command: Python dependencies, the harness package, and the default model.
-# Usage: ./install.sh          the tool and the default model (idempotent; safe to rerun)
-#        ./install.sh --test   also what the test suite needs beyond that: Debian's chromium (the
-#                              HTML-report browser test) and llama-cpp-python (the real-engine
-#                              integration test), built from source once and cached
+# Usage: ./install.sh              the tool and the default model (idempotent; safe to rerun)
+#        ./install.sh --llama-cpp  also what a llama.cpp arm needs (config/llama-cpp.yaml): Debian's
+#                                  ccache, cmake and g++, and the tagged llama.cpp repository made
+#                                  from the llama-cpp-python sdist (python -m pairbench llama-tree)
+#        ./install.sh --test       all of that, plus what the test suite needs beyond it: Debian's
+#                                  chromium (the HTML-report browser test) and llama-cpp-python (the
+#                                  real-engine integration test), built from source once and cached
 set -euo pipefail
 cd "$(dirname "$0")"
 with_test=0
+with_llama=0
 case "${1:-}" in
   "") ;;
-  --test) with_test=1 ;;
-  *) echo "install.sh: unknown option ${1} (use --test or nothing)" >&2; exit 2 ;;
+  --llama-cpp) with_llama=1 ;;
+  --test) with_test=1; with_llama=1 ;;
+  *) echo "install.sh: unknown option ${1} (use --llama-cpp, --test or nothing)" >&2; exit 2 ;;
 esac
 python3 -m pip install -q -r requirements.txt
 python3 -m pip install -q --no-deps -e .
@@ -39,19 +44,35 @@ PY
 fi
 sha256sum -c resources.sha256
 
+lcp=0.3.36   # llama-cpp-python: its sdist is also where the llama.cpp arms' source comes from
+apt_missing=()
+if [ "$with_llama" = 1 ]; then
+  for tool in ccache cmake g++; do command -v "$tool" >/dev/null 2>&1 || apt_missing+=("$tool"); done
+fi
+if [ "$with_test" = 1 ] && ! command -v chromium >/dev/null 2>&1; then apt_missing+=(chromium); fi
+if [ "${#apt_missing[@]}" -gt 0 ]; then
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${apt_missing[@]}" >/dev/null
+fi
+if [ "$with_llama" = 1 ]; then
+  # Downloads the sdist once (sha256 pinned), makes ~/.cache/pairbench/llama.cpp with the tag
+  # llama-cpp-python-$lcp-vendor; a second run only reads the tag.
+  python3 -m pairbench llama-tree --version "$lcp" >/dev/null
+fi
+
 if [ "$with_test" = 1 ]; then
-  if ! command -v chromium >/dev/null 2>&1; then
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
-  fi
   # llama-cpp-python has no CPU wheel on PyPI: build it once (about 20 min on 2 cores), portable
   # (no -march=native) and without the multimodal library the server does not use, and keep the
-  # wheel in a cache keyed by version so later installs take seconds.
-  lcp=0.3.36
+  # wheel in a cache keyed by version so later installs take seconds. It is built from the very
+  # sdist the llama.cpp arms were made from (pinned, already downloaded by llama-tree above), not
+  # a second download. Not through ccache (GGML_CCACHE=OFF): pip builds in random temporary folders
+  # with other flags (shared libraries, -fPIC), so none of its 127 compiles ever hit the arms'
+  # cache or its own (measured, docs/engines.md); the wheel cache is what makes it once.
   wheels="${PAIRBENCH_WHEEL_CACHE:-$HOME/.cache/pairbench/wheels}"
+  sdist="${PAIRBENCH_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/pairbench}/sdist/llama_cpp_python-$lcp.tar.gz"
   mkdir -p "$wheels"
   if ! ls "$wheels"/llama_cpp_python-$lcp-*.whl >/dev/null 2>&1; then
-    CMAKE_ARGS="-DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF" CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" \
-      python3 -m pip wheel -q --no-deps "llama-cpp-python==$lcp" -w "$wheels"
+    CMAKE_ARGS="-DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF -DGGML_CCACHE=OFF" CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" \
+      python3 -m pip wheel -q --no-deps "$sdist" -w "$wheels"
   fi
   python3 -m pip install -q --no-deps "$wheels"/llama_cpp_python-$lcp-*.whl
 fi

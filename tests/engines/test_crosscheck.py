@@ -35,44 +35,49 @@ sys.stdout.write(pathlib.Path({str(DATA)!r}, "{arm}-" + part + ".json").read_tex
     return tree
 
 
-def run(tmp_path, arm):
-    tree = fake_tree(tmp_path, arm)
-    body = mc.run_crosscheck(arm, ARM, src_dir=tree, model=str(tmp_path / "models" / "m.gguf"), lengths=[256, 1024],
-                             output_tokens=64, repetitions=3, raw_out=tmp_path / f"raw-{arm}.json",
-                             log=tmp_path / f"{arm}.log")
-    return tree, {**body, "inputs": {}}
+def run(tmp_path, rounds=2):
+    arms = {a: {"config": ARM, "src_dir": fake_tree(tmp_path, a), "model": str(tmp_path / "models" / "m.gguf")}
+            for a in ("baseline", "candidate")}
+    bodies = mc.run_crosscheck(arms, lengths=[256, 1024], output_tokens=64, rounds=rounds,
+                               raw_out={a: tmp_path / f"raw-{a}.json" for a in arms}, log=tmp_path / "tool.log")
+    return arms, {a: {**b, "inputs": {}} for a, b in bodies.items()}
 
 
-def test_runs_the_profiles_two_commands_from_the_arms_tree(tmp_path):
-    tree, body = run(tmp_path, "baseline")
-    calls = (tree / "calls.txt").read_text().splitlines()
+def test_runs_the_profiles_two_commands_per_arm_in_alternating_rounds(tmp_path):
+    arms, bodies = run(tmp_path, rounds=3)
     model = str(tmp_path / "models" / "m.gguf")
-    assert calls == [
-        f"--model {model} --threads 1 --n-prompt 256,1024 --n-gen 0 --repetitions 3 --output json",
-        f"--model {model} --threads 1 --n-prompt 0 --n-gen 64 --n-depth 256,1024 --repetitions 3 --output json",
+    calls = (arms["baseline"]["src_dir"] / "calls.txt").read_text().splitlines()
+    assert calls == 3 * [
+        f"--model {model} --threads 1 --n-prompt 256,1024 --n-gen 0 --repetitions 1 --output json",
+        f"--model {model} --threads 1 --n-prompt 0 --n-gen 64 --n-depth 256,1024 --repetitions 1 --output json",
     ]
-    assert [(t["test"], t["n_depth"], t["avg_tok_s"]) for t in body["tests"]] == [
-        ("pp256", 0, 150.0), ("pp1024", 0, 120.0), ("tg64", 256, 55.0), ("tg64", 1024, 50.0)]
-    assert body["tests"][0]["samples_tok_s"] == [147.0, 150.0, 153.0] and body["tests"][0]["n_ubatch"] == 512
+    body = bodies["baseline"]
+    assert body["order"] == [["baseline", "candidate"], ["candidate", "baseline"], ["baseline", "candidate"]]
+    assert [r["round"] for r in body["runs"]] == [1, 1, 2, 2, 3, 3]
+    # each round's run is one sample; the fixture prints the same rates every time
+    assert [(t["test"], t["n_depth"], t["avg_tok_s"], t["stddev_tok_s"]) for t in body["tests"]] == [
+        ("pp256", 0, 150.0, 0.0), ("pp1024", 0, 120.0, 0.0), ("tg64", 256, 55.0, 0.0), ("tg64", 1024, 50.0, 0.0)]
+    assert body["tests"][0]["samples_tok_s"] == [150.0, 150.0, 150.0] and body["tests"][0]["n_ubatch"] == 512
     validate("crosscheck", {"schema": "pairbench.crosscheck/v1", **body})
     # the artifact names files, never their folders; the raw output (model path, CPU) stays private
     public = json.dumps(body)
     assert str(tmp_path) not in public and "Example CPU" not in public
     assert body["runs"][0]["argv"][:3] == ["llama-bench", "--model", "m.gguf"]
     raw = json.loads((tmp_path / "raw-baseline.json").read_text())
-    assert raw[0][0]["cpu_info"] == "Example CPU"
+    assert len(raw) == 6 and raw[0][0]["cpu_info"] == "Example CPU"
 
 
 def test_a_failing_tool_names_the_arm(tmp_path):
     tree = fake_tree(tmp_path, "baseline")
+    arms = {"baseline": {"config": ARM, "src_dir": tree, "model": "m.gguf"}}
+    kw = dict(lengths=[256], output_tokens=64, rounds=1, raw_out={"baseline": tmp_path / "raw.json"},
+              log=tmp_path / "x.log")
     (tree / "build" / "bin" / "llama-bench").write_text(f"#!{sys.executable}\nraise SystemExit(2)\n")
     with pytest.raises(mc.CrosscheckError, match=r"arm baseline: llama-bench exited with status 2; see "):
-        mc.run_crosscheck("baseline", ARM, src_dir=tree, model="m.gguf", lengths=[256], output_tokens=64,
-                          repetitions=1, raw_out=tmp_path / "raw.json", log=tmp_path / "x.log")
+        mc.run_crosscheck(arms, **kw)
     (tree / "build" / "bin" / "llama-bench").unlink()
     with pytest.raises(mc.CrosscheckError, match=r"llama-bench not found; does the build compile it"):
-        mc.run_crosscheck("baseline", ARM, src_dir=tree, model="m.gguf", lengths=[256], output_tokens=64,
-                          repetitions=1, raw_out=tmp_path / "raw.json", log=tmp_path / "x.log")
+        mc.run_crosscheck(arms, **kw)
 
 
 def cell(verdict, hl, lo, hi):
@@ -91,9 +96,8 @@ SUMMARY = {
 
 
 def test_compare_judges_direction_and_size_per_length(tmp_path):
-    _, base = run(tmp_path, "baseline")
-    _, cand = run(tmp_path, "candidate")
-    body = ac.compare(SUMMARY, base, cand, output_tokens=64)
+    _, bodies = run(tmp_path)
+    body = ac.compare(SUMMARY, bodies["baseline"], bodies["candidate"], output_tokens=64)
     got = [(r["length"], r["quantity"], r["test"], r["metric"], round(r["tool_ratio"], 4), r["tool_direction"],
             r["direction"], r["size"]) for r in body["rows"]]
     assert got == [
@@ -114,9 +118,20 @@ def test_compare_judges_direction_and_size_per_length(tmp_path):
 
 
 def test_a_tool_that_contradicts_pairbench_is_a_disagreement(tmp_path):
-    _, base = run(tmp_path, "baseline")
-    _, cand = run(tmp_path, "candidate")
+    _, bodies = run(tmp_path)
     summary = {**SUMMARY, "paired": {"256": {"engine_prefill_tok_s": cell("slower", 0.9, 0.85, 0.95)}}}
-    body = ac.compare(summary, base, cand, output_tokens=64)
+    body = ac.compare(summary, bodies["baseline"], bodies["candidate"], output_tokens=64)
     assert [(r["direction"], r["size"]) for r in body["rows"]] == [("disagree", "outside CI")]
     assert "disagree in 1" in ac.statement(body)
+
+
+def test_the_tools_ratio_is_the_median_of_its_paired_rounds():
+    def arm(samples):
+        return {"tool": "llama-bench", "rounds": 3, "tests": [
+            {"test": "pp256", "kind": "pp", "n_prompt": 256, "n_gen": 0, "n_depth": 0,
+             "avg_tok_s": sum(samples) / 3, "stddev_tok_s": 0.0, "samples_tok_s": samples}]}
+    # round 2 ran while the machine was busy for both arms: paired, it cancels; unpaired, it would not
+    base, cand = arm([100.0, 50.0, 100.0]), arm([150.0, 75.0, 160.0])
+    summary = {**SUMMARY, "paired": {"256": {"engine_prefill_tok_s": cell("faster", 1.5, 1.45, 1.55)}}}
+    row = ac.compare(summary, base, cand, output_tokens=64)["rows"][0]
+    assert row["tool_ratio"] == 1.5 and row["size"] == "within CI"

@@ -37,6 +37,9 @@ rule provenance:
         stats=rules.stats.output,
         plots=rules.plots.output,
         landing=rules.landing.output,
+        # the cross-check's artifacts, when the engines have a tool (common.smk: crosscheck_arms)
+        crosscheck=expand(f"{RES}/crosscheck/{{arm}}.json", arm=CROSSCHECK)
+        + ([f"{RES}/stats/crosscheck.json"] if CROSSCHECK else []),
         # retries no longer in the run are out of it before the folder is recorded
         retired=f"{RES}/private/retired.json",
     output:

@@ -51,10 +51,10 @@ BASELINE = pb_config.baseline_arm(CFG)
 
 def crosscheck_arms(cfg):
     """[baseline, candidate] when both engine profiles name a cross-check tool and
-    crosscheck.repetitions > 0, else [] (no cross-check jobs)."""
+    crosscheck.rounds > 0, else [] (no cross-check job)."""
     from pairbench.measure.crosscheck import has_crosscheck
 
-    if cfg["crosscheck"]["repetitions"] < 1:
+    if cfg["crosscheck"]["rounds"] < 1:
         return []
     pair = [pb_config.baseline_arm(cfg), pb_config.candidate_arm(cfg)]
     return pair if all(has_crosscheck(cfg["arms"][a]) for a in pair) else []
@@ -105,12 +105,6 @@ def previous_visit(visits, visit_id, res):
     if v["index"] == 1:
         return []
     return [ancient(visit_marker(res, visits[v["index"] - 2]["id"]))]
-
-
-def previous_crosscheck(arms, arm, res):
-    """Cross-checks run one arm after the other (ordering only)."""
-    i = arms.index(arm)
-    return [ancient(f"{res}/crosscheck/{arms[i - 1]}.json")] if i else []
 
 
 def visit_marker(res, visit_id):

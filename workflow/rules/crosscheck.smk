@@ -1,27 +1,27 @@
 """Stage 6b: the cross-check — the engine's own benchmark (llama-bench) from each compared arm's
-build, then its comparison with pairbench's verdicts. Only when both compared arms' engine profiles
-name a tool and crosscheck.repetitions > 0 (common.smk: crosscheck_arms)."""
+build, in rounds alternating the arms, then its comparison with pairbench's verdicts. Only when
+both compared arms' engine profiles name a tool and crosscheck.rounds > 0 (common.smk: crosscheck_arms)."""
 
 
 rule crosscheck:
     input:
         plan=f"{RES}/plan.json",
-        build=f"{RES}/build/{{arm}}.json",
-        # Ordering only: after every visit, validation and validation retry, and after the previous
-        # arm's cross-check, so the tool never shares the CPU with a measurement, whatever --cores is.
-        after=lambda wc: [ancient(p) for p in chain_artifacts(1)] + previous_crosscheck(CROSSCHECK, wc.arm, RES),
+        builds=expand(f"{RES}/build/{{arm}}.json", arm=CROSSCHECK),
+        # Ordering only: after every visit, validation and validation retry, so the tool never shares
+        # the CPU with a measurement, whatever --cores is.
+        after=lambda wc: [ancient(p) for p in chain_artifacts(1)],
     output:
-        crosscheck=f"{RES}/crosscheck/{{arm}}.json",
-        raw=f"{RES}/private/crosscheck/{{arm}}.json",
+        crosschecks=expand(f"{RES}/crosscheck/{{arm}}.json", arm=CROSSCHECK),
+        raw=expand(f"{RES}/private/crosscheck/{{arm}}.json", arm=CROSSCHECK),
     params:
-        arm=lambda wc: wc.arm,
-        arm_dir=f"{RES}/src/{{arm}}",
-        arm_config=lambda wc: CFG["arms"][wc.arm],
-        repetitions=CFG["crosscheck"]["repetitions"],
+        arms=CROSSCHECK,
+        arm_dirs=expand(f"{RES}/src/{{arm}}", arm=CROSSCHECK),
+        arm_configs={a: CFG["arms"][a] for a in CROSSCHECK},
+        rounds=CFG["crosscheck"]["rounds"],
         root=str(ROOT),
     log:
-        job=f"{LOGS}/crosscheck/{{arm}}.log",
-        tool=f"{LOGS}/crosscheck/{{arm}}.tool.log",
+        job=f"{LOGS}/crosscheck/crosscheck.log",
+        tool=f"{LOGS}/crosscheck/tool.log",
     conda:
         "../envs/pairbench.yaml"
     script:

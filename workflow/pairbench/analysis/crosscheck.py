@@ -8,7 +8,8 @@ baseline and the candidate (:mod:`pairbench.measure.crosscheck`). For every plan
 - **decode**: ``tg<output_tokens>`` at depth ``<length>`` against ``engine_decode_tok_s``, else
   ``decode_tok_s``.
 
-Per row, ``tool_ratio`` = candidate / baseline of the tool's mean rates, and two judgements:
+Per row, ``tool_ratio`` = the median over the tool's rounds of candidate / baseline (paired by
+round: the two arms ran back to back), and two judgements:
 
 - ``direction``: the tool's ratio classified with the run's own noise threshold (``faster`` above
   1 + noise, ``slower`` below 1 - noise, else ``no detectable difference``), compared with
@@ -17,12 +18,14 @@ Per row, ``tool_ratio`` = candidate / baseline of the tool's mean rates, and two
 - ``size``: ``within CI`` when the tool's ratio lies inside pairbench's bootstrap CI of the
   ratio, else ``outside CI``; ``size_gap`` = tool ratio / pairbench's Hodges-Lehmann ratio - 1.
 
-llama-bench has no paired design and (here) a few repetitions, so its ratio carries no interval:
-it is a point that pairbench's interval either contains or not. The body is the ``crosscheck_summary``
+With a few rounds the tool's ratio carries no interval of its own: it is a point that
+pairbench's interval either contains or not. The body is the ``crosscheck_summary``
 artifact; it holds numbers and short labels only, so it is published as ``tables/crosscheck.json``.
 """
 
 from __future__ import annotations
+
+import statistics
 
 PAIRS = {"prefill": ("pp", ("engine_prefill_tok_s", "prefill_tok_s")),
          "decode": ("tg", ("engine_decode_tok_s", "decode_tok_s"))}
@@ -60,7 +63,8 @@ def compare(summary: dict, baseline: dict, candidate: dict, *, output_tokens: in
             if metric is None or b is None or c is None:
                 continue
             cell = cells[metric]
-            ratio = c["avg_tok_s"] / b["avg_tok_s"] if b["avg_tok_s"] > 0 else None
+            pairs = [cs / bs for bs, cs in zip(b["samples_tok_s"], c["samples_tok_s"]) if bs > 0]
+            ratio = statistics.median(pairs) if pairs else None
             tool_dir = classify(ratio, noise)
             verdict = cell["verdict"]
             if verdict == "inconclusive" or tool_dir is None:
@@ -80,7 +84,7 @@ def compare(summary: dict, baseline: dict, candidate: dict, *, output_tokens: in
             })
     counts = {k: sum(1 for r in rows if r["direction"] == k) for k in ("agree", "disagree", "undecided")}
     return {"baseline": summary["baseline"], "candidate": summary["candidate"], "tool": baseline["tool"],
-            "noise": noise, "repetitions": baseline["repetitions"], "rows": rows,
+            "noise": noise, "rounds": baseline["rounds"], "rows": rows,
             "direction_counts": counts,
             "size_within_ci": sum(1 for r in rows if r["size"] == "within CI")}
 

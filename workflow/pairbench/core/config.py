@@ -24,7 +24,7 @@ ARM_DEFAULTS = {"source": None, "patches": [], "args": [], "env": {}, "engine": 
 SERVER_DEFAULTS = {"threads": None, "startup_timeout_s": 120, "request_timeout_s": 300, "stop_timeout_s": 10}
 VALIDATE_DEFAULTS = {"cases": ["token_counts", "done_marker", "python_function", "matches_baseline"], "timeout_s": 5,
                      "agreement": 1.0, "retries": 1, "retry_on": ["timeout"]}
-CROSSCHECK_DEFAULTS = {"repetitions": 3}
+CROSSCHECK_DEFAULTS = {"rounds": 3}
 STATS_DEFAULTS = {
     "metrics": ["decode_tok_s", "prefill_tok_s", "ttft_ms", "e2e_ms"],
     "trim": None,

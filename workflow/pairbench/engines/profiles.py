@@ -46,7 +46,7 @@ SCHEMA = Path(__file__).resolve().parents[2] / "schemas" / "engine_profile.schem
 # the element before it is a bare flag (starts with '-'), that flag too: "--threads {threads}" with
 # no threads configured leaves the server's own default.
 PLACEHOLDERS = ("port", "model", "threads", "ctx", "python", "src", "host", "output_tokens", "commit",
-                "lengths", "repetitions")
+                "lengths")
 
 DEFAULT_ENGINE = "embedded"
 

@@ -5,14 +5,15 @@ benchmark can say the same thing another way: llama.cpp's ``llama-bench`` times 
 (``pp<N>``: N prompt tokens in one batch, empty context) and token generation (``tg<M>``: M tokens
 one at a time after a context of ``n_depth`` tokens) directly on the library. Built from the arm's
 own patched tree (the profile's build compiles it beside the server), it runs with the arm's
-threads and the run's model, at the run's lengths:
+threads and the run's model, at the run's lengths, in rounds that alternate the arms (ABBA) so
+that both meet the same drift of a shared machine:
 
 - ``pp<length>`` for every planned length (compare with the prefill rates);
 - ``tg<output_tokens>`` at depth ``<length>``, for every planned length (compare with the decode
   rates, which pairbench measures after a prompt of that length).
 
 The engine profile's ``crosscheck`` section holds the command templates (``{lengths}`` =
-comma-separated lengths, ``{output_tokens}``, ``{repetitions}``, plus the launch placeholders) and
+comma-separated lengths, ``{output_tokens}``, plus the launch placeholders) and
 says which output format they print (``format: llama-bench-json``). Only numbers are kept in the
 ``crosscheck/<arm>.json`` artifact; the tool's full output (model path, CPU name) goes to
 ``private/crosscheck/<arm>.json``.
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import time
 from pathlib import Path
@@ -66,52 +68,85 @@ def parse_llama_bench(text: str) -> list[dict]:
     return tests
 
 
-def run_crosscheck(arm: str, arm_cfg: dict, *, src_dir: str | os.PathLike, model: str, lengths: list[int],
-                   output_tokens: int, repetitions: int, raw_out: str | os.PathLike, log: str | os.PathLike) -> dict:
-    """Run the profile's cross-check commands for *arm*; return the ``crosscheck`` body (without
-    ``inputs``). The tool's raw output is written to *raw_out* (private)."""
+def tool_commands(arm: str, arm_cfg: dict, *, src_dir: str | os.PathLike, model: str, lengths: list[int],
+                  output_tokens: int) -> list[list[str]]:
+    """The profile's cross-check commands for *arm*, rendered."""
     profile = load_profile(arm_engine(arm_cfg))
     spec = profile.data.get("crosscheck")
     if not spec:
         raise CrosscheckError(f"arm {arm}: engine {profile.name} has no crosscheck section")
     values = {"src": str(Path(src_dir).resolve()), "model": model, "threads": arm_cfg.get("threads"),
               "lengths": ",".join(str(n) for n in lengths), "output_tokens": output_tokens,
-              "repetitions": repetitions, "python": None, "port": None, "ctx": None, "host": None, "commit": None}
-    raw, tests, runs = [], [], []
+              "python": None, "port": None, "ctx": None, "host": None, "commit": None}
+    try:
+        return [[str(a) for a in render(list(t), values, f"crosscheck.commands[{i}]")]
+                for i, t in enumerate(spec["commands"])]
+    except EngineError as exc:
+        raise CrosscheckError(f"arm {arm}: {exc}") from None
+
+
+def _run_tool(arm: str, argv: list[str], cwd: str, timeout_s: float, log: Path) -> tuple[list[dict], list, dict]:
     t0 = time.perf_counter()
+    name = os.path.basename(argv[0])
+    with open(log, "a") as fh:
+        fh.write(f"$ {' '.join(argv)}\n")
+        fh.flush()
+        try:
+            proc = subprocess.run(argv, cwd=cwd, stdout=subprocess.PIPE, stderr=fh, text=True, timeout=timeout_s)
+        except FileNotFoundError:
+            raise CrosscheckError(f"arm {arm}: {name} not found; does the build compile it "
+                                  "(build.cmake.targets)?") from None
+        except subprocess.TimeoutExpired:
+            raise CrosscheckError(f"arm {arm}: {name} exceeded {timeout_s:g} s; see {log}") from None
+    if proc.returncode != 0:
+        raise CrosscheckError(f"arm {arm}: {name} exited with status {proc.returncode}; see {log}")
+    try:
+        tests, raw = parse_llama_bench(proc.stdout), json.loads(proc.stdout)
+    except (CrosscheckError, KeyError, TypeError, ValueError) as exc:
+        raise CrosscheckError(f"arm {arm}: {name}: {exc}; see {log}") from None
+    # argv recorded by file name only: the model path and the tree's location are private
+    run = {"argv": [os.path.basename(a) if os.path.isabs(a) else a for a in argv],
+           "exit_code": proc.returncode, "duration_s": time.perf_counter() - t0}
+    return tests, raw, run
+
+
+def run_crosscheck(arms: dict[str, dict], *, lengths: list[int], output_tokens: int, rounds: int,
+                   raw_out: dict[str, str | os.PathLike], log: str | os.PathLike) -> dict[str, dict]:
+    """Run the tool for every arm in *arms* (name -> ``{"config", "src_dir", "model"}``, baseline
+    first), *rounds* times, alternating ABBA so that both arms meet the same drift of the machine:
+    round 1 runs A then B, round 2 B then A, and so on. Each run is the tool's own (``-r 1``, after
+    its warm-up). Returns the ``crosscheck`` body of each arm (without ``inputs``): per test the
+    rounds' rates (``samples_tok_s``, in round order), their mean and standard deviation."""
+    names = list(arms)
     log = Path(log)
     log.parent.mkdir(parents=True, exist_ok=True)
-    for i, template in enumerate(spec["commands"]):
-        try:
-            argv = [str(a) for a in render(list(template), values, f"crosscheck.commands[{i}]")]
-        except EngineError as exc:
-            raise CrosscheckError(f"arm {arm}: {exc}") from None
-        t1 = time.perf_counter()
-        with open(log, "a") as fh:
-            fh.write(f"$ {' '.join(argv)}\n")
-            fh.flush()
-            try:
-                proc = subprocess.run(argv, cwd=values["src"], stdout=subprocess.PIPE, stderr=fh, text=True,
-                                      timeout=float(spec.get("timeout_s", 1800)))
-            except FileNotFoundError:
-                raise CrosscheckError(f"arm {arm}: {os.path.basename(argv[0])} not found; does the build "
-                                      "compile it (build.cmake.targets)?") from None
-            except subprocess.TimeoutExpired:
-                raise CrosscheckError(f"arm {arm}: {os.path.basename(argv[0])} exceeded "
-                                      f"{spec.get('timeout_s', 1800)} s; see {log}") from None
-        name = os.path.basename(argv[0])
-        if proc.returncode != 0:
-            raise CrosscheckError(f"arm {arm}: {name} exited with status {proc.returncode}; see {log}")
-        try:
-            got = parse_llama_bench(proc.stdout)
-        except (CrosscheckError, KeyError, TypeError, ValueError) as exc:
-            raise CrosscheckError(f"arm {arm}: {name}: {exc}; see {log}") from None
-        raw.append(json.loads(proc.stdout))
-        tests.extend(got)
-        # argv recorded by file name only: the model path and the tree's location are private
-        runs.append({"argv": [os.path.basename(a) if os.path.isabs(a) else a for a in argv],
-                     "exit_code": proc.returncode, "duration_s": time.perf_counter() - t1})
-    Path(raw_out).parent.mkdir(parents=True, exist_ok=True)
-    Path(raw_out).write_text(json.dumps(raw, indent=1, sort_keys=True) + "\n")
-    return {"arm": arm, "tool": spec["tool"], "threads": arm_cfg.get("threads"), "repetitions": repetitions,
-            "runs": runs, "tests": tests, "duration_s": time.perf_counter() - t0}
+    specs = {a: load_profile(arm_engine(arms[a]["config"])).data["crosscheck"] for a in names}
+    cmds = {a: tool_commands(a, arms[a]["config"], src_dir=arms[a]["src_dir"], model=arms[a]["model"],
+                             lengths=lengths, output_tokens=output_tokens) for a in names}
+    per: dict[str, dict] = {a: {"runs": [], "raw": [], "samples": {}, "first": {}, "t": 0.0} for a in names}
+    for r in range(1, rounds + 1):
+        order = names if r % 2 == 1 else names[::-1]
+        for a in order:
+            for argv in cmds[a]:
+                tests, raw, run = _run_tool(a, argv, str(Path(arms[a]["src_dir"]).resolve()),
+                                            float(specs[a].get("timeout_s", 1800)), log)
+                per[a]["runs"].append({"round": r, **run})
+                per[a]["raw"].append(raw)
+                per[a]["t"] += run["duration_s"]
+                for t in tests:
+                    key = (t["test"], t["n_depth"])
+                    per[a]["first"].setdefault(key, t)
+                    per[a]["samples"].setdefault(key, []).append(t["avg_tok_s"])
+    out = {}
+    for a in names:
+        Path(raw_out[a]).parent.mkdir(parents=True, exist_ok=True)
+        Path(raw_out[a]).write_text(json.dumps(per[a]["raw"], indent=1, sort_keys=True) + "\n")
+        tests = []
+        for key, t in per[a]["first"].items():
+            xs = per[a]["samples"][key]
+            tests.append({**t, "avg_tok_s": statistics.fmean(xs),
+                          "stddev_tok_s": statistics.stdev(xs) if len(xs) > 1 else 0.0, "samples_tok_s": xs})
+        out[a] = {"arm": a, "tool": specs[a]["tool"], "threads": arms[a]["config"].get("threads"),
+                  "rounds": rounds, "order": [names if r % 2 == 1 else names[::-1] for r in range(1, rounds + 1)],
+                  "runs": per[a]["runs"], "tests": tests, "duration_s": per[a]["t"]}
+    return out

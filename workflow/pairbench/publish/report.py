@@ -273,11 +273,12 @@ def crosscheck_section(body: dict | None) -> list[str]:
 
     tool = body["tool"]
     out = [f"## Cross-check: {tool}", "",
-           f"`{tool}` was built from each arm's own patched tree and run after every visit, one arm after "
-           f"the other, {body['repetitions']} repetitions per test, with the arms' threads. Prefill rows "
+           f"`{tool}` was built from each arm's own patched tree and run after every visit, in "
+           f"{body['rounds']} rounds alternating the arms (ABBA), one run per test and arm per round, with "
+           f"the arms' threads; its ratio is the median of the per-round ratios. Prefill rows "
            f"compare its `pp<length>` (one batch, empty context) with the server's own prompt timing; decode "
            f"rows compare `tg<output>` after a context of `<length>` tokens with the server's decode timing. "
-           f"Its ratio has no interval (no pairing, few repetitions): it either lies inside pairbench's "
+           f"With a few rounds its ratio has no interval: it either lies inside pairbench's "
            f"confidence interval or not. Direction uses the run's noise threshold (±{body['noise'] * 100:g}%).", ""]
     rows = [[r["length"], r["quantity"], f"`{r['test']}`" + (f" @ d{r['n_depth']}" if r["n_depth"] else ""),
              f"{_f(r['baseline_tok_s'])} ± {_f(r['baseline_stddev_tok_s'])}",

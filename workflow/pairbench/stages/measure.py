@@ -147,15 +147,16 @@ def _measure(plan: dict, plan_path: str, build_path: str, fixture_paths: list[st
     return body, outputs, inputs
 
 
-def crosscheck_stage(*, crosscheck: str, raw: str, plan: str, build: str, arm: str, arm_dir: str, arm_config: dict,
-                     repetitions: int, root: str, tool_log: str) -> None:
-    """The engine's own benchmark (llama-bench) from this arm's build, at the plan's lengths; runs
-    after every visit and validation, one arm at a time (ordering inputs of the rule)."""
+def crosscheck_stage(*, crosschecks: list[str], raw: list[str], plan: str, builds: list[str], arms: list[str],
+                     arm_dirs: list[str], arm_configs: dict, rounds: int, root: str, tool_log: str) -> None:
+    """The engine's own benchmark (llama-bench) from each arm's build, at the plan's lengths, in
+    rounds that alternate the arms; after every visit and validation (ordering inputs of the rule)."""
     plan_body = read_artifact(plan, "plan")
-    build_body = read_artifact(build, "build")
-    body = pb_crosscheck.run_crosscheck(
-        arm, arm_config, src_dir=arm_dir, model=model_arg(build_body, root), lengths=plan_body["lengths"],
-        output_tokens=plan_body["output_tokens"], repetitions=repetitions, raw_out=raw, log=tool_log)
-    body["inputs"] = {"plan": sha256_file(plan), "build": sha256_file(build)}
-    log.info("%s: %s", arm, ", ".join(f"{t['test']}@d{t['n_depth']} {t['avg_tok_s']:.1f} tok/s" for t in body["tests"]))
-    write_artifact(crosscheck, "crosscheck", body)
+    arms_in = {a: {"config": arm_configs[a], "src_dir": d, "model": model_arg(read_artifact(b, "build"), root)}
+               for a, d, b in zip(arms, arm_dirs, builds)}
+    bodies = pb_crosscheck.run_crosscheck(arms_in, lengths=plan_body["lengths"], output_tokens=plan_body["output_tokens"],
+                                          rounds=rounds, raw_out=dict(zip(arms, raw)), log=tool_log)
+    for a, out, b in zip(arms, crosschecks, builds):
+        body = {**bodies[a], "inputs": {"plan": sha256_file(plan), "build": sha256_file(b)}}
+        log.info("%s: %s", a, ", ".join(f"{t['test']}@d{t['n_depth']} {t['avg_tok_s']:.1f} tok/s" for t in body["tests"]))
+        write_artifact(out, "crosscheck", body)
