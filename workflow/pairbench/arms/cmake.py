@@ -138,9 +138,9 @@ def cmake_build(arm: str, spec: dict, tree: str | os.PathLike, log: str | os.Pat
     ``build_dir``, ``compiler_cache``) with the rendered *flags*. Returns ``{"steps", "toolchain"}``.
     Output goes to *log*; the ccache stats log sits beside it (``<log>.ccache``)."""
     tree, log = Path(tree).resolve(), Path(log).resolve()  # ccache runs in the build's subfolders
-    for tool in ("cmake",):
-        if shutil.which(tool) is None:
-            raise CMakeBuildError(f"arm {arm}: {tool} is not installed (Debian: apt-get install cmake g++)")
+    if shutil.which("cmake") is None:
+        raise CMakeBuildError(f"arm {arm}: cmake is not installed (Debian: apt-get install cmake g++, "
+                              "or ./install.sh --llama-cpp)")
     use_ccache = spec.get("compiler_cache", "ccache") == "ccache"
     stats_log = log.with_name(log.name + ".ccache")
     stats_log.unlink(missing_ok=True)
@@ -175,7 +175,7 @@ def cmake_build(arm: str, spec: dict, tree: str | os.PathLike, log: str | os.Pat
             with open(log, errors="replace") as fh:
                 fh.seek(start)
                 err = first_error(fh.read(), tree)
-            where = f"first error:\n  " + err.replace("\n", "\n  ") if err else "no error line found"
+            where = "first error:\n  " + err.replace("\n", "\n  ") if err else "no error line found"
             raise CMakeBuildError(f"arm {arm}: build step {step!r} exited with status {proc.returncode}; "
                                   f"{where}\nsee {log}")
 
