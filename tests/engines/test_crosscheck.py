@@ -110,8 +110,8 @@ def test_compare_judges_direction_and_size_per_length(tmp_path):
     assert body["direction_counts"] == {"agree": 3, "disagree": 0, "undecided": 1} and body["size_within_ci"] == 3
     assert ac.statement(body) == (
         "llama-bench and pairbench agree on the direction of the effect in 3 of 4 comparisons; "
-        "1 undecided (pairbench inconclusive). llama-bench's ratio lies inside pairbench's confidence "
-        "interval in 3 of 4.")
+        "1 undecided (pairbench claimed no effect there, llama-bench saw one, or pairbench was inconclusive). "
+        "llama-bench's ratio lies inside pairbench's confidence interval in 3 of 4.")
     published = {"schema": "pairbench.crosscheck_summary/v1", "inputs": {}, **body}
     validate("crosscheck_summary", published)
     assert json_field_problems("tables/crosscheck.json", published, CATEGORICAL_FIELDS) == []
@@ -135,3 +135,16 @@ def test_the_tools_ratio_is_the_median_of_its_paired_rounds():
     summary = {**SUMMARY, "paired": {"256": {"engine_prefill_tok_s": cell("faster", 1.5, 1.45, 1.55)}}}
     row = ac.compare(summary, base, cand, output_tokens=64)["rows"][0]
     assert row["tool_ratio"] == 1.5 and row["size"] == "within CI"
+
+
+def test_no_detectable_difference_is_not_a_claim_the_tool_can_contradict(tmp_path):
+    _, bodies = run(tmp_path)
+    # pairbench saw nothing significant at 256 prefill (wide CI); the tool sees 1.5: undecided, and
+    # the size column says the tool's ratio is consistent with pairbench's interval
+    summary = {**SUMMARY, "paired": {"256": {"engine_prefill_tok_s": cell("no detectable difference", 1.39, 1.02, 1.73)}}}
+    row = ac.compare(summary, bodies["baseline"], bodies["candidate"], output_tokens=64)["rows"][0]
+    assert (row["tool_direction"], row["direction"], row["size"]) == ("faster", "undecided", "within CI")
+    # pairbench claims faster; the tool sees nothing: that is a disagreement
+    summary = {**SUMMARY, "paired": {"256": {"engine_decode_tok_s": cell("faster", 1.2, 1.1, 1.3)}}}
+    row = ac.compare(summary, bodies["baseline"], bodies["candidate"], output_tokens=64)["rows"][0]
+    assert (row["tool_direction"], row["direction"], row["size"]) == ("no detectable difference", "disagree", "outside CI")
