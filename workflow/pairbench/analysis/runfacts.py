@@ -49,7 +49,7 @@ def _pinning(measures: list[dict]) -> str | None:
 
 def run_facts(plan: dict, measures: list[dict], df: pd.DataFrame, gates: dict, adaptive: dict | None = None) -> dict:
     """The ``run`` block of ``stats/summary.json``."""
-    superseded = df["reason"].fillna("").astype(str).str.startswith("superseded") if "reason" in df.columns \
+    superseded = df["reason"].astype("string").fillna("").str.startswith("superseded") if "reason" in df.columns \
         else pd.Series(False, index=df.index)
     current = df[~superseded]
     cold = current["cold_cache"] if "cold_cache" in current.columns else pd.Series(dtype=object)

@@ -101,7 +101,7 @@ def timing_agreement(df: pd.DataFrame) -> pd.DataFrame:
     Over gated records, each (round, arm, length) once: a record a validation retry re-measured
     (reason ``superseded by retry N``) is left out, its retry counts.
     """
-    superseded = (df["reason"].fillna("").astype(str).str.startswith("superseded") if "reason" in df.columns
+    superseded = (df["reason"].astype("string").fillna("").str.startswith("superseded") if "reason" in df.columns
                   else pd.Series(False, index=df.index))
     ok = df[df["ok"].astype(bool) & ~superseded]
     rows = []

@@ -278,7 +278,23 @@ def schema_check(config: dict, schema_path: str | Path) -> None:
 
 
 def format_schema_error(error: Any) -> str:
-    """A jsonschema ValidationError as ``config key 'a.b': message``."""
+    """A jsonschema ValidationError as ``config key 'a.b': message``.
+
+    For a key that takes one of several shapes (``rounds``: an integer or {min, max,
+    target_halfwidth}), the message is the one of the shape the value has, not "not valid under any
+    of the given schemas"."""
+    if error.validator == "oneOf" and error.context:
+        branches: dict = {}
+        for e in error.context:
+            branches.setdefault(e.relative_schema_path[0], []).append(e)
+        own = len(error.absolute_path)
+        # the branch of the value's own shape: no type error at the key itself
+        shaped = [errs for errs in branches.values()
+                  if not any(e.validator == "type" and len(e.absolute_path) == own for e in errs)]
+        if shaped:
+            return format_schema_error(max(shaped[0], key=lambda e: len(e.absolute_path)))
+        types = " or ".join(repr(e.validator_value) for errs in branches.values() for e in errs if e.validator == "type")
+        return f"config key '{'.'.join(str(p) for p in error.absolute_path)}': {error.instance!r} is not of type {types}"
     path = ".".join(str(p) for p in error.absolute_path)
     if path == "arms" and error.validator == "minProperties":
         arms = list(error.instance)

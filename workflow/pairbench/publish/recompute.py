@@ -98,7 +98,7 @@ def run_problems(params: dict, df: pd.DataFrame) -> list[str]:
     rounds = int(pd.to_numeric(df["round"]).nunique()) if len(df) else 0
     if run["rounds"]["run"] != rounds:
         problems.append(f"{PARAMS}: run.rounds.run is {run['rounds']['run']}, tables/measurements.csv has {rounds} rounds")
-    superseded = df["reason"].fillna("").astype(str).str.startswith("superseded") if "reason" in df else False
+    superseded = df["reason"].astype("string").fillna("").str.startswith("superseded") if "reason" in df else False
     current = df[~superseded] if "reason" in df else df
     cc = run["cold_cache"]
     if cc["records"] != len(current):
