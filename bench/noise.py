@@ -45,7 +45,7 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "workflow"))
 
-from pairbench.engines.client import get_json, http, steady_request_body, stream_chat, tokenize_messages  # noqa: E402
+from pairbench.engines.client import get_json, steady_request_body, stream_chat, tokenize_messages  # noqa: E402
 from pairbench.engines.server import free_port  # noqa: E402
 from pairbench.measure import fixtures as pb_fixtures  # noqa: E402
 from pairbench.measure import hostload  # noqa: E402

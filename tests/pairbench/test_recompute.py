@@ -3,7 +3,6 @@ recorded parameters: a bundle whose tables, README or parameters do not follow f
 fails, naming the file, row and column."""
 
 import json
-import math
 
 import pandas as pd
 import pytest

@@ -9,8 +9,11 @@ statistics (or every gated record when no ``selected`` column exists):
 - **scaling**: the median TTFT must grow with the number of evaluated tokens across lengths
   (prefill work is at least proportional to the tokens evaluated); the fitted marginal cost per
   1,000 tokens is stated;
-- **no shortcut**: no record's TTFT may be below half the median TTFT of its arm × length (the
-  machine's speed moves by ~1.3× at most, NOISE.md; a reused prefix answers several times sooner).
+- **no shortcut**: no record's TTFT may be below a quarter of the median TTFT of its arm × length.
+  A reused prefix of most of the prompt answers many times sooner (the salt at the start of every
+  round's prompt leaves a repeat of the same prompt as the only thing to reuse, and that is all of
+  it), while the machine's own speed moved TTFT by at most ~2.3× from its median even at a load
+  average of 6 on 2 cores (the contended A/A run in tests/data/stats/aa_contended.csv: 0.43×).
 
 The result is disclosed in the report, never silently passed.
 """
@@ -20,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-SHORTCUT = 0.5
+SHORTCUT = 0.25
 
 
 def cross_check(df: pd.DataFrame) -> list[dict]:

@@ -30,7 +30,7 @@ import numpy as np
 import pandas as pd
 import scipy.stats
 
-from pairbench.analysis import signrank, verdicts as pb_verdicts
+from pairbench.analysis import verdicts as pb_verdicts
 from pairbench.analysis.signrank import hodges_lehmann, min_attainable_p as min_attainable_wilcoxon_p
 from pairbench.core import metrics as _metrics
 # The metric registry (unit, orientation, question) is core's: the config check reads it too.
@@ -45,7 +45,8 @@ SLOW_Z = 3.5  # Iglewicz & Hoaglin's cut-off for the modified (MAD-based) z-scor
 VISIT_SUMMARY = "median"  # of a visit's repeats: the paired unit
 
 __all__ = [
-    "METRICS", "DEFAULT_METRICS", "DEFAULT_SECONDARY", "DEFAULT_MEMORY", "QUESTIONS", "VERDICTS",
+    "METRICS", "DEFAULT_METRICS", "DEFAULT_SECONDARY", "DEFAULT_MEMORY", "QUESTIONS", "SPEED_METRICS",
+    "MEMORY_METRICS", "VERDICTS", "paired_differences",
     "MEMORY_VERDICTS", "StatsInputError", "summarize", "as_bool", "check_metric_lists",
     "default_trim", "trimmed_mean", "hodges_lehmann", "robust_z", "min_attainable_wilcoxon_p",
 ]
@@ -261,6 +262,37 @@ def _constant(values: np.ndarray) -> bool:
     return values.size > 0 and float(values.min()) == float(values.max())
 
 
+def _excluded(df: pd.DataFrame) -> list[dict]:
+    """Every row that is not selected, with its reason."""
+    return [{"row": int(idx) if isinstance(idx, (int, np.integer)) else None, "arm": str(row["arm"]),
+             "length": int(row["length"]), "round": int(row["round"]), "attempt": _int_or_none(row.get("attempt")),
+             "reason": _excluded_reason(row)} for idx, row in df[~df["selected"]].iterrows()]
+
+
+def _retries(df: pd.DataFrame) -> list[dict]:
+    """Rows measured by an engine-fault re-attempt (attempt > 1) or a validation retry (retry > 0)."""
+    attempt = pd.to_numeric(df["attempt"], errors="coerce") if "attempt" in df.columns else pd.Series(1, df.index)
+    retry = pd.to_numeric(df["retry"], errors="coerce") if "retry" in df.columns else pd.Series(0, df.index)
+    out = []
+    for idx, row in df[(attempt > 1) | (retry > 0)].iterrows():
+        out.append({"arm": str(row["arm"]), "length": int(row["length"]), "round": int(row["round"]),
+                    "attempt": int(attempt[idx]) if attempt[idx] == attempt[idx] else 1,
+                    "retry": int(retry[idx]) if retry[idx] == retry[idx] else 0, "selected": bool(row["selected"])})
+    return out
+
+
+def _unpaired_and_dropped(pair_data: dict, lengths: list[int], metric: str, baseline: str,
+                          candidate: str) -> tuple[list[dict], list[dict]]:
+    """Cells without a partner, and pairs dropped for a retried side (rounds pair alike for every metric)."""
+    unpaired, dropped = [], []
+    for length in lengths:
+        pdat = pair_data[(str(length), metric)]
+        for role, arm in (("baseline", baseline), ("candidate", candidate)):
+            unpaired += [{"arm": arm, "length": length, "round": r} for r in pdat["unpaired_rounds"][role]]
+        dropped += [{"length": length, **dr} for dr in pdat["dropped"]]
+    return unpaired, dropped
+
+
 # ---------------------------------------------------------------------------------------------
 # Public API
 
@@ -273,6 +305,39 @@ def paired_differences(df: pd.DataFrame, *, baseline: str, candidate: str, metri
     sel = df[df["selected"] & df["arm"].isin([baseline, candidate])]
     lengths = sorted(int(v) for v in sel["length"].unique())
     return {(str(n), m): _pairs(sel, baseline, candidate, n, m)["d"] for n in lengths for m in metrics}
+
+
+def _per_arm(sel: pd.DataFrame, arms: tuple[str, str], lengths: list[int], shown: tuple[str, ...],
+             memory: tuple[str, ...], trim: int | None) -> tuple[dict, list[dict]]:
+    """Per arm × length × metric descriptive statistics, and the slow samples (speed metrics only)."""
+    arms_out: dict[str, dict] = {}
+    slow: list[dict] = []
+    for arm in arms:
+        arms_out[arm] = {}
+        for length in lengths:
+            cell = sel[(sel["arm"] == arm) & (sel["length"] == length)].sort_values("round")
+            arms_out[arm][str(length)] = {}
+            for metric in (*shown, *memory):
+                values = cell[metric].dropna()
+                values = values[np.isfinite(values)]
+                desc = _describe(values.to_numpy(dtype=float), trim)
+                desc["n_missing"] = int(len(cell) - len(values))
+                desc["n_visits"] = int(cell.loc[values.index, "round"].nunique()) if len(values) else 0
+                n_out = 0
+                if metric in shown:
+                    z = robust_z(values.to_numpy(dtype=float)) if len(values) else np.array([])
+                    for (idx, value), zv in zip(values.items(), z):
+                        if np.isfinite(zv) and abs(zv) > SLOW_Z:
+                            # "slow" = in the worse direction for this metric; both sides are flagged.
+                            worse = (zv < 0) if METRICS[metric]["higher_is_better"] else (zv > 0)
+                            slow.append({"arm": arm, "length": length, "metric": metric,
+                                         "round": int(cell.loc[idx, "round"]), "value": _num(value),
+                                         "robust_z": _num(zv), "side": "slow" if worse else "fast"})
+                            n_out += 1
+                desc["n_outliers"] = n_out
+                arms_out[arm][str(length)][metric] = desc
+
+    return arms_out, slow
 
 
 def summarize(df: pd.DataFrame, *, baseline: str, candidate: str,
@@ -318,32 +383,7 @@ def summarize(df: pd.DataFrame, *, baseline: str, candidate: str,
 
     sel = df[df["selected"] & df["arm"].isin([baseline, candidate])]
     lengths = sorted(int(v) for v in sel["length"].unique())
-    arms_out: dict[str, dict] = {}
-    slow: list[dict] = []
-    for arm in (baseline, candidate):
-        arms_out[arm] = {}
-        for length in lengths:
-            cell = sel[(sel["arm"] == arm) & (sel["length"] == length)].sort_values("round")
-            arms_out[arm][str(length)] = {}
-            for metric in (*shown, *memory):
-                values = cell[metric].dropna()
-                values = values[np.isfinite(values)]
-                desc = _describe(values.to_numpy(dtype=float), trim)
-                desc["n_missing"] = int(len(cell) - len(values))
-                desc["n_visits"] = int(cell.loc[values.index, "round"].nunique()) if len(values) else 0
-                n_out = 0
-                if metric in shown:
-                    z = robust_z(values.to_numpy(dtype=float)) if len(values) else np.array([])
-                    for (idx, value), zv in zip(values.items(), z):
-                        if np.isfinite(zv) and abs(zv) > SLOW_Z:
-                            # "slow" = in the worse direction for this metric; both sides are flagged.
-                            worse = (zv < 0) if METRICS[metric]["higher_is_better"] else (zv > 0)
-                            slow.append({"arm": arm, "length": length, "metric": metric,
-                                         "round": int(cell.loc[idx, "round"]), "value": _num(value),
-                                         "robust_z": _num(zv), "side": "slow" if worse else "fast"})
-                            n_out += 1
-                desc["n_outliers"] = n_out
-                arms_out[arm][str(length)][metric] = desc
+    arms_out, slow = _per_arm(sel, (baseline, candidate), lengths, shown, memory, trim)
 
     # --- the comparisons: which are tested (the multiplicity family), then each one's verdict
     pair_data = {(str(n), m): _pairs(sel, baseline, candidate, n, m) for n in lengths for m in (*shown, *memory)}
@@ -425,36 +465,15 @@ def summarize(df: pd.DataFrame, *, baseline: str, candidate: str,
                 lo_t, hi_t = 1 - noise, 1 + noise
                 entry.update(exact=True, ratio=ratio, verdict="smaller" if ratio < lo_t else
                              ("larger" if ratio > hi_t else "equivalent"),
-                             reason=f"constant in every selected record of both arms: the exact ratio, no test")
+                             reason="constant in every selected record of both arms: the exact ratio, no test")
             else:
                 res = compare(key, by_key[key], assigned[key]["level"], True)
                 res["role"] = "memory"
                 entry.update(ratio=res["hl_ratio"], verdict=res["verdict"], reason=res["reason"], test=res)
             memory_out[str(length)][metric] = entry
 
-    excluded = []
-    for idx, row in df[~df["selected"]].iterrows():
-        excluded.append({"row": int(idx) if isinstance(idx, (int, np.integer)) else None,
-                         "arm": str(row["arm"]), "length": int(row["length"]),
-                         "round": int(row["round"]),
-                         "attempt": _int_or_none(row.get("attempt")),
-                         "reason": _excluded_reason(row)})
-    retries = []
-    attempt = pd.to_numeric(df["attempt"], errors="coerce") if "attempt" in df.columns else pd.Series(1, df.index)
-    retry = pd.to_numeric(df["retry"], errors="coerce") if "retry" in df.columns else pd.Series(0, df.index)
-    for idx, row in df[(attempt > 1) | (retry > 0)].iterrows():
-        n = int(retry[idx]) if retry[idx] == retry[idx] else 0
-        retries.append({"arm": str(row["arm"]), "length": int(row["length"]),
-                        "round": int(row["round"]), "attempt": int(attempt[idx]) if attempt[idx] == attempt[idx] else 1,
-                        "retry": n, "selected": bool(row["selected"])})
-    unpaired, dropped = [], []
-    for length in lengths:
-        pdat = pair_data[(str(length), shown[0])]  # rounds pair the same way for every metric
-        for role, arm in (("baseline", baseline), ("candidate", candidate)):
-            for r in pdat["unpaired_rounds"][role]:
-                unpaired.append({"arm": arm, "length": length, "round": r})
-        for dr in pdat["dropped"]:
-            dropped.append({"length": length, **dr})
+    excluded, retries = _excluded(df), _retries(df)
+    unpaired, dropped = _unpaired_and_dropped(pair_data, lengths, shown[0], baseline, candidate)
     other_arms = sorted(set(df["arm"]) - {baseline, candidate})
     repeats = sel.groupby(["arm", "length", "round"]).size()
 

@@ -61,7 +61,10 @@ def verdict_sentence(summary: dict, length: str, metric: str, p: dict) -> str:
         more.append(f"this run would detect a change of about {_pct(p['detectable_change'])} or more "
                     "(about 80% of the time)")
     if p["rounds_needed"] is not None:
-        more.append(f"about {p['rounds_needed']} pairs would likely resolve it")
+        n = p["rounds_needed"]
+        more.append(f"about {n} pairs would likely resolve it" if n <= 1000 else
+                    "the estimate lies so near the threshold that no practical number of pairs would resolve it "
+                    f"(about {n:,})")
     return (f"- **inconclusive**: {what}: {est}; {p['reason']}" + ("; " + "; ".join(more) if more else "") + ".")
 
 
