@@ -141,7 +141,7 @@ def run_lines(summary: dict) -> list[str]:
     if load:
         if load["flagged"]:
             out.append(f"- External load: {len(load['flagged'])} of {load['visits']} visits started with a "
-                       f"1-minute load average above {load['threshold']:g} plus this run's own: "
+                       f"1-minute load average more than {load['threshold']:g} above this run's own (1): "
                        f"{', '.join(load['flagged'])}. They are kept (pairing protects the comparison) and "
                        "disclosed here.")
         elif load.get("visits"):
