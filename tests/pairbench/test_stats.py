@@ -272,7 +272,7 @@ def test_claim_p_orders_like_the_interval_decides():
     (dict(metrics=["decode_tok_s"], trim=-1), r"stats.trim"),
 ])
 def test_bad_metric_lists_and_params_name_the_key(kw, match):
-    df = load("aa_quiet.csv")
+    df = load("aa_contended.csv")
     with pytest.raises(stats.StatsInputError, match=match):
         stats.summarize(df, baseline="A", candidate="B", **kw)
 
@@ -416,7 +416,7 @@ def test_aa_recorded_runs_claim_no_difference(name):
 
 
 def test_injected_effect_on_recorded_aa_shifts_estimate_and_interval_by_exactly_that_factor():
-    df = load("aa_quiet.csv")
+    df = load("aa_contended.csv")
     # (multiplicity none: Holm's levels follow the claims, which the injected effect changes)
     base = stats.summarize(df, baseline="A", candidate="B", metrics=["decode_tok_s"], memory=[], multiplicity="none")
     k = 2.0
@@ -491,7 +491,7 @@ def test_summary_validates_against_schema_and_round_trips(tmp_path, known):
     artifacts.validate("summary", stamped(s))
     artifacts.validate("summary", stamped(stats.summarize(memory_frame(True), baseline="A", candidate="B",
                                                           metrics=["decode_tok_s"])))
-    artifacts.validate("summary", stamped(stats.summarize(load("aa_quiet.csv"), baseline="A", candidate="B")))
+    artifacts.validate("summary", stamped(stats.summarize(load("aa_contended.csv"), baseline="A", candidate="B")))
     path = tmp_path / "summary.json"
     artifacts.write_artifact(path, "summary", {**s, "inputs": {"measurements": "cd" * 32}})
     assert artifacts.read_artifact(path, "summary")["paired"] == json.loads(json.dumps(s["paired"]))
@@ -506,7 +506,7 @@ def test_schema_rejects_a_verdict_outside_the_vocabulary(known):
 
 
 def test_summary_is_deterministic():
-    df = load("aa_quiet.csv")
+    df = load("aa_contended.csv")
     a = stats.summarize(df, baseline="A", candidate="B", seed=7)
     b = stats.summarize(df, baseline="A", candidate="B", seed=7)
     assert json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)

@@ -185,10 +185,6 @@ def validation_chain(visit_id):
     return chain
 
 
-def adapt_path(res, rounds):
-    return f"{res}/adapt/r{rounds:02d}.json"
-
-
 def adapt_decisions():
     """The adaptive-rounds decisions the run consulted, in order: [(rounds done, path)], [] for fixed
     rounds. Reading a decision needs it to exist: until it does, the checkpoint raises and Snakemake
