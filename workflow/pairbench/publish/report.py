@@ -92,7 +92,7 @@ def plan_section(plan: dict, fixtures: dict, measures: list[dict] | None = None)
     out.append(f"- Input lengths: {', '.join(str(n) for n in plan['lengths'])} tokens; output: "
                f"{plan['output_tokens']} tokens; {planned}; seed {plan['seed']}.")
     per = "one steady streamed request per length" if repeats == 1 else (
-        f"{repeats} steady streamed requests per length (every length once, then again)")
+        f"{repeats} steady streamed requests per length (every length in turn, then again)")
     out.append(f"- Visit order (`{plan['order']}`, fixed in plan.json before anything ran): {order}. Each visit "
                f"launches the arm's server, sends one first request (a diagnostic, not a sample), {per}, then "
                "stops it.")

@@ -36,7 +36,6 @@ def validate_stage(*, validate: str, measure: str, outputs: str | list[str], fix
     output_bodies = load(output_paths, "output", "output")
     base_outputs = load(baseline_outputs, "output", "baseline_output")
     records = []
-    sandbox_cache: dict = {}  # repeats of one visit usually generate the very same text: run it once
     for rec in measure_body["records"]:
         n, repeat = rec["length"], int(rec.get("repeat", 1))
         fx = fixture_bodies[n]
@@ -46,7 +45,7 @@ def validate_stage(*, validate: str, measure: str, outputs: str | list[str], fix
             cases, record=rec, output=out,
             fixture={"length": n, "output_tokens": fx["output_tokens"], "task": fx["task"]},
             baseline_output={"text": base["text"], "token_ids": base["token_ids"]} if base else None,
-            options=options, cache=sandbox_cache)
+            options=options)  # every repeat is sandboxed on its own: the report counts each run
         # A failed request has no output hash in its record; its (empty) private output has one.
         entry = pb_cases.record_entry({**rec, "output_sha256": pb_cases.sha256_text(out["text"])}, fx, verdicts)
         entry.update({"ok": rec["ok"], "flags": list(rec["flags"])})  # retries are decided from this artifact

@@ -290,13 +290,8 @@ def run_cases(
     fixture: dict,
     baseline_output: dict | None,
     options: dict | None = None,
-    cache: dict | None = None,
 ) -> dict[str, dict]:
     """Apply each named case to one steady record; returns ``{case: {"verdict", "reason", ...}}``.
-
-    *cache*, when given, keeps ``python_function`` verdicts by (task, output text sha256): a visit's
-    repeats that generate the same text are sandboxed once (the verdict depends on nothing else).
-    A timeout is never cached, so a retry-worthy verdict is always the record's own.
 
     Raises ValueError for an unknown case name or malformed input (naming it); never for anything
     the model's output or its code does.
@@ -319,13 +314,7 @@ def run_cases(
         elif case == "done_marker":
             verdicts[case] = case_done_marker(output, task)
         elif case == "python_function":
-            key = (task.name, sha256_text(output["text"]), repr(sorted(opts.items())))
-            if cache is not None and key in cache:
-                verdicts[case] = dict(cache[key])
-            else:
-                verdicts[case] = case_python_function(output, task, opts)
-                if cache is not None and verdicts[case]["verdict"] != "timeout":
-                    cache[key] = dict(verdicts[case])
+            verdicts[case] = case_python_function(output, task, opts)
         elif case == "matches_baseline":
             verdicts[case] = case_matches_baseline(output, baseline_output, opts)
     return verdicts
