@@ -21,7 +21,7 @@ Load: the 1-minute load average is recorded before every request; a launch whose
 exceeds ``--max-load`` (default: the CPU count − 0.5... i.e. someone else is running) is flagged.
 
     python3 bench/noise.py [--launches 4] [--requests 4] [--lengths 256 1024] [--output-tokens 64]
-        [--threads N] [--pin] [--csv out.csv] [--json out.json]
+        [--threads N] [--pin] [--nice N] [--csv out.csv] [--json out.json]
 
 ``--pin`` pins the server to the last CPU and this client to the others (``taskset``), as the
 pipeline's ``server.pin`` does. Figures from this machine are in docs/statistics.md.
@@ -62,13 +62,15 @@ def converted_model(gguf: Path, cache: Path) -> Path:
     return out
 
 
-def launch(model: Path, threads: int | None, server_cpus: list[int] | None, log):
+def launch(model: Path, threads: int | None, server_cpus: list[int] | None, log, nice: int | None = None):
     port = free_port()
     argv = [sys.executable, "-m", "engine", "serve", "--model", str(model), "--port", str(port)]
     if threads:
         argv += ["--threads", str(threads)]
     if server_cpus:
         argv = ["taskset", "-c", ",".join(map(str, server_cpus)), *argv]
+    if nice is not None:  # a negative niceness (root) keeps other processes on the machine from preempting it
+        argv = ["nice", "-n", str(nice), *argv]
     proc = subprocess.Popen(argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
@@ -111,7 +113,7 @@ def measure(args) -> pd.DataFrame:
     salts = {str(i): f"nz{i:06d}" for i in range(1, n_salts + 1)}
     with tempfile.TemporaryDirectory(prefix="pairbench-noise-") as tmp, open(Path(tmp) / "server.log", "wb") as log:
         prompts = {}
-        proc, url = launch(model, args.threads, server_cpus, log)
+        proc, url = launch(model, args.threads, server_cpus, log, args.nice)
         try:  # exact-length prompts, one per (launch, request), fitted once with the engine's tokenizer
             tok = lambda messages: tokenize_messages(url, messages)  # noqa: E731
             for length in args.lengths:
@@ -122,7 +124,7 @@ def measure(args) -> pd.DataFrame:
             proc.wait(30)
         k = 0
         for i in range(1, args.launches + 1):
-            proc, url = launch(model, args.threads, server_cpus, log)
+            proc, url = launch(model, args.threads, server_cpus, log, args.nice)
             try:
                 k += 1
                 one_request(url, prompts[args.lengths[0]][k], 8, args.lengths[0])  # first request: never a sample
@@ -193,6 +195,7 @@ def main(argv=None) -> int:
     ap.add_argument("--output-tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--pin", action="store_true", help="server on the last CPU, this client on the others")
+    ap.add_argument("--nice", type=int, default=None, help="run the server at this niceness (negative: root only)")
     ap.add_argument("--repeats", type=int, default=3, help="repeats per visit assumed for the paired-SD column")
     ap.add_argument("--csv", help="write every request's row here")
     ap.add_argument("--json", help="write the split here")
