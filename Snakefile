@@ -24,7 +24,7 @@ rule all:
     input:
         # Every artifact is named here, not only the bundle: deleting one (a visit, say) and
         # running again then redoes it and what depends on it, instead of leaving it missing.
-        all_artifacts(CFG, RES, VISIT_IDS, LENGTHS),
+        lambda wc: all_artifacts(CFG, RES, run_visit_ids(), LENGTHS),
         lambda wc: chain_artifacts(0, retries_only=True) + chain_artifacts(1, retries_only=True),
         f"{RES}/report/landing.rst",
         f"{RES}/private/retired.json",

@@ -88,7 +88,7 @@ SUMMARY = {
     "baseline": "baseline", "candidate": "candidate", "params": {"noise": 0.01},
     "paired": {
         "256": {"engine_prefill_tok_s": cell("faster", 1.48, 1.45, 1.52),
-                "engine_decode_tok_s": cell("no detectable difference", 1.001, 0.995, 1.006)},
+                "engine_decode_tok_s": cell("equivalent", 1.001, 0.995, 1.006)},
         "1024": {"engine_prefill_tok_s": cell("faster", 1.30, 1.25, 1.36),       # tool: 1.40, outside
                  "decode_tok_s": cell("inconclusive", 0.99, 0.95, 1.03)},          # no engine decode metric
     },
@@ -102,15 +102,15 @@ def test_compare_judges_direction_and_size_per_length(tmp_path):
             r["direction"], r["size"]) for r in body["rows"]]
     assert got == [
         (256, "prefill", "pp256", "engine_prefill_tok_s", 1.5, "faster", "agree", "within CI"),
-        (256, "decode", "tg64", "engine_decode_tok_s", 1.0036, "no detectable difference", "agree", "within CI"),
+        (256, "decode", "tg64", "engine_decode_tok_s", 1.0036, "equivalent", "agree", "within CI"),
         (1024, "prefill", "pp1024", "engine_prefill_tok_s", 1.4, "faster", "agree", "outside CI"),
-        (1024, "decode", "tg64", "decode_tok_s", 0.998, "no detectable difference", "undecided", "within CI"),
+        (1024, "decode", "tg64", "decode_tok_s", 0.998, "equivalent", "undecided", "within CI"),
     ]
     assert round(body["rows"][2]["size_gap"], 4) == round(1.4 / 1.30 - 1, 4)
     assert body["direction_counts"] == {"agree": 3, "disagree": 0, "undecided": 1} and body["size_within_ci"] == 3
     assert ac.statement(body) == (
         "llama-bench and pairbench agree on the direction of the effect in 3 of 4 comparisons; "
-        "1 undecided (pairbench claimed no effect there, llama-bench saw one, or pairbench was inconclusive). "
+        "1 undecided (pairbench was inconclusive there, or the metric is not tested). "
         "llama-bench's ratio lies inside pairbench's confidence interval in 3 of 4.")
     published = {"schema": "pairbench.crosscheck_summary/v1", "inputs": {}, **body}
     validate("crosscheck_summary", published)
@@ -137,14 +137,14 @@ def test_the_tools_ratio_is_the_median_of_its_paired_rounds():
     assert row["tool_ratio"] == 1.5 and row["size"] == "within CI"
 
 
-def test_no_detectable_difference_is_not_a_claim_the_tool_can_contradict(tmp_path):
+def test_an_inconclusive_verdict_is_not_a_claim_the_tool_can_contradict(tmp_path):
     _, bodies = run(tmp_path)
-    # pairbench saw nothing significant at 256 prefill (wide CI); the tool sees 1.5: undecided, and
-    # the size column says the tool's ratio is consistent with pairbench's interval
-    summary = {**SUMMARY, "paired": {"256": {"engine_prefill_tok_s": cell("no detectable difference", 1.39, 1.02, 1.73)}}}
+    # pairbench could not tell at 256 prefill (wide CI); the tool sees 1.5: undecided, and the size
+    # column says the tool's ratio is consistent with pairbench's interval
+    summary = {**SUMMARY, "paired": {"256": {"engine_prefill_tok_s": cell("inconclusive", 1.39, 1.02, 1.73)}}}
     row = ac.compare(summary, bodies["baseline"], bodies["candidate"], output_tokens=64)["rows"][0]
     assert (row["tool_direction"], row["direction"], row["size"]) == ("faster", "undecided", "within CI")
     # pairbench claims faster; the tool sees nothing: that is a disagreement
     summary = {**SUMMARY, "paired": {"256": {"engine_decode_tok_s": cell("faster", 1.2, 1.1, 1.3)}}}
     row = ac.compare(summary, bodies["baseline"], bodies["candidate"], output_tokens=64)["rows"][0]
-    assert (row["tool_direction"], row["direction"], row["size"]) == ("no detectable difference", "disagree", "outside CI")
+    assert (row["tool_direction"], row["direction"], row["size"]) == ("equivalent", "disagree", "outside CI")

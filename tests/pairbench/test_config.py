@@ -48,10 +48,48 @@ def test_default_config_is_schema_valid():
     (base_config(colour="blue"), "colour"),
     (base_config(arms={"baseline": {"patchez": []}, "candidate": {}}), "arms.baseline.patchez"),
     (base_config(server={"threads": 0}), "server.threads"),
+    (base_config(server={"pin": "sometimes"}), "server.pin"),
+    (base_config(rounds={"min": 6, "max": 12}), "rounds"),
+    (base_config(repeats=0), "repeats"),
+    (base_config(stats={"metrics": ["decode_tok_s", "decode_tok_s"]}), "stats.metrics"),
+    (base_config(stats={"multiplicity": "sidak"}), "stats.multiplicity"),
+    (base_config(gates={"allow_unproven_cold_cache": "yes"}), "gates.allow_unproven_cold_cache"),
 ])
 def test_schema_errors_name_the_key(cfg, key):
     msg = schema_message(cfg)
     assert msg is not None and msg.startswith(f"config key '{key}'"), msg
+
+
+@pytest.mark.parametrize("over, match", [
+    (dict(stats={"metrics": ["prefill_tok_s", "ttft_ms"]}),
+     r"^stats\.metrics: prefill_tok_s and ttft_ms answer the same question \(prefill\)"),
+    (dict(stats={"metrics": ["decode_tok_s"], "secondary": ["decode_tok_s"]}),
+     r"^stats\.secondary: decode_tok_s is already a primary metric"),
+    (dict(rounds={"min": 8, "max": 6, "target_halfwidth": 0.02}), r"^rounds\.max: 6 is less than rounds\.min \(8\)"),
+    (dict(rounds={"min": 7, "max": 12, "target_halfwidth": 0.02}), r"^rounds\.min: 7 is not a multiple of the 2 arms"),
+    (dict(rounds=6, stats={"trim": 3}), r"^stats\.trim: trimming 3 from each end leaves nothing of 6 rounds"),
+])
+def test_config_errors_a_schema_cannot_express_name_the_key(over, match):
+    cfg = base_config(**over)
+    cfg["stats"] = {**pb_config.STATS_DEFAULTS, **cfg.get("stats", {})}
+    with pytest.raises(pb_config.ConfigError, match=match):
+        pb_config.check_config(cfg, REPO)
+
+
+def test_adaptive_rounds_plan_every_visit_up_to_max():
+    from pairbench.core import plan as pb_plan
+
+    cfg = base_config(rounds={"min": 4, "max": 8, "target_halfwidth": 0.03}, repeats=3)
+    assert pb_plan.adaptive(cfg) == {"min": 4, "max": 8, "block": 2, "target_halfwidth": 0.03}
+    visits = pb_plan.visits(cfg)
+    assert len(visits) == 16 and visits[-1]["id"] == "r08-baseline"  # abba: even rounds are candidate first
+    body = pb_plan.make_plan(cfg, REPO)
+    assert (body["rounds"], body["repeats"], len(body["salts"])) == (8, 3, 8)
+    assert pb_plan.adaptive(base_config()) is None and pb_plan.make_plan(base_config(), REPO)["adaptive"] is None
+    # the stopping rule's inputs are not part of the plan: changing the target re-plans, stats do not
+    assert pb_plan.config_sha256(cfg) != pb_plan.config_sha256({**cfg, "rounds": {**cfg["rounds"], "min": 6}})
+    assert pb_plan.config_sha256(cfg) == pb_plan.config_sha256({**cfg, "stats": {"noise": 0.05},
+                                                                 "gates": {"allow_unproven_cold_cache": True}})
 
 
 def test_fewer_than_two_arms():

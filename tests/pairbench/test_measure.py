@@ -31,13 +31,15 @@ def run(tmp_path, embedded_engine):
     return visit
 
 
-def _run(tmp_path, engine, timeout):
+def _run(tmp_path, engine, timeout, repeats=1, server=None):
     prompts = {n: {"rounds": [{"round": 1, **prompts_for(n)}]} for n in LENGTHS}
     fixtures = {n: {"rounds": [{"round": 1, "prompt_sha256": "0" * 64}]} for n in LENGTHS}
-    server_cfg = {"threads": None, "startup_timeout_s": 30, "request_timeout_s": timeout, "stop_timeout_s": 5}
+    server_cfg = {"threads": None, "startup_timeout_s": 30, "request_timeout_s": timeout, "stop_timeout_s": 5,
+                  **(server or {})}
     return pb_measure.run_visit(
-        visit={"index": 1, "round": 1, "arm": "a", "position": 0, "id": "r01-a"}, engine=engine, plan=plan(),
-        prompts=prompts, fixtures=fixtures, server_cfg=server_cfg, server_log=tmp_path / "server.log", inputs={})
+        visit={"index": 1, "round": 1, "arm": "a", "position": 0, "id": "r01-a"}, engine=engine,
+        plan={**plan(), "repeats": repeats}, prompts=prompts, fixtures=fixtures, server_cfg=server_cfg,
+        server_log=tmp_path / "server.log", inputs={})
 
 
 def test_clean_visit_passes_every_gate(run):
@@ -51,6 +53,26 @@ def test_clean_visit_passes_every_gate(run):
         assert rec["decode_tok_s"] > 0 and rec["engine"]["decode_tok_s"] > 0
         assert len(outputs[n]["token_ids"]) == OUT
     assert body["server"]["stop"] == "sigterm"
+
+
+def test_repeats_send_every_length_in_turn_and_record_the_host(tmp_path, embedded_engine):
+    import os
+
+    body, outputs = _run(tmp_path, embedded_engine(FAKE_SRC), 30.0, repeats=3,
+                         server={"pin": "auto", "external_load": 0.5})
+    assert [(r["repeat"], r["length"]) for r in body["records"]] == [(k, n) for k in (1, 2, 3) for n in LENGTHS]
+    assert all(r["ok"] for r in body["records"])
+    for n in LENGTHS:
+        assert [x["repeat"] for x in outputs[n]["repeats"]] == [2, 3]
+        assert outputs[n]["repeats"][0]["token_ids"] == outputs[n]["token_ids"]  # greedy: the same output
+    host = body["host"]
+    assert set(host) == {"load1_start", "load1_end", "cpus", "cpu_mhz", "governor", "server_cpus", "client_cpus",
+                         "external_load", "external_load_threshold"}
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) >= 2:  # pinned for the visit, then the client's own affinity is back
+        assert (host["server_cpus"], host["client_cpus"]) == (cpus[1:], cpus[:1])
+        assert body["server"]["argv"] and sorted(os.sched_getaffinity(0)) == cpus
+    assert host["external_load"] is (host["load1_start"] - 1.0 > 0.5)
 
 
 def test_wrong_prompt_count_is_flagged_and_kept(run):
@@ -155,3 +177,15 @@ def test_cold_cache_needs_every_prompt_token_evaluated_and_none_cached(embedded_
 def test_streamed_count_must_match_usage(embedded_engine):
     gates, flags, _ = gate(embedded_engine(FAKE_SRC), result(token_times=[0.1, 0.2]))
     assert gates["completion_tokens"] is False and flags == ["completion_tokens: 2 tokens streamed, planned 4"]
+
+
+def test_a_pinned_server_runs_on_its_cpus_only(tmp_path, embedded_engine):
+    import os
+
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip("pinning needs two usable CPUs")  # CI machines have two
+    with Server(embedded_engine(FAKE_SRC).launch, tmp_path / "s.log", cpus=cpus[1:]) as srv:
+        assert sorted(os.sched_getaffinity(srv.proc.pid)) == cpus[1:]
+        assert srv.facts["cpus"] == cpus[1:]
+    assert sorted(os.sched_getaffinity(0)) == cpus  # the launcher itself is untouched

@@ -48,3 +48,35 @@ def test_records_from_an_older_pairbench_are_said_to_record_no_layers():
 def test_no_sandboxed_record_no_line():
     assert isolation_lines(_validations([_rec(sandboxed=False)])) == []
     assert isolation_lines({}) == []
+
+
+def test_the_run_section_states_only_what_the_summary_records():
+    import math
+
+    import pandas as pd
+
+    from pairbench.analysis import stats
+    from pairbench.publish.statistics import statistics_section
+
+    rows = [{"round": r, "arm": a, "length": 64, "selected": True, "decode_tok_s": 100.0 * (1.0 if a == "A" else 1.02)
+             * math.exp(0.001 * ((r * 3) % 7))} for r in range(1, 11) for a in ("A", "B")]
+    s = stats.summarize(pd.DataFrame(rows), baseline="A", candidate="B", metrics=["decode_tok_s"])
+    s["run"] = {"rounds": {"adaptive": True, "planned": 16, "run": 10, "min": 8, "max": 16, "block": 2,
+                           "target_halfwidth": 0.02, "stop_reason": "stopped after 10 rounds: every primary interval "
+                           "reached the target ±2.00% (widest ±1.90%, at level 95.00%)"},
+                "repeats": 1,
+                "cold_cache": {"records": 20, "unproven": 3, "allowed": True, "cross_check": []},
+                "load": {"visits": 20, "threshold": 0.5, "flagged": ["r02-A", "r05-B"], "min": 0.2, "max": 2.4},
+                "pinning": "server on CPU(s) 1, client on CPU(s) 0 in every visit"}
+    md = statistics_section(s)
+    assert ("- Rounds: adaptive, 8 to 16 in blocks of 2 (target half-width ±2.0% for every primary comparison); "
+            "10 run; stopped after 10 rounds") in md
+    assert ("- Cold cache: 3 of 20 records have no server-side proof of a cold cache; they are included, because the "
+            "config opts in (`gates.allow_unproven_cold_cache: true`).") in md
+    assert "- External load: 2 of 20 visits started with a 1-minute load average more than 0.5 above" in md
+    assert "r02-A, r05-B" in md and "- CPU pinning: server on CPU(s) 1, client on CPU(s) 0 in every visit." in md
+    s["run"]["cold_cache"].update(unproven=0, allowed=False)
+    s["run"]["load"]["flagged"] = []
+    md = statistics_section(s)
+    assert "- Cold cache: proven by the engine's own counters for all 20 records." in md
+    assert "- External load: none flagged in 20 visits (1-minute load average 0.20–2.40)." in md

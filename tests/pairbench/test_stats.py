@@ -1,13 +1,15 @@
-"""Tests of pairbench.analysis.stats: known answers, A/A, injected effects, inconclusive and error paths,
-disclosures and the summary schema.
+"""Tests of pairbench.analysis.stats (and signrank, verdicts): known answers, every verdict path,
+Holm, memory, repeats, dropped pairs, error paths, disclosures and the summary schema.
 
 Fixtures live in tests/data/stats/: ``known.csv`` + ``known_expected.json`` (hand-derived answers),
-``seed_case.csv`` (the seed report's +0.93% median vs +7.49% trimmed-mean case), and two A/A runs of
-real recorded timings (``aa_quiet.csv``, ``aa_contended.csv``; see ``record_aa.py``).
+``seed_case.csv`` (the seed report's +0.93% median vs +7.49% trimmed-mean case), and A/A runs of the
+real engine (``aa_*.csv``; see docs/statistics.md). Verdict paths use hand-built log differences
+whose intervals can be derived by hand (the Walsh averages of an arithmetic sequence).
 """
 
 import itertools
 import json
+import math
 import statistics
 from pathlib import Path
 
@@ -17,12 +19,12 @@ import pytest
 import scipy.stats
 
 from pairbench.core import artifacts
-from pairbench.analysis import stats
+from pairbench.analysis import signrank, stats, verdicts as pb_verdicts
 from pairbench.analysis.tables import summary_tables
-from pairbench.publish.report import statistics_section
+from pairbench.publish.statistics import statistics_section
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "stats"
-FAST = dict(n_resamples=2000)  # enough for stable BCa ends; the default 9999 is for real runs
+LOG101 = math.log(1.01)
 
 
 def load(name: str) -> pd.DataFrame:
@@ -32,7 +34,8 @@ def load(name: str) -> pd.DataFrame:
 @pytest.fixture(scope="module")
 def known():
     df = load("known.csv")
-    return df, stats.summarize(df, baseline="stock", candidate="patched", metrics=["decode_tok_s", "ttft_ms"], **FAST)
+    return df, stats.summarize(df, baseline="stock", candidate="patched", metrics=["decode_tok_s", "ttft_ms"][:1],
+                               secondary=["ttft_ms"])
 
 
 @pytest.fixture(scope="module")
@@ -40,14 +43,304 @@ def expected():
     return json.loads((DATA / "known_expected.json").read_text())
 
 
-def verdicts(summary: dict, metric: str | None = None) -> dict:
+def verdicts(summary: dict, role: str = "primary") -> dict:
     return {(length, m): p["verdict"] for length, by in summary["paired"].items()
-            for m, p in by.items() if metric in (None, m)}
+            for m, p in by.items() if p["role"] == role}
 
 
 def stamped(summary: dict) -> dict:
-    return {**summary, "schema": artifacts.schema_id("summary"),
-            "inputs": {"measurements": "ab" * 32}}
+    return {**summary, "schema": artifacts.schema_id("summary"), "inputs": {"measurements": "ab" * 32}}
+
+
+def frame(d_by_length: dict, metric: str = "decode_tok_s", base: float = 100.0) -> pd.DataFrame:
+    """Baseline *base* in every round, candidate base * exp(d): the log differences are exactly d."""
+    rows = []
+    for length, d in d_by_length.items():
+        for r, di in enumerate(d, start=1):
+            rows.append({"round": r, "arm": "A", "length": length, "selected": True, metric: base})
+            rows.append({"round": r, "arm": "B", "length": length, "selected": True, metric: base * math.exp(di)})
+    return pd.DataFrame(rows)
+
+
+def one(d, metric="decode_tok_s", **kw) -> dict:
+    s = stats.summarize(frame({64: d}, metric), baseline="A", candidate="B", metrics=[metric], secondary=[],
+                        memory=[], **kw)
+    return s["paired"]["64"][metric]
+
+
+def ramp(center: float, step: float, n: int = 10) -> list[float]:
+    """center + step * (i - (n + 1) / 2), i = 1..n: Walsh averages center + step/2 * (i + j - n - 1)."""
+    return [center + step * (i - (n + 1) / 2) for i in range(1, n + 1)]
+
+
+# --------------------------------------------------------------------------- the exact procedure
+
+def test_p_value_is_scipys_exact_wilcoxon():
+    rng = np.random.default_rng(0)
+    for n in range(1, 21):
+        for _ in range(4):
+            d = rng.normal(0.2, 1, n)
+            want = scipy.stats.wilcoxon(d, method="exact").pvalue
+            assert signrank.p_value(signrank.walsh(d), n) == pytest.approx(want, abs=1e-12), n
+
+
+def test_critical_counts_match_the_published_table():
+    # two-sided 0.05 critical values of the signed-rank statistic (Hollander & Wolfe, table A.4)
+    assert [signrank.critical_count(n, 0.05) for n in (5, 6, 7, 8, 10, 15, 20)] == [-1, 0, 2, 3, 8, 25, 52]
+
+
+def test_interval_is_exactly_the_deltas_the_test_does_not_reject():
+    rng = np.random.default_rng(1)
+    for n in (6, 9, 14):
+        d = rng.normal(0, 1, n)
+        w = signrank.walsh(d)
+        for alpha in (0.05, 0.1, 0.0125):
+            low, high = signrank.interval(w, n, alpha)
+            for delta in np.concatenate([w, w + 1e-9, w - 1e-9, rng.normal(0, 1.5, 50)]):
+                inside = low <= delta <= high
+                assert (signrank.p_value(w, n, delta) < alpha) == (not inside), (n, alpha, delta)
+
+
+def test_hodges_lehmann_interval_known_answer():
+    # n = 6 at 0.05: c = 0, the interval is [smallest, largest] Walsh average = [min d, max d];
+    # the estimate is the median of the 21 Walsh averages of 1..6 (scaled), 3.5
+    p = one([0.01 * k for k in range(1, 7)])
+    assert p["hl_ratio"] == pytest.approx(math.exp(0.035))
+    assert (p["ci_low"], p["ci_high"]) == (pytest.approx(math.exp(0.01)), pytest.approx(math.exp(0.06)))
+    assert p["ci_level"] == pytest.approx(0.95)
+
+
+def test_hodges_lehmann_matches_brute_force_walsh_averages():
+    rng = np.random.default_rng(3)
+    for n in (1, 2, 7, 10, 13):
+        x = rng.normal(size=n)
+        walsh = [(a + b) / 2 for a, b in itertools.combinations_with_replacement(x, 2)]
+        assert float(stats.hodges_lehmann(x)) == pytest.approx(statistics.median(walsh))
+
+
+# --------------------------------------------------------------------------- every verdict path
+
+def test_faster_higher_is_better():
+    p = one(ramp(math.log(1.05), 0.002))
+    assert p["verdict"] == "faster" and "wholly above 1 + 0.01" in p["reason"]
+    assert p["rounds_needed"] is None
+
+
+def test_slower_higher_is_better():
+    assert one(ramp(-math.log(1.05), 0.002))["verdict"] == "slower"
+
+
+def test_faster_lower_is_better():
+    # a time 5% lower: the ratio is below 1, and for ms lower is faster
+    assert one(ramp(-math.log(1.05), 0.002), metric="ttft_ms")["verdict"] == "faster"
+
+
+def test_slower_lower_is_better():
+    p = one(ramp(math.log(1.05), 0.002), metric="e2e_ms")
+    assert p["verdict"] == "slower" and p["higher_is_better"] is False
+    assert p["ci_low"] > 1.01
+
+
+def test_equivalent():
+    p = one(ramp(0.0, 0.001))
+    assert p["verdict"] == "equivalent" and "wholly inside 1 ± 0.01" in p["reason"]
+    assert 0.99 < p["ci_low"] < p["ci_high"] < 1.01
+
+
+def test_inconclusive_straddling_states_half_width_detectable_effect_and_rounds():
+    # d = 0.02 (i - 5.5): Walsh averages 0.01 (i + j - 11); with c = 8 the interval is the 9th
+    # smallest and largest, i + j = 6 and 16: [-0.05, 0.05]. The estimate 0 must get within
+    # log(1.01) of both ends to resolve: 10 * 0.05^2 / log(1.01)^2 = 252.5 -> 253 pairs.
+    p = one(ramp(0.0, 0.02))
+    assert p["verdict"] == "inconclusive" and "straddles" in p["reason"]
+    assert p["log_half_width"] == pytest.approx(0.05)
+    assert p["half_width"] == pytest.approx(math.sinh(0.05))
+    assert p["rounds_needed"] == 253
+    z, z80 = scipy.stats.norm.ppf(0.975), scipy.stats.norm.ppf(0.8)
+    assert p["detectable_change"] == pytest.approx(math.expm1(LOG101 + 0.05 * (1 + z80 / z)))
+
+
+def test_inconclusive_when_a_change_is_detected_but_not_beyond_the_threshold():
+    p = one(ramp(LOG101, 0.0004))
+    assert p["verdict"] == "inconclusive" and p["ci_low"] > 1.0 and p["p_value"] < 0.05
+    assert "a change is detected" in p["reason"]
+
+
+def test_inconclusive_with_too_few_pairs_for_any_interval():
+    p = one(ramp(math.log(2.0), 0.01, n=5))
+    assert p["verdict"] == "inconclusive" and p["ci_low"] is None and p["half_width"] is None
+    assert p["min_attainable_p"] == pytest.approx(0.0625) and "no 95.00% interval is bounded" in p["reason"]
+    assert p["hl_ratio"] == pytest.approx(2.0)  # the estimate is still reported
+    assert p["rounds_needed"] is not None and p["rounds_needed"] > 5
+
+
+def test_custom_alpha_changes_what_can_be_claimed():
+    five = ramp(math.log(2.0), 0.01, n=5)
+    assert one(five)["verdict"] == "inconclusive"          # 2^(1-5) = 0.0625 is not below 0.05
+    loose = one(five, alpha=0.1)                            # ... but is below 0.1: c = 0
+    assert loose["verdict"] == "faster" and loose["ci_level"] == pytest.approx(0.9)
+    assert loose["ci_low"] == pytest.approx(math.exp(min(five)))
+    ten = ramp(math.log(1.05), 0.003)
+    assert one(ten)["verdict"] == "faster"
+    assert one(ten, alpha=0.001)["verdict"] == "inconclusive"  # 2^(1-10) = 0.00195 is not below 0.001
+
+
+def test_identical_ratios_give_a_zero_width_interval():
+    p = one([math.log(1.5)] * 10)
+    assert p["verdict"] == "faster" and p["ci_low"] == pytest.approx(1.5) == p["ci_high"]
+
+
+def test_no_path_from_missing_values_to_a_claim():
+    df = frame({64: ramp(math.log(2.0), 0.01, n=7)})
+    df.loc[(df["arm"] == "B") & (df["round"] == 1), "decode_tok_s"] = 0.0
+    df.loc[(df["arm"] == "B") & (df["round"] == 2), "decode_tok_s"] = np.nan
+    p = stats.summarize(df, baseline="A", candidate="B", metrics=["decode_tok_s"])["paired"]["64"]["decode_tok_s"]
+    assert (p["n_pairs"], p["n_invalid_pairs"], p["verdict"]) == (5, 2, "inconclusive")
+
+
+def test_secondary_metrics_are_shown_not_tested():
+    df = frame({64: ramp(math.log(1.05), 0.002)})
+    df["ttft_ms"] = 1000.0 / df["decode_tok_s"]
+    s = stats.summarize(df, baseline="A", candidate="B", metrics=["decode_tok_s"], secondary=["ttft_ms"])
+    p = s["paired"]["64"]["ttft_ms"]
+    assert p["role"] == "secondary" and p["verdict"] is None and p["ci_low"] is not None
+    assert s["params"]["family_size"] == 1
+
+
+# --------------------------------------------------------------------------- Holm
+
+def holm_frame(strong_a: bool) -> pd.DataFrame:
+    # 256: ten pairs; 512: six pairs all beyond the threshold, claim p = 2 * 2^-6 = 0.03125
+    a = ramp(math.log(1.2), 0.01) if strong_a else ramp(0.0, 0.05)
+    return frame({256: a, 512: ramp(math.log(1.2), 0.01, n=6)})
+
+
+def test_holm_judges_the_second_claim_at_alpha_over_one():
+    s = stats.summarize(holm_frame(True), baseline="A", candidate="B", metrics=["decode_tok_s"])
+    a, b = s["paired"]["256"]["decode_tok_s"], s["paired"]["512"]["decode_tok_s"]
+    assert a["claim_p"] == pytest.approx(2 / 1024) and b["claim_p"] == pytest.approx(2 / 64)
+    assert (a["family_rank"], a["ci_level"]) == (1, pytest.approx(1 - 0.05 / 2))
+    assert (b["family_rank"], b["ci_level"]) == (2, pytest.approx(1 - 0.05))
+    assert a["verdict"] == b["verdict"] == "faster"
+    bonf = stats.summarize(holm_frame(True), baseline="A", candidate="B", metrics=["decode_tok_s"],
+                           multiplicity="bonferroni")["paired"]["512"]["decode_tok_s"]
+    assert bonf["verdict"] == "inconclusive"  # 0.03125 is not below 0.05 / 2
+
+
+def test_holm_stops_at_the_first_comparison_it_cannot_claim():
+    s = stats.summarize(holm_frame(False), baseline="A", candidate="B", metrics=["decode_tok_s"])
+    b = s["paired"]["512"]["decode_tok_s"]
+    assert b["family_rank"] == 1 and b["ci_level"] == pytest.approx(0.975) and b["verdict"] == "inconclusive"
+    assert s["paired"]["256"]["decode_tok_s"]["ci_level"] == pytest.approx(0.975)  # stopped: same level
+    none = stats.summarize(holm_frame(False), baseline="A", candidate="B", metrics=["decode_tok_s"],
+                           multiplicity="none")["paired"]["512"]["decode_tok_s"]
+    assert none["verdict"] == "faster"
+
+
+def test_holm_is_disclosed_in_the_report():
+    md = statistics_section(stats.summarize(holm_frame(True), baseline="A", candidate="B", metrics=["decode_tok_s"]))
+    assert "Holm's step-down procedure across the 2 primary comparisons" in md
+    assert "97.50%" in md and "95.00%" in md
+
+
+def test_claim_p_orders_like_the_interval_decides():
+    # for any data and level, "claim_p < level" and "the interval at level makes that claim" agree
+    rng = np.random.default_rng(7)
+    for _ in range(200):
+        n = int(rng.integers(4, 16))
+        c = pb_verdicts.Comparison(("1", "decode_tok_s"), rng.normal(rng.normal(0, 0.03), 0.02, n), True,
+                                   pb_verdicts.SPEED_WORDS)
+        p, claim = pb_verdicts.claim_p(c, 0.01)
+        for level in (0.05, 0.025, 0.0125, 0.1):
+            v = pb_verdicts.judge(c, level=level, noise=0.01)["verdict"]
+            assert (v == claim) == (p < level), (n, level, p, claim, v)
+
+
+# --------------------------------------------------------------------------- one question, one test
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(metrics=["decode_tok_s", "decode_tok_s"]), r"stats.metrics: decode_tok_s listed more than once"),
+    (dict(metrics=["prefill_tok_s", "ttft_ms"]), r"stats.metrics: prefill_tok_s and ttft_ms answer the same question"),
+    (dict(metrics=["decode_tok_s", "engine_decode_tok_s"]), r"same question \(decode\)"),
+    (dict(metrics=["decode_tok_s"], secondary=["decode_tok_s"]), r"stats.secondary: decode_tok_s is already a primary"),
+    (dict(metrics=["kv_bytes"]), r"stats.metrics: 'kv_bytes' is not one of"),
+    (dict(metrics=["decode_tok_s"], memory=["ttft_ms"]), r"stats.memory: 'ttft_ms' is not one of"),
+    (dict(metrics=[]), r"stats.metrics: no primary metric"),
+    (dict(metrics=["decode_tok_s"], multiplicity="sidak"), r"stats.multiplicity: 'sidak'"),
+    (dict(metrics=["decode_tok_s"], alpha=1.5), r"stats.alpha"),
+    (dict(metrics=["decode_tok_s"], noise=-0.1), r"stats.noise"),
+    (dict(metrics=["decode_tok_s"], trim=-1), r"stats.trim"),
+])
+def test_bad_metric_lists_and_params_name_the_key(kw, match):
+    df = load("aa_contended.csv")
+    with pytest.raises(stats.StatsInputError, match=match):
+        stats.summarize(df, baseline="A", candidate="B", **kw)
+
+
+# --------------------------------------------------------------------------- memory
+
+def memory_frame(rss_varies: bool) -> pd.DataFrame:
+    df = frame({256: ramp(-math.log(1.3), 0.01)})
+    df["kv_bytes"] = np.where(df["arm"] == "A", 50_900_000, 13_100_000)
+    rng = np.random.default_rng(2)
+    df["peak_rss_bytes"] = np.where(df["arm"] == "A", 400e6, 380e6) * (
+        np.exp(rng.normal(0, 0.001, len(df))) if rss_varies else 1.0)
+    return df
+
+
+def test_constant_memory_gets_the_exact_ratio_and_no_test():
+    s = stats.summarize(memory_frame(False), baseline="A", candidate="B", metrics=["decode_tok_s"])
+    kv = s["memory"]["256"]["kv_bytes"]
+    assert kv["exact"] is True and kv["ratio"] == pytest.approx(13.1 / 50.9) and kv["verdict"] == "smaller"
+    assert kv["test"] is None and s["params"]["memory_family_size"] == 0
+    md = statistics_section(s)
+    assert "candidate 13.1 MB against baseline 50.9 MB, exactly 0.2574×" in md
+    assert "**slower**: decode throughput" in md  # what it costs, beside what it buys
+
+
+def test_varying_memory_is_tested_in_its_own_family():
+    s = stats.summarize(memory_frame(True), baseline="A", candidate="B", metrics=["decode_tok_s"])
+    rss = s["memory"]["256"]["peak_rss_bytes"]
+    assert rss["exact"] is False and rss["verdict"] == "smaller" and rss["test"]["ci_high"] < 0.99
+    assert s["params"]["memory_family_size"] == 1 and s["params"]["family_size"] == 1
+    assert s["paired"]["256"]["decode_tok_s"]["ci_level"] == pytest.approx(0.95)  # speed family untouched
+
+
+def test_memory_not_recorded_is_said_so():
+    df = memory_frame(False)
+    df["peak_rss_bytes"] = 0
+    m = stats.summarize(df, baseline="A", candidate="B", metrics=["decode_tok_s"])["memory"]["256"]["peak_rss_bytes"]
+    assert m["ratio"] is None and m["verdict"] == "inconclusive" and m["reason"] == "not recorded for A and B"
+
+
+# --------------------------------------------------------------------------- repeats and dropped pairs
+
+def test_the_paired_unit_is_the_visit_median_of_its_repeats():
+    rows = []
+    for r in range(1, 11):
+        for rep, (a, b) in enumerate([(100, 110), (100, 111), (100, 300)], start=1):  # one wild repeat
+            rows += [{"round": r, "arm": "A", "length": 8, "repeat": rep, "selected": True, "decode_tok_s": a},
+                     {"round": r, "arm": "B", "length": 8, "repeat": rep, "selected": True, "decode_tok_s": b}]
+    s = stats.summarize(pd.DataFrame(rows), baseline="A", candidate="B", metrics=["decode_tok_s"])
+    p = s["paired"]["8"]["decode_tok_s"]
+    assert [q["ratio"] for q in p["pairs"]] == [pytest.approx(1.11)] * 10
+    assert p["pairs"][0]["n_candidate"] == 3 and s["counts"]["max_repeats"] == 3
+    assert s["arms"]["B"]["8"]["decode_tok_s"]["n"] == 30 and s["arms"]["B"]["8"]["decode_tok_s"]["n_visits"] == 10
+    dup = pd.concat([pd.DataFrame(rows), pd.DataFrame(rows[:1])])
+    with pytest.raises(stats.StatsInputError, match="length 8, round 1, repeat 1"):
+        stats.summarize(dup, baseline="A", candidate="B", metrics=["decode_tok_s"])
+
+
+def test_a_pair_whose_side_a_validation_retry_measured_is_dropped_and_disclosed():
+    df = frame({64: ramp(math.log(1.05), 0.002)})
+    df["retry"] = 0
+    df.loc[(df["arm"] == "B") & (df["round"] == 3), "retry"] = 1
+    s = stats.summarize(df, baseline="A", candidate="B", metrics=["decode_tok_s"])
+    p = s["paired"]["64"]["decode_tok_s"]
+    assert (p["n_pairs"], p["n_dropped_pairs"], p["n_invalid_pairs"]) == (9, 1, 0)
+    assert s["disclosures"]["dropped_pairs"] == [{"length": 64, "round": 3, "arm": "B"}]
+    assert s["arms"]["B"]["64"]["decode_tok_s"]["n"] == 10  # the cell still counts per arm
+    assert "pair dropped: round 3, 64 tokens: the `B` cell was re-measured" in statistics_section(s)
 
 
 # --------------------------------------------------------------------------- known answers
@@ -60,20 +353,6 @@ def test_estimators_on_hand_derived_values():
     assert stats.min_attainable_wilcoxon_p(5) == pytest.approx(0.0625)
     assert stats.min_attainable_wilcoxon_p(6) == pytest.approx(0.03125)
     assert [stats.default_trim(n) for n in (3, 4, 5, 9, 10, 19, 20)] == [0, 0, 1, 1, 1, 1, 2]
-
-
-def test_min_attainable_p_matches_scipy_exact_test():
-    for n in range(2, 9):
-        p = scipy.stats.wilcoxon(np.arange(1.0, n + 1), method="exact").pvalue
-        assert p == pytest.approx(stats.min_attainable_wilcoxon_p(n))
-
-
-def test_hodges_lehmann_matches_brute_force_walsh_averages():
-    rng = np.random.default_rng(3)
-    for n in (1, 2, 7, 10, 13):
-        x = rng.normal(size=n)
-        walsh = [(a + b) / 2 for a, b in itertools.combinations_with_replacement(x, 2)]
-        assert float(stats.hodges_lehmann(x)) == pytest.approx(statistics.median(walsh))
 
 
 def test_per_arm_known_answers(known, expected):
@@ -93,8 +372,7 @@ def test_paired_known_answers(known, expected):
             got = s["paired"][length][metric]
             for key, value in want.items():
                 if key != "why":
-                    assert got[key] == pytest.approx(value) if not isinstance(value, str) else got[key] == value, key
-    # HL of the 10 pairs at 256 equals an independent brute-force Walsh-average median of the logs
+                    assert (got[key] == pytest.approx(value)) if not isinstance(value, str) else got[key] == value, key
     k = np.log2([p["ratio"] for p in s["paired"]["256"]["decode_tok_s"]["pairs"]])
     walsh = [(a + b) / 2 for a, b in itertools.combinations_with_replacement(k, 2)]
     assert s["paired"]["256"]["decode_tok_s"]["hl_ratio"] == pytest.approx(2 ** statistics.median(walsh))
@@ -102,7 +380,7 @@ def test_paired_known_answers(known, expected):
 
 def test_explicit_trim_is_per_end_and_too_large_a_trim_gives_null():
     df = load("known.csv")
-    s = stats.summarize(df, baseline="stock", candidate="patched", metrics=["decode_tok_s"], trim=2, **FAST)
+    s = stats.summarize(df, baseline="stock", candidate="patched", metrics=["decode_tok_s"], trim=2)
     d = s["arms"]["stock"]["256"]["decode_tok_s"]
     assert d["trim_per_end"] == 2 and d["trimmed_mean"] == pytest.approx((3 + 4 + 5 + 6 + 7 + 8) / 6)
     assert s["arms"]["stock"]["512"]["decode_tok_s"]["trimmed_mean"] is None  # 4 samples, 2+2 dropped
@@ -114,172 +392,42 @@ def test_only_selected_rows_count_and_the_rest_are_listed_with_reasons(known):
     excluded = {(e["arm"], e["round"], e["reason"]) for e in s["disclosures"]["excluded"]}
     assert excluded == {("stock", 11, "prompt_tokens: got 257, planned 256"),
                         ("patched", 3, "superseded: visit retried after connection reset")}
-    assert s["counts"] == {"rows": 30, "selected": 28, "excluded": 2, "retries": 1, "unpaired": 0}
+    assert s["counts"] == {"rows": 30, "selected": 28, "excluded": 2, "retries": 1, "unpaired": 0,
+                           "dropped_pairs": 0, "max_repeats": 1}
     assert s["disclosures"]["retries"] == [{"arm": "patched", "length": 256, "round": 3, "attempt": 2, "retry": 0,
                                             "selected": False}]
 
 
 def test_missing_reason_column_is_tolerated():
     df = load("known.csv").drop(columns=["reason"])
-    s = stats.summarize(df, baseline="stock", candidate="patched", metrics=["decode_tok_s"], **FAST)
+    s = stats.summarize(df, baseline="stock", candidate="patched", metrics=["decode_tok_s"])
     reasons = {e["round"]: e["reason"] for e in s["disclosures"]["excluded"]}
     assert reasons == {11: "failed a gate (no reason recorded)", 3: "not selected (no reason recorded)"}
 
 
-# --------------------------------------------------------------------------- A/A and injected effects
+# --------------------------------------------------------------------------- A/A of the real engine
 
-@pytest.mark.parametrize("name", ["aa_quiet.csv", "aa_contended.csv"])
-def test_aa_recorded_timings_show_no_detectable_difference(name):
-    s = stats.summarize(load(name), baseline="A", candidate="B", **FAST)
+@pytest.mark.parametrize("name", sorted(p.name for p in DATA.glob("aa_*.csv")))
+def test_aa_recorded_runs_claim_no_difference(name):
+    df = load(name)
+    s = stats.summarize(df, baseline="A", candidate="B")
     got = verdicts(s)
-    assert len(got) == 3 * 4
-    assert set(got.values()) == {"no detectable difference"}, got
+    assert got and set(got.values()) <= {"equivalent", "inconclusive"}, got
 
 
-def test_injected_effect_on_recorded_aa_shifts_estimate_and_ci_by_exactly_that_factor():
-    # Multiplying every candidate sample by k multiplies every paired ratio, their median and
-    # Hodges-Lehmann estimate by k; the bootstrap (same seed, same resamples) scales by k too.
-    df = load("aa_quiet.csv")
-    base = stats.summarize(df, baseline="A", candidate="B", metrics=["decode_tok_s"], **FAST)
+def test_injected_effect_on_recorded_aa_shifts_estimate_and_interval_by_exactly_that_factor():
+    df = load("aa_contended.csv")
+    # (multiplicity none: Holm's levels follow the claims, which the injected effect changes)
+    base = stats.summarize(df, baseline="A", candidate="B", metrics=["decode_tok_s"], memory=[], multiplicity="none")
     k = 2.0
     inj = df.copy()
     inj.loc[inj["arm"] == "B", "decode_tok_s"] *= k
-    s = stats.summarize(inj, baseline="A", candidate="B", metrics=["decode_tok_s"], **FAST)
-    for length in ("128", "512", "2048"):
-        a, b = base["paired"][length]["decode_tok_s"], s["paired"][length]["decode_tok_s"]
-        for key in ("hl_ratio", "median_ratio", "ci_low", "ci_high"):
-            assert b[key] == pytest.approx(k * a[key], rel=1e-9), (length, key)
-        assert b["verdict"] == "faster", (length, b["reason"])
-
-
-def test_ten_percent_effect_with_two_percent_noise_is_found_and_estimated():
-    # The candidate is the recorded baseline arm times 1.10, with 2% lognormal per-round noise.
-    df = load("aa_quiet.csv")
-    base = df[df["arm"] == "A"]
-    rng = np.random.default_rng(11)
-    cand = base.copy()
-    cand["arm"] = "B"
-    cand["decode_tok_s"] = base["decode_tok_s"].to_numpy() * 1.10 * np.exp(rng.normal(0, 0.02, len(base)))
-    cand["ttft_ms"] = base["ttft_ms"].to_numpy() / 1.10 * np.exp(rng.normal(0, 0.02, len(base)))
-    s = stats.summarize(pd.concat([base, cand]), baseline="A", candidate="B",
-                        metrics=["decode_tok_s", "ttft_ms"], **FAST)
+    s = stats.summarize(inj, baseline="A", candidate="B", metrics=["decode_tok_s"], memory=[], multiplicity="none")
     for length, by in s["paired"].items():
-        assert by["decode_tok_s"]["verdict"] == "faster", by["decode_tok_s"]["reason"]
-        assert by["decode_tok_s"]["hl_ratio"] == pytest.approx(1.10, abs=0.02)
-        assert by["decode_tok_s"]["ci_low"] < 1.10 < by["decode_tok_s"]["ci_high"]
-        # lower time is better: a ratio of 1/1.10 on ttft_ms is also "faster"
-        assert by["ttft_ms"]["verdict"] == "faster", by["ttft_ms"]["reason"]
-        assert by["ttft_ms"]["hl_ratio"] == pytest.approx(1 / 1.10, abs=0.02)
-    # and the same effect reversed reads "slower"
-    swapped = stats.summarize(pd.concat([base, cand]), baseline="B", candidate="A",
-                              metrics=["decode_tok_s"], **FAST)
-    assert set(verdicts(swapped).values()) == {"slower"}
-
-
-def test_ten_percent_effect_inside_contended_noise_is_not_claimed():
-    df = load("aa_contended.csv")
-    df.loc[df["arm"] == "B", "decode_tok_s"] *= 1.10
-    s = stats.summarize(df, baseline="A", candidate="B", metrics=["decode_tok_s"], **FAST)
-    assert set(verdicts(s).values()) == {"no detectable difference"}
-
-
-def test_significant_but_smaller_than_noise_threshold_is_no_detectable_difference():
-    df = load("aa_quiet.csv")
-    base = df[df["arm"] == "A"]
-    cand = base.copy()
-    cand["arm"] = "B"
-    rng = np.random.default_rng(5)
-    cand["decode_tok_s"] = base["decode_tok_s"].to_numpy() * 1.004 * np.exp(rng.normal(0, 0.0005, len(base)))
-    s = stats.summarize(pd.concat([base, cand]), baseline="A", candidate="B", metrics=["decode_tok_s"], **FAST)
-    for by in s["paired"].values():
-        p = by["decode_tok_s"]
-        assert p["p_value"] < 0.05  # the test does see it ...
-        assert p["verdict"] == "no detectable difference"  # ... but the CI sits inside 1 ± 1%
-        assert "reaches into 1 ± 0.01" in p["reason"]
-    loose = stats.summarize(pd.concat([base, cand]), baseline="A", candidate="B",
-                            metrics=["decode_tok_s"], noise=0.0, **FAST)
-    assert set(verdicts(loose).values()) == {"faster"}
-
-
-# --------------------------------------------------------------------------- inconclusive and errors
-
-def strong_effect(rounds: int) -> pd.DataFrame:
-    df = load("aa_quiet.csv")
-    df = df[df["round"] <= rounds].copy()
-    df.loc[df["arm"] == "B", "decode_tok_s"] = df.loc[df["arm"] == "A", "decode_tok_s"].to_numpy() * 2.0 \
-        * np.exp(np.random.default_rng(1).normal(0, 0.01, rounds * 3))
-    return df
-
-
-def test_too_few_pairs_is_inconclusive_even_for_a_huge_effect():
-    s = stats.summarize(strong_effect(5), baseline="A", candidate="B", metrics=["decode_tok_s"], **FAST)
-    for by in s["paired"].values():
-        p = by["decode_tok_s"]
-        assert p["verdict"] == "inconclusive"
-        assert p["min_attainable_p"] == pytest.approx(0.0625)
-        assert "too few valid pairs" in p["reason"]
-        assert p["hl_ratio"] == pytest.approx(2.0, abs=0.05)  # the estimate is still reported
-    six = stats.summarize(strong_effect(6), baseline="A", candidate="B", metrics=["decode_tok_s"], **FAST)
-    assert set(verdicts(six).values()) == {"faster"}
-
-
-def test_invalid_pairs_do_not_count_towards_n():
-    df = strong_effect(7)
-    df.loc[(df["arm"] == "B") & (df["round"] == 1), "decode_tok_s"] = 0.0
-    df.loc[(df["arm"] == "B") & (df["round"] == 2), "decode_tok_s"] = np.nan
-    s = stats.summarize(df, baseline="A", candidate="B", metrics=["decode_tok_s"], **FAST)
-    for by in s["paired"].values():
-        p = by["decode_tok_s"]
-        assert (p["n_pairs"], p["n_invalid_pairs"], p["verdict"]) == (5, 2, "inconclusive")
-
-
-def test_bootstrap_failure_is_inconclusive_never_a_difference(monkeypatch):
-    def boom(*args, **kwargs):
-        raise RuntimeError("bootstrap exploded")
-    monkeypatch.setattr(scipy.stats, "bootstrap", boom)
-    s = stats.summarize(strong_effect(10), baseline="A", candidate="B", metrics=["decode_tok_s"], **FAST)
-    for by in s["paired"].values():
-        assert by["decode_tok_s"]["verdict"] == "inconclusive"
-        assert "bootstrap exploded" in by["decode_tok_s"]["reason"]
-
-
-def test_nan_p_value_is_inconclusive(monkeypatch):
-    monkeypatch.setattr(scipy.stats, "wilcoxon",
-                        lambda *a, **k: scipy.stats._morestats.WilcoxonResult(np.nan, np.nan))
-    s = stats.summarize(strong_effect(10), baseline="A", candidate="B", metrics=["decode_tok_s"], **FAST)
-    assert set(verdicts(s).values()) == {"inconclusive"}
-
-
-def test_identical_ratios_degenerate_bootstrap_is_inconclusive():
-    # Every pair has exactly the same log ratio: BCa cannot be computed (NaN), so no verdict.
-    rows = [{"round": r, "arm": arm, "length": 64, "selected": True, "decode_tok_s": value}
-            for r in range(1, 11) for arm, value in (("A", 10.0), ("B", 15.0))]
-    s = stats.summarize(pd.DataFrame(rows), baseline="A", candidate="B", metrics=["decode_tok_s"], **FAST)
-    p = s["paired"]["64"]["decode_tok_s"]
-    assert p["verdict"] == "inconclusive" and "NaN" in p["reason"]
-    assert p["hl_ratio"] == pytest.approx(1.5)
-
-
-@pytest.mark.parametrize("mutate, match", [
-    (lambda d: d.drop(columns=["round"]), "round"),
-    (lambda d: d.drop(columns=["ttft_ms"]), "ttft_ms"),
-    (lambda d: d.assign(selected="maybe"), "selected"),
-    (lambda d: d.assign(decode_tok_s="fast"), "decode_tok_s"),
-    (lambda d: pd.concat([d, d.iloc[[0]]]), "more than one selected row for arm 'stock', length 256, round 1"),
-    (lambda d: d.assign(ok=d["round"] != 4), "selected but failed a gate .* round 4"),
-])
-def test_bad_input_names_the_culprit(mutate, match):
-    with pytest.raises(stats.StatsInputError, match=match):
-        stats.summarize(mutate(load("known.csv")), baseline="stock", candidate="patched",
-                        metrics=["decode_tok_s", "ttft_ms"], **FAST)
-
-
-def test_bad_arm_and_metric_names_are_errors():
-    df = load("known.csv")
-    with pytest.raises(stats.StatsInputError, match="candidate arm 'patchd'.*patched, stock"):
-        stats.summarize(df, baseline="stock", candidate="patchd", metrics=["decode_tok_s"], **FAST)
-    with pytest.raises(stats.StatsInputError, match="metric 'kv_bytes'"):
-        stats.summarize(df, baseline="stock", candidate="patched", metrics=["kv_bytes"], **FAST)
+        a, b = base["paired"][length]["decode_tok_s"], by["decode_tok_s"]
+        for key in ("hl_ratio", "median_ratio", "ci_low", "ci_high"):
+            if a[key] is not None:
+                assert b[key] == pytest.approx(k * a[key], rel=1e-9), (length, key)
 
 
 # --------------------------------------------------------------------------- disclosures
@@ -293,15 +441,13 @@ def test_slow_samples_are_flagged_and_retained(known, expected):
     for key, w in want.items():
         assert got[key]["side"] == w["side"]
         assert got[key]["robust_z"] == pytest.approx(w["robust_z"], abs=1e-3)
-    # retained: the 200 ms sample is still the max and still in n
     assert s["arms"]["stock"]["256"]["ttft_ms"]["max"] == 200
     assert s["arms"]["stock"]["256"]["ttft_ms"]["n"] == 10
     assert "retained" in statistics_section(s)
 
 
 def test_median_trimmed_disagreement_of_the_seed_report_is_disclosed():
-    s = stats.summarize(load("seed_case.csv"), baseline="base", candidate="cand",
-                        metrics=["decode_tok_s"], **FAST)
+    s = stats.summarize(load("seed_case.csv"), baseline="base", candidate="cand", metrics=["decode_tok_s"])
     [d] = s["disclosures"]["median_trimmed_disagreements"]
     assert d["median_change"] == pytest.approx(0.0093, abs=1e-6)
     assert d["trimmed_mean_change"] == pytest.approx(0.0749, abs=1e-6)
@@ -310,23 +456,32 @@ def test_median_trimmed_disagreement_of_the_seed_report_is_disclosed():
     assert "+0.93%" in md and "+7.49%" in md
 
 
-def test_agreeing_median_and_trimmed_mean_are_not_flagged():
-    df = load("aa_quiet.csv")
-    base = df[df["arm"] == "A"]
-    cand = base.assign(arm="B", decode_tok_s=base["decode_tok_s"] * 1.05
-                       * np.exp(np.random.default_rng(2).normal(0, 0.001, len(base))))
-    s = stats.summarize(pd.concat([base, cand]), baseline="A", candidate="B", metrics=["decode_tok_s"], **FAST)
-    assert s["disclosures"]["median_trimmed_disagreements"] == []
-    assert "agree everywhere" in statistics_section(s)
-
-
 def test_unpaired_rounds_are_disclosed_and_left_out_of_pairs():
     df = load("known.csv")
     df = df[~((df["arm"] == "patched") & (df["round"] == 2) & (df["length"] == 256))]
-    s = stats.summarize(df, baseline="stock", candidate="patched", metrics=["decode_tok_s"], **FAST)
+    s = stats.summarize(df, baseline="stock", candidate="patched", metrics=["decode_tok_s"])
     assert s["disclosures"]["unpaired"] == [{"arm": "stock", "length": 256, "round": 2}]
     assert s["paired"]["256"]["decode_tok_s"]["n_pairs"] == 9
     assert "unpaired (partial visit): `stock` round 2" in statistics_section(s)
+
+
+@pytest.mark.parametrize("mutate, match", [
+    (lambda d: d.drop(columns=["round"]), "round"),
+    (lambda d: d.drop(columns=["ttft_ms"]), "ttft_ms"),
+    (lambda d: d.assign(selected="maybe"), "selected"),
+    (lambda d: d.assign(decode_tok_s="fast"), "decode_tok_s"),
+    (lambda d: pd.concat([d, d.iloc[[0]]]), "more than one selected row for arm 'stock', length 256, round 1"),
+    (lambda d: d.assign(ok=d["round"] != 4), "selected but failed a gate .* round 4"),
+])
+def test_bad_input_names_the_culprit(mutate, match):
+    with pytest.raises(stats.StatsInputError, match=match):
+        stats.summarize(mutate(load("known.csv")), baseline="stock", candidate="patched",
+                        metrics=["decode_tok_s"], secondary=["ttft_ms"])
+
+
+def test_bad_arm_names_are_errors():
+    with pytest.raises(stats.StatsInputError, match="candidate arm 'patchd'.*patched, stock"):
+        stats.summarize(load("known.csv"), baseline="stock", candidate="patchd", metrics=["decode_tok_s"])
 
 
 # --------------------------------------------------------------------------- outputs
@@ -334,23 +489,26 @@ def test_unpaired_rounds_are_disclosed_and_left_out_of_pairs():
 def test_summary_validates_against_schema_and_round_trips(tmp_path, known):
     _, s = known
     artifacts.validate("summary", stamped(s))
+    artifacts.validate("summary", stamped(stats.summarize(memory_frame(True), baseline="A", candidate="B",
+                                                          metrics=["decode_tok_s"])))
+    artifacts.validate("summary", stamped(stats.summarize(load("aa_contended.csv"), baseline="A", candidate="B")))
     path = tmp_path / "summary.json"
     artifacts.write_artifact(path, "summary", {**s, "inputs": {"measurements": "cd" * 32}})
     assert artifacts.read_artifact(path, "summary")["paired"] == json.loads(json.dumps(s["paired"]))
 
 
-def test_schema_rejects_a_verdict_outside_the_four(known):
+def test_schema_rejects_a_verdict_outside_the_vocabulary(known):
     _, s = known
     bad = json.loads(json.dumps(stamped(s)))
-    bad["paired"]["256"]["decode_tok_s"]["verdict"] = "significant"
+    bad["paired"]["256"]["decode_tok_s"]["verdict"] = "no detectable difference"
     with pytest.raises(artifacts.ArtifactError, match="paired/256/decode_tok_s/verdict"):
         artifacts.validate("summary", bad)
 
 
-def test_summary_is_deterministic_for_a_seed():
-    df = load("aa_quiet.csv")
-    a = stats.summarize(df, baseline="A", candidate="B", seed=7, **FAST)
-    b = stats.summarize(df, baseline="A", candidate="B", seed=7, **FAST)
+def test_summary_is_deterministic():
+    df = load("aa_contended.csv")
+    a = stats.summarize(df, baseline="A", candidate="B", seed=7)
+    b = stats.summarize(df, baseline="A", candidate="B", seed=7)
     assert json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
 
 
@@ -359,9 +517,9 @@ def test_tables_hold_only_numbers_and_allowlisted_categories(known):
     tables = summary_tables(s)
     assert len(tables["summary"]) == 2 * 2 * 2 and len(tables["paired"]) == 2 * 2
     assert len(tables["ratios"]) == 10 * 2 + 4 * 2
-    allowed = {"arm", "metric", "verdict"}
+    allowed = {"arm", "metric", "verdict", "role"}
     for name, t in tables.items():
-        for col in t.columns:
+        for col in (t.columns if len(t) else []):
             if col not in allowed:
                 assert pd.api.types.is_numeric_dtype(t[col]) or pd.api.types.is_bool_dtype(t[col]), (name, col)
     row = tables["paired"].set_index(["length", "metric"]).loc[(512, "decode_tok_s")]
@@ -369,15 +527,15 @@ def test_tables_hold_only_numbers_and_allowlisted_categories(known):
 
 
 def test_report_speaks_plain_language():
-    df = load("aa_quiet.csv")
-    base = df[df["arm"] == "A"]
-    cand = base.assign(arm="B", decode_tok_s=base["decode_tok_s"] * 1.041
-                       * np.exp(np.random.default_rng(4).normal(0, 0.004, len(base))))
-    s = stats.summarize(pd.concat([base, cand]), baseline="A", candidate="B",
-                        metrics=["decode_tok_s"], **FAST)
+    s = stats.summarize(frame({64: ramp(math.log(1.041), 0.004)}), baseline="A", candidate="B",
+                        metrics=["decode_tok_s"])
     md = statistics_section(s)
     assert md.startswith("## Statistics")
-    line = next(l for l in md.splitlines() if "at 2048 tokens" in l and "decode" in l)
-    assert "**faster**" in line and "% higher" in line and "95% CI" in line and "p=" in line
-    aa = statistics_section(stats.summarize(df, baseline="A", candidate="B", **FAST))
-    assert "**no detectable difference**" in aa and "**faster**" not in aa and "**slower**" not in aa
+    line = next(l for l in md.splitlines() if "at 64 tokens" in l and "decode" in l)
+    assert line.startswith("- **faster**: decode throughput (`decode_tok_s`) at 64 tokens is 4.1% higher")
+    assert "95.00% interval" in line and "p = " in line
+    inc = statistics_section(stats.summarize(frame({64: ramp(0.0, 0.02)}), baseline="A", candidate="B",
+                                             metrics=["decode_tok_s"]))
+    line = next(l for l in inc.splitlines() if l.startswith("- **inconclusive**"))
+    assert "half-width ±5.0%" in line and "about 253 pairs would likely resolve it" in line
+    assert "this run would detect a change of about 8.5% or more" in line

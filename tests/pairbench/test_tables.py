@@ -1,6 +1,7 @@
 """measurements.csv: one row per record, selection = gates and verdicts, short publishable reasons."""
 
 import pandas as pd
+import pytest
 
 from pairbench.analysis import tables
 
@@ -73,3 +74,63 @@ def test_timing_agreement_is_client_over_engine():
                         "prefill_tok_s": 50.0, "engine_prefill_tok_s": 100.0}] * 3)
     row = tables.timing_agreement(df).iloc[0]
     assert round(row["decode_disagreement"], 6) == -0.01 and round(row["prefill_disagreement"], 6) == -0.5
+
+
+def test_an_unproven_cold_cache_is_excluded_unless_the_config_opts_in():
+    unproven = record("a", 1, 400, gates={"prompt_tokens": True, "completion_tokens": True, "cold_cache": None})
+    measures = [visit("a", 1, unproven, record("a", 1, 480))]
+    validations = {("r01-a", 0): {"records": [verdicts(400, token_counts="pass"), verdicts(480, token_counts="pass")]}}
+    df = tables.measurements_frame(measures, validations)
+    assert df[["length", "cold_cache", "selected", "reason"]].values.tolist() == [
+        [400, None, False, "gate cold_cache unproven"], [480, True, True, ""]]
+    opted = tables.measurements_frame(measures, validations, allow_unproven_cold_cache=True)
+    assert opted["selected"].tolist() == [True, True]
+    # a proven failure is never rescued by the opt-in
+    failed = record("a", 1, 400, ok=False, flags=["cold_cache: evaluated 10 of 400"],
+                    gates={"prompt_tokens": True, "completion_tokens": True, "cold_cache": False})
+    df = tables.measurements_frame([visit("a", 1, failed)], {("r01-a", 0): {"records": [verdicts(400, token_counts="pass")]}},
+                                   allow_unproven_cold_cache=True)
+    assert not df.loc[0, "selected"] and df.loc[0, "reason"] == "gate cold_cache"
+
+
+def test_repeats_are_rows_of_their_own_matched_to_their_validation():
+    recs = [{**record("a", 1, n, decode=d), "repeat": k} for k, d in ((1, 10.0), (2, 20.0)) for n in (400, 480)]
+    vals = [{**verdicts(n, token_counts="pass" if (k, n) != (2, 480) else "fail"), "repeat": k}
+            for k in (1, 2) for n in (400, 480)]
+    df = tables.measurements_frame([visit("a", 1, *recs)], {("r01-a", 0): {"records": vals}})
+    assert df[["repeat", "length", "selected", "decode_tok_s"]].values.tolist() == [
+        [1, 400, True, 10.0], [1, 480, True, 10.0], [2, 400, True, 20.0], [2, 480, False, 20.0]]
+
+
+def test_cold_cache_cross_check_catches_a_reused_prefix_the_counters_hide():
+    from pairbench.analysis import coldcheck
+
+    rows = [{"arm": "a", "length": n, "prompt_tokens": n, "selected": True, "ttft_ms": ms}
+            for n, ms in ((256, 600.0), (256, 610.0), (256, 590.0), (1024, 2500.0), (1024, 2450.0), (1024, 2550.0))]
+    [honest] = coldcheck.cross_check(pd.DataFrame(rows))
+    assert honest["ok"] and honest["scaling_ok"] and honest["shortcuts"] == 0
+    assert honest["ms_per_1k_tokens"] == pytest.approx(1000 * (2500 - 600) / (1024 - 256))
+    assert honest["detail"].startswith("consistent with a cold cache: median time to first token 600 ms at 256, "
+                                       "2500 ms at 1024 tokens")
+    # one repeat answered from a cached prefix: the engine still claimed 1024 evaluated tokens
+    cheat = rows[:-1] + [{**rows[-1], "ttft_ms": 90.0}]  # under a quarter of the 2500 ms median
+    [c] = coldcheck.cross_check(pd.DataFrame(cheat))
+    assert not c["ok"] and c["shortcuts"] == 1 and "INCONSISTENT" in c["detail"]
+    # an engine whose TTFT does not grow with the tokens it claims to evaluate
+    flat = [{**r, "ttft_ms": 100.0} for r in rows]
+    [f] = coldcheck.cross_check(pd.DataFrame(flat))
+    assert f["scaling_ok"] is False and not f["ok"]
+
+
+def test_host_load_helpers():
+    from pairbench.measure import hostload
+
+    assert hostload.pin_sets(False, [0, 1]) == (None, None)
+    assert hostload.pin_sets("auto", [0, 1, 2]) == ([1, 2], [0])
+    assert hostload.pin_sets(True, [3]) == (None, None)  # one CPU: nothing to separate
+    with pytest.raises(ValueError, match="server.pin: unknown mode 'maybe'"):
+        hostload.pin_sets("maybe", [0, 1])
+    assert hostload.external_load(1.4, 0.5) is False and hostload.external_load(1.6, 0.5) is True
+    assert hostload.external_load(None, 0.5) is None
+    snap = hostload.snapshot()
+    assert snap["cpus"] >= 1 and set(snap) == {"load1", "load5", "load15", "cpus", "cpu_mhz", "governor"}

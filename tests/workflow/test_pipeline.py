@@ -127,7 +127,10 @@ def test_deleting_one_visit_redoes_only_it_and_its_dependents(tiny_run):
 
 BAD_CONFIGS = {
     "unknown key": ("colour: blue\n", "config key 'colour': unknown key"),
-    "wrong type": ("rounds: two\n", "config key 'rounds': 'two' is not of type 'integer'"),
+    "wrong type": ("rounds: two\n", "config key 'rounds': 'two' is not of type 'integer' or 'object'"),
+    "adaptive without a target": ("rounds: {min: 4, max: 8}\n", "config key 'rounds': 'target_halfwidth' is a required property"),
+    "same question twice": ("stats: {metrics: [prefill_tok_s, ttft_ms]}\n",
+                            "stats.metrics: prefill_tok_s and ttft_ms answer the same question (prefill)"),
     "zero rounds": ("rounds: 0\n", "config key 'rounds': 0 is less than the minimum of 1"),
     "above context": ("lengths: [400, 3000]\n", "lengths[1]: 3000 input + 8 output tokens"),
     "missing patch": ("arms:\n  baseline: {}\n  candidate: {patches: [config/patches/missing.patch]}\n",
@@ -221,7 +224,7 @@ def test_each_gate_fires_and_flagged_records_are_kept_and_disclosed(scratch):
     assert sorted(p.name for p in (res / "measure").glob("*.retry*")) == ["r01-cache.retry1.json",
                                                                           "r02-cache.retry1.json"]
     readme = (res / "publish" / "README.md").read_text()
-    assert "16 flagged and excluded from the statistics" in readme
+    assert "16 failed a gate and are excluded from the statistics" in readme
     assert "prompt_tokens: got 401, planned 400" in readme
     assert "completion_tokens: got 6, planned 8" in readme
     assert "and 2 partial-visit validation retry(ies) (2 gate failure)." in readme
@@ -346,3 +349,42 @@ def test_validator_timeout_earns_a_disclosed_partial_visit_retry(scratch):
     assert len(df) == 8 and df["selected"].sum() == 6, "r02-candidate's timed-out records are excluded again"
     assert "Retries: none (" in (res / "publish" / "README.md").read_text()
     assert read_artifact(res / "audit.json", "audit")["ok"]
+
+
+ADAPTIVE_CONFIG = """\
+label: {label}
+model: tiny
+arms:
+  baseline: {{source: tests/fakes/engine}}
+  candidate: {{source: tests/fakes/engine}}
+lengths: [400, 480]
+output_tokens: 8
+rounds: {{min: 8, max: 10, target_halfwidth: {target}}}
+repeats: 2
+seed: 0
+validate: {{cases: [token_counts, matches_baseline]}}
+stats: {{metrics: [decode_tok_s]}}
+"""
+
+
+@pytest.mark.parametrize("label, target, run, decision", [("wide", 0.9, 8, "stop"), ("narrow", 0.0001, 10, "continue")])
+def test_adaptive_rounds_add_blocks_until_the_intervals_are_narrow_enough(scratch, label, target, run, decision):
+    cfg = scratch / f"{label}.yaml"
+    cfg.write_text(ADAPTIVE_CONFIG.format(label=label, target=target))
+    snakemake(scratch, "--cores", "1", "--configfile", str(cfg))
+    res = scratch / "results" / label
+    assert sorted(p.name for p in (res / "adapt").iterdir()) == ["r08.json"]
+    assert read_artifact(res / "adapt" / "r08.json", "adapt")["decision"] == decision
+    assert len(list((res / "measure").glob("r*.json"))) == 2 * run  # visits of rounds 1..run only
+    df = pd.read_csv(res / "tables" / "measurements.csv")
+    assert df["round"].max() == run and set(df["repeat"]) == {1, 2}
+    summary = read_artifact(res / "stats" / "summary.json", "summary")
+    r = summary["run"]["rounds"]
+    assert (r["adaptive"], r["planned"], r["run"]) == (True, 10, run)
+    assert r["stop_reason"].startswith("stopped after 8 rounds" if decision == "stop" else "stopped at the maximum of 10")
+    readme = (res / "publish" / "README.md").read_text()
+    assert f"- Rounds: adaptive, 8 to 10 in blocks of 2 (target half-width ±{target:.1%}" in readme
+    assert verify_bundle(res / "publish") == []
+    # nothing left to do, and the no-op dry run stays cheap
+    out = snakemake(scratch, "-n", "--configfile", str(cfg))
+    assert "Nothing to be done" in out.stdout + out.stderr

@@ -32,7 +32,8 @@ def _verify(args: argparse.Namespace) -> int:
     if problems:
         print(f"FAILED: {len(problems)} problem(s) in {args.bundle}", file=sys.stderr)
         return 1
-    checked = "MANIFEST hashes, schemas, fixture hashes, scripts" + (", patches and patched-file hashes" if args.source else "")
+    checked = ("MANIFEST hashes, schemas, fixture hashes, scripts, every verdict and number recomputed from "
+               "tables/measurements.csv" + (", patches and patched-file hashes" if args.source else ""))
     print(f"OK: {args.bundle} verified ({checked})")
     return 0
 

@@ -44,9 +44,10 @@ RES = f"results/{CFG['label']}"
 LOGS = f"logs/{CFG['label']}"
 ARMS = pb_config.arm_names(CFG)
 LENGTHS = [str(n) for n in CFG["lengths"]]
-VISITS = pb_plan.visits(CFG)
+VISITS = pb_plan.visits(CFG)  # every visit the plan holds (up to rounds.max when adaptive)
 VISIT_IDS = [v["id"] for v in VISITS]
 BASELINE = pb_config.baseline_arm(CFG)
+ADAPTIVE = pb_plan.adaptive(CFG)  # None: fixed rounds
 
 
 def crosscheck_arms(cfg):
@@ -68,6 +69,7 @@ wildcard_constraints:
     length="|".join(LENGTHS),
     visit="|".join(VISIT_IDS),
     n="[1-9][0-9]*",
+    rounds="[0-9]{2}",
 
 
 def arm_patches(cfg, arm):
@@ -197,9 +199,58 @@ def validation_chain(visit_id):
     return chain
 
 
+def adapt_decisions():
+    """The adaptive-rounds decisions the run consulted, in order: [(rounds done, path)], [] for fixed
+    rounds. Reading a decision needs it to exist: until it does, the checkpoint raises and Snakemake
+    adds its job (after the visits it reads) and asks again."""
+    if ADAPTIVE is None:
+        return []
+    out, r = [], ADAPTIVE["min"]
+    while r < ADAPTIVE["max"]:
+        path = checkpoints.adapt.get(rounds=f"{r:02d}").output.adapt
+        out.append((r, path))
+        if read_artifact(path, "adapt")["decision"] == "stop":
+            break
+        r += ADAPTIVE["block"]
+    return out
+
+
+def run_rounds():
+    """Rounds this run measures: the plan's, or as far as the adaptive decisions went."""
+    if ADAPTIVE is None:
+        return pb_plan.rounds_bounds(CFG)[1]
+    decisions = adapt_decisions()
+    if not decisions:
+        return ADAPTIVE["min"]  # min == max: nothing to decide
+    last_r, last = decisions[-1]
+    return last_r if read_artifact(last, "adapt")["decision"] == "stop" else last_r + ADAPTIVE["block"]
+
+
+def run_visit_ids():
+    """The visits this run measures, in plan order."""
+    n = run_rounds()
+    return [v["id"] for v in VISITS if v["round"] <= n]
+
+
+def segment_last_visit(visit_id):
+    """The last visit of the stretch of rounds measured before the next decision (the whole run for
+    fixed rounds): a visit's validation waits for it, so no validation runs beside a measurement."""
+    if ADAPTIVE is None:
+        return VISIT_IDS[-1]
+    r = visit_by_id(VISITS, visit_id)["round"]
+    end = ADAPTIVE["min"]
+    while end < r:
+        end += ADAPTIVE["block"]
+    return [v["id"] for v in VISITS if v["round"] <= end][-1]
+
+
+def visits_through(rounds):
+    return [v["id"] for v in VISITS if v["round"] <= rounds]
+
+
 def chain_artifacts(kind, retries_only=False):
-    """Every visit's measure (kind 0) or validate (kind 1) artifacts, its retries' included."""
-    return [pair[kind] for v in VISIT_IDS for pair in validation_chain(v)[1 if retries_only else 0:]]
+    """Every measured visit's measure (kind 0) or validate (kind 1) artifacts, its retries' included."""
+    return [pair[kind] for v in run_visit_ids() for pair in validation_chain(v)[1 if retries_only else 0:]]
 
 
 def retry_after(visit_id, n):
@@ -208,21 +259,23 @@ def retry_after(visit_id, n):
     of retries first (not only the previous visit's, which may have none). Nothing else (no visit,
     no validation, no other retry) runs beside one, whatever --cores is, in a resumed run too."""
     v = visit_by_id(VISITS, visit_id)
-    after = [validate_path(RES, u, 0) for u in VISIT_IDS]
-    after += [validation_chain(u["id"])[-1][1] for u in VISITS[: v["index"] - 1]]
+    measured = run_visit_ids()
+    after = [validate_path(RES, u, 0) for u in measured]
+    after += [validation_chain(u["id"])[-1][1] for u in VISITS[: v["index"] - 1] if u["id"] in measured]
     return [ancient(p) for p in dict.fromkeys(after)]
 
 
 def all_artifacts(cfg, res, visit_ids, lengths):
-    """Every artifact of a run, stage by stage (the inputs of rule all)."""
+    """Every artifact of a run, stage by stage (the inputs of rule all); *visit_ids* the measured ones."""
     arms = list(cfg["arms"])
     return [
         f"{res}/plan.json",
         *(f"{res}/{kind}/{arm}.json" for kind in ("source", "build", "warmup") for arm in arms),
         *(f"{res}/fixtures/{n}.json" for n in lengths),
         *(f"{res}/{kind}/{v}.json" for kind in ("measure", "validate") for v in visit_ids),
+        *(path for _, path in adapt_decisions()),
         f"{res}/stats/summary.json",
-        *(f"{res}/tables/{t}.csv" for t in ("measurements", "summary", "paired", "ratios", "timing_agreement")),
+        *(f"{res}/tables/{t}.csv" for t in ("measurements", "summary", "paired", "ratios", "memory", "timing_agreement")),
         *(f"{res}/plots/{p}.png" for p in ("ratios", "drift")),
         *(f"{res}/crosscheck/{arm}.json" for arm in crosscheck_arms(cfg)),
         *([f"{res}/stats/crosscheck.json"] if crosscheck_arms(cfg) else []),

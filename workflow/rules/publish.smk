@@ -17,6 +17,7 @@ rule publish:
         summary_csv=f"{RES}/tables/summary.csv",
         paired_csv=f"{RES}/tables/paired.csv",
         ratios_csv=f"{RES}/tables/ratios.csv",
+        memory_csv=f"{RES}/tables/memory.csv",
         timing_csv=f"{RES}/tables/timing_agreement.csv",
         ratios_png=f"{RES}/plots/ratios.png",
         drift_png=f"{RES}/plots/drift.png",

@@ -12,8 +12,9 @@ checkpoint validate:
         **validation_inputs(),
         measure=f"{RES}/measure/{{visit}}.json",
         outputs=expand(f"{RES}/private/outputs/{{{{visit}}}}-{{length}}.json", length=LENGTHS),
-        # Ordering only: validation (sandboxed subprocesses) never runs while a visit is measuring.
-        last_visit=ancient(visit_marker(RES, VISIT_IDS[-1])),
+        # Ordering only: validation (sandboxed subprocesses) never runs while a visit is measuring:
+        # it waits for the last visit before the next adaptive decision (or of the run).
+        last_visit=lambda wc: ancient(visit_marker(RES, segment_last_visit(wc.visit))),
     output:
         validate=f"{RES}/validate/{{visit}}.json",
     params:
@@ -56,7 +57,7 @@ rule retire:
     output:
         retired=f"{RES}/private/retired.json",
     params:
-        chain=lambda wc: {v: len(validation_chain(v)) - 1 for v in VISIT_IDS},
+        chain=lambda wc: {v: len(validation_chain(v)) - 1 for v in run_visit_ids()},
         res_dir=lambda wc, output: str(Path(output.retired).parent.parent),
     log:
         f"{LOGS}/retire.log",

@@ -12,12 +12,11 @@ Per row, ``tool_ratio`` = the median over the tool's rounds of candidate / basel
 round: the two arms ran back to back), and two judgements:
 
 - ``direction``: the tool's ratio classified with the run's own noise threshold (``faster`` above
-  1 + noise, ``slower`` below 1 - noise, else ``no detectable difference``), against pairbench's
-  verdict. Where pairbench claims an effect (``faster``/``slower``), the tool must show the same one:
-  ``agree``, else ``disagree``. Where pairbench detected none (``no detectable difference``: p not
-  below alpha, or the CI reaching into 1 ± noise; not a proof of equivalence), ``agree`` if the tool
-  shows none either, else ``undecided``: pairbench made no claim the tool could contradict. Where
-  pairbench is ``inconclusive``: ``undecided``;
+  1 + noise, ``slower`` below 1 - noise, else ``equivalent``), against pairbench's verdict. Where
+  pairbench makes a claim (``faster``, ``slower`` or ``equivalent``: its interval wholly beyond or
+  wholly inside 1 ± noise), the tool must show the same: ``agree``, else ``disagree``. Where
+  pairbench is ``inconclusive`` (or the metric is secondary, untested): ``undecided``, since
+  pairbench made no claim the tool could contradict;
 - ``size``: ``within CI`` when the tool's ratio lies inside pairbench's bootstrap CI of the
   ratio, else ``outside CI``; ``size_gap`` = tool ratio / pairbench's Hodges-Lehmann ratio - 1.
 
@@ -50,7 +49,7 @@ def classify(ratio: float | None, noise: float) -> str | None:
         return "faster"
     if ratio < 1 - noise:
         return "slower"
-    return "no detectable difference"
+    return "equivalent"
 
 
 def compare(summary: dict, baseline: dict, candidate: dict, *, output_tokens: int) -> dict:
@@ -70,10 +69,8 @@ def compare(summary: dict, baseline: dict, candidate: dict, *, output_tokens: in
             ratio = statistics.median(pairs) if pairs else None
             tool_dir = classify(ratio, noise)
             verdict = cell["verdict"]
-            if verdict in ("faster", "slower") and tool_dir is not None:
+            if verdict in ("faster", "slower", "equivalent") and tool_dir is not None:
                 direction = "agree" if tool_dir == verdict else "disagree"
-            elif verdict == "no detectable difference" and tool_dir == verdict:
-                direction = "agree"
             else:
                 direction = "undecided"
             lo, hi, hl = cell["ci_low"], cell["ci_high"], cell["hl_ratio"]
@@ -106,8 +103,7 @@ def statement(body: dict) -> str:
     if c["disagree"]:
         parts.append(f"disagree in {c['disagree']}")
     if c["undecided"]:
-        parts.append(f"{c['undecided']} undecided (pairbench claimed no effect there, {body['tool']} saw one, "
-                     "or pairbench was inconclusive)")
+        parts.append(f"{c['undecided']} undecided (pairbench was inconclusive there, or the metric is not tested)")
     size = (f"{body['tool']}'s ratio lies inside pairbench's confidence interval in "
             f"{body['size_within_ci']} of {n}")
     return "; ".join(parts) + ". " + size + "."

@@ -20,8 +20,8 @@ import pandas as pd  # noqa: E402
 
 from pairbench.analysis.stats import METRICS, StatsInputError, as_bool  # noqa: E402
 
-VERDICT_COLOURS = {"faster": "tab:green", "slower": "tab:red",
-                   "no detectable difference": "tab:blue", "inconclusive": "tab:orange"}
+VERDICT_COLOURS = {"faster": "tab:green", "slower": "tab:red", "equivalent": "tab:blue",
+                   "inconclusive": "tab:orange", None: "tab:gray"}  # None: a secondary metric, not tested
 ARM_STYLES = ("o-", "s--", "^-.", "d:")
 
 
@@ -45,7 +45,7 @@ def plot_ratios(summary: dict, path: str | os.PathLike) -> None:
     estimate with its CI band, the ±noise band around 1, and the verdict in the title."""
     paired = summary.get("paired") or {}
     lengths = sorted(paired, key=int)
-    metrics = list(summary.get("metrics") or {})
+    metrics = [m for m, v in (summary.get("metrics") or {}).items() if v.get("role") != "memory"]
     if not lengths or not metrics:
         raise StatsInputError("summary has no paired results to plot (no lengths or metrics)")
     noise = summary["params"]["noise"]
@@ -62,7 +62,8 @@ def plot_ratios(summary: dict, path: str | os.PathLike) -> None:
             ax.axhline(1.0, color="black", lw=0.8, ls=":")
             colour = VERDICT_COLOURS[p["verdict"]]
             if p["ci_low"] is not None and p["ci_high"] is not None:
-                ax.axhspan(p["ci_low"], p["ci_high"], color=colour, alpha=0.22, lw=0, label="95% CI of HL")
+                ax.axhspan(p["ci_low"], p["ci_high"], color=colour, alpha=0.22, lw=0,
+                           label="HL interval (its level in the title)")
             if p["hl_ratio"] is not None:
                 ax.axhline(p["hl_ratio"], color=colour, lw=1.6, label="HL estimate")
             rounds = [q["round"] for q in p["pairs"] if q["valid"]]
@@ -70,7 +71,8 @@ def plot_ratios(summary: dict, path: str | os.PathLike) -> None:
             ax.plot(rounds, ratios, "o", color="black", ms=4, label="per-round ratio")
             ax.grid(axis="y", alpha=0.3)
             better = "higher" if p["higher_is_better"] else "lower"
-            ax.set_title(f"{metric} @ {length} tok: {p['verdict']}", fontsize=9, color=colour)
+            verdict = p["verdict"] or "shown, not tested"
+            ax.set_title(f"{metric} @ {length} tok: {verdict} ({p['ci_level']:.1%})", fontsize=9, color=colour)
             if col == 0:
                 ax.set_ylabel(f"candidate / baseline\n({better} is faster)", fontsize=8)
             if row == len(metrics) - 1:

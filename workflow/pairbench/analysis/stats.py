@@ -1,64 +1,59 @@
-"""Comparing two arms: descriptive statistics, paired ratios, verdicts and disclosures.
+"""Comparing two arms: descriptive statistics, paired comparisons, verdicts and disclosures.
 
-This is the *comparing* module of pairbench (measuring lives in ``measure``, reporting in ``report``;
+This is the *comparing* module of pairbench (measuring lives in ``measure``, reporting in ``publish``;
 the split is pyperf's). It reads one row per steady request (``tables/measurements.csv``, see
 docs/contracts.md §2) and returns the JSON-able body of ``stats/summary.json``. docs/statistics.md
-explains every method and rule used here; the short version:
+explains every method and rule; the short version:
 
-- Only rows with ``selected == True`` enter the statistics. Every other row is listed, with its
-  reason, under ``disclosures.excluded``: nothing is dropped silently.
-- Per arm × length × metric: n, full-N median, min, max and a trimmed mean (``trim`` values dropped
-  from *each* end; default ``n // 10`` per end, at least 1 once n ≥ 5).
-- Per length × metric: the per-round paired ratio candidate/baseline (pairs matched by ``round``),
-  its median, the Hodges–Lehmann estimate of the log ratios back-transformed to a ratio, a 95% paired
-  BCa bootstrap CI of that estimate (``scipy.stats.bootstrap``, seeded) and the two-sided Wilcoxon
-  signed-rank p of the log ratios (``scipy.stats.wilcoxon``).
-- Verdict: ``faster``/``slower`` only when p < alpha *and* the whole CI lies outside 1 ± noise;
-  ``inconclusive`` when n pairs can never reach p < alpha or anything fails or is NaN; otherwise
-  ``no detectable difference``. There is no path by which an error becomes a difference (pyperf's
-  ``is_significant`` fallback is the counter-example).
-- Disclosures: slow samples (|robust z| > 3.5, z from the median absolute deviation) are flagged and
-  *retained*; a median-based change and a trimmed-mean-based change that disagree in sign or by more
-  than the noise threshold are reported; excluded rows, retries and unpaired rounds are listed.
+- Only rows with ``selected == True`` enter the statistics; every other row is listed, with its
+  reason, under ``disclosures.excluded``.
+- Per arm × length × metric: n, full-N median, min, max and a trimmed mean over the requests.
+- The paired unit is the *visit*: per round, arm and length, the median of its selected repeats
+  (``repeat`` column; one request per visit without it). Pairs are matched by round.
+- Primary metrics (``metrics``: one per question, see :data:`QUESTIONS`) are tested: the
+  Hodges–Lehmann interval of log(candidate/baseline) that inverts the exact Wilcoxon signed-rank
+  test (:mod:`~pairbench.analysis.signrank`), at the level Holm assigns across primary metrics ×
+  lengths (:mod:`~pairbench.analysis.verdicts`), and a verdict read from it: faster / slower /
+  equivalent / inconclusive. Secondary metrics are shown with their unadjusted interval, never
+  tested. Memory metrics (``memory``) are compared per length: an exact ratio when constant across
+  rounds, otherwise tested like speed (smaller / larger / equivalent / inconclusive).
+- Disclosures: slow samples flagged and retained, median vs trimmed-mean disagreements, excluded
+  rows, retries, unpaired cells, pairs dropped because a validation retry measured one side later.
 """
 
 from __future__ import annotations
 
 import math
-import warnings
 from typing import Any, Iterable
 
 import numpy as np
 import pandas as pd
 import scipy.stats
 
-# The metrics a verdict can be given for, with their orientation. A speed verdict ("faster") needs
-# to know which way is better: throughput is better higher, latency better lower.
-METRICS: dict[str, dict[str, Any]] = {
-    "decode_tok_s": {"unit": "tok/s", "higher_is_better": True, "label": "decode throughput"},
-    "prefill_tok_s": {"unit": "tok/s", "higher_is_better": True, "label": "prefill throughput"},
-    "engine_decode_tok_s": {"unit": "tok/s", "higher_is_better": True,
-                            "label": "engine-reported decode throughput"},
-    "engine_prefill_tok_s": {"unit": "tok/s", "higher_is_better": True,
-                             "label": "engine-reported prefill throughput"},
-    "ttft_ms": {"unit": "ms", "higher_is_better": False, "label": "time to first token"},
-    "e2e_ms": {"unit": "ms", "higher_is_better": False, "label": "end-to-end time"},
-}
-DEFAULT_METRICS = ("decode_tok_s", "prefill_tok_s", "ttft_ms", "e2e_ms")
+from pairbench.analysis import verdicts as pb_verdicts
+from pairbench.analysis.signrank import hodges_lehmann, min_attainable_p as min_attainable_wilcoxon_p
+from pairbench.core import metrics as _metrics
+# The metric registry (unit, orientation, question) is core's: the config check reads it too.
+from pairbench.core.metrics import (DEFAULT_MEMORY, DEFAULT_METRICS, DEFAULT_SECONDARY, MEMORY_METRICS,
+                                    METRICS, QUESTIONS, SPEED_METRICS)
+
+
 REQUIRED_COLUMNS = ("round", "arm", "length", "selected")
-VERDICTS = ("faster", "slower", "no detectable difference", "inconclusive")
-CI_LEVEL = 0.95
+VERDICTS = ("faster", "slower", "equivalent", "inconclusive")
+MEMORY_VERDICTS = ("smaller", "larger", "equivalent", "inconclusive")
 SLOW_Z = 3.5  # Iglewicz & Hoaglin's cut-off for the modified (MAD-based) z-score
+VISIT_SUMMARY = "median"  # of a visit's repeats: the paired unit
 
 __all__ = [
-    "METRICS", "DEFAULT_METRICS", "VERDICTS", "StatsInputError",
-    "summarize", "as_bool",
+    "METRICS", "DEFAULT_METRICS", "DEFAULT_SECONDARY", "DEFAULT_MEMORY", "QUESTIONS", "SPEED_METRICS",
+    "MEMORY_METRICS", "VERDICTS", "paired_differences",
+    "MEMORY_VERDICTS", "StatsInputError", "summarize", "as_bool", "check_metric_lists",
     "default_trim", "trimmed_mean", "hodges_lehmann", "robust_z", "min_attainable_wilcoxon_p",
 ]
 
 
 class StatsInputError(ValueError):
-    """The measurements table cannot be summarised; the message names the column, arm or row."""
+    """The measurements table cannot be summarised; the message names the key, column, arm or row."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -66,12 +61,7 @@ class StatsInputError(ValueError):
 
 
 def default_trim(n: int) -> int:
-    """Values dropped from EACH end when no trim is configured.
-
-    ``n // 10`` per end (the 10% trimmed mean: 10 rounds leave 8, 20 leave 16), but at least 1 per
-    end once n ≥ 5, so that one wild sample in a short run cannot drag the mean; below 5 nothing is
-    dropped (trimming would leave too little to average).
-    """
+    """Values dropped from EACH end when no trim is configured: ``n // 10``, at least 1 once n ≥ 5."""
     if n < 5:
         return 0
     return max(1, n // 10)
@@ -87,17 +77,6 @@ def trimmed_mean(values: Iterable[float], trim: int) -> float:
     return float(x[trim:x.size - trim].mean())
 
 
-def hodges_lehmann(x: np.ndarray, axis: int = -1) -> np.ndarray:
-    """One-sample Hodges–Lehmann estimate: the median of all Walsh averages (x_i + x_j)/2, i ≤ j.
-
-    It is the location estimate that goes with the Wilcoxon signed-rank test. Vectorised along
-    *axis* so that ``scipy.stats.bootstrap`` can call it on a whole batch of resamples.
-    """
-    x = np.moveaxis(np.asarray(x, dtype=float), axis, -1)
-    i, j = np.triu_indices(x.shape[-1])
-    return np.median((x[..., i] + x[..., j]) / 2.0, axis=-1)
-
-
 def robust_z(values: Iterable[float]) -> np.ndarray:
     """Modified z-scores (x − median) / (1.4826 · MAD); all NaN when the MAD is 0 (no spread)."""
     x = np.asarray(list(values), dtype=float)
@@ -105,17 +84,6 @@ def robust_z(values: Iterable[float]) -> np.ndarray:
     if not np.isfinite(mad) or mad == 0:
         return np.full(x.shape, np.nan)
     return (x - np.median(x)) / mad
-
-
-def min_attainable_wilcoxon_p(n: int) -> float:
-    """Smallest two-sided exact Wilcoxon signed-rank p possible with *n* non-zero differences.
-
-    The most extreme outcome (all differences of one sign) has probability 2^-n under the null on
-    each side, so the best two-sided p is 2 · 2^-n = 2^(1-n): 0.0625 for 5 pairs, 0.03125 for 6.
-    """
-    if n <= 0:
-        return 1.0
-    return min(1.0, 2.0 ** (1 - n))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -139,15 +107,21 @@ def as_bool(series: pd.Series, column: str) -> pd.Series:
     return pd.Series(out, index=series.index, dtype=bool)
 
 
-def _check_input(df: pd.DataFrame, baseline: str, candidate: str, metrics: tuple[str, ...]) -> pd.DataFrame:
+def check_metric_lists(metrics: Iterable[str], secondary: Iterable[str] = (), memory: Iterable[str] = (),
+                       where: str = "stats") -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
+    """:func:`pairbench.core.metrics.check_metric_lists`, raising :class:`StatsInputError`."""
+    try:
+        return _metrics.check_metric_lists(metrics, secondary, memory, where)
+    except ValueError as exc:
+        raise StatsInputError(str(exc)) from None
+
+
+def _check_input(df: pd.DataFrame, baseline: str, candidate: str, metrics: tuple[str, ...],
+                 optional: tuple[str, ...]) -> pd.DataFrame:
     if not isinstance(df, pd.DataFrame):
         raise StatsInputError(f"measurements must be a pandas DataFrame, got {type(df).__name__}")
     if baseline == candidate:
         raise StatsInputError(f"baseline and candidate are the same arm {baseline!r}")
-    for metric in metrics:
-        if metric not in METRICS:
-            raise StatsInputError(
-                f"metric {metric!r} has no known orientation; known: {', '.join(METRICS)}")
     missing = [c for c in (*REQUIRED_COLUMNS, *metrics) if c not in df.columns]
     if missing:
         raise StatsInputError(f"measurements table lacks column(s): {', '.join(missing)}")
@@ -156,12 +130,13 @@ def _check_input(df: pd.DataFrame, baseline: str, candidate: str, metrics: tuple
     if "ok" in df.columns:
         df["ok"] = as_bool(df["ok"], "ok")
     df["arm"] = df["arm"].astype(str)
-    for column in ("round", "length"):
+    ints = ["round", "length"] + [c for c in ("repeat",) if c in df.columns]
+    for column in ints:
         try:
             df[column] = pd.to_numeric(df[column], errors="raise").astype(int)
         except (ValueError, TypeError) as exc:
             raise StatsInputError(f"column {column!r} must hold integers: {exc}") from None
-    for metric in metrics:
+    for metric in (*metrics, *(m for m in optional if m in df.columns)):
         try:
             df[metric] = pd.to_numeric(df[metric], errors="raise").astype(float)
         except (ValueError, TypeError) as exc:
@@ -180,13 +155,15 @@ def _check_input(df: pd.DataFrame, baseline: str, candidate: str, metrics: tuple
                 f"false), e.g. arm {first['arm']!r}, length {first['length']}, round {first['round']}: "
                 f"a gated record must never enter the statistics")
     sel = df[df["selected"] & df["arm"].isin([baseline, candidate])]
-    dup = sel[sel.duplicated(["arm", "length", "round"], keep=False)]
+    cell = ["arm", "length", "round"] + (["repeat"] if "repeat" in df.columns else [])
+    dup = sel[sel.duplicated(cell, keep=False)]
     if not dup.empty:
         first = dup.iloc[0]
+        what = f", repeat {first['repeat']}" if "repeat" in df.columns else ""
         raise StatsInputError(
             f"more than one selected row for arm {first['arm']!r}, length {first['length']}, round "
-            f"{first['round']} (rows {', '.join(map(str, dup.index[:6]))}): the measure stage must "
-            f"select exactly one steady record per round, arm and length")
+            f"{first['round']}{what} (rows {', '.join(map(str, dup.index[:6]))}): the measure stage must "
+            f"select exactly one steady record per round, arm, length" + (" and repeat" if what else ""))
     return df
 
 
@@ -234,76 +211,45 @@ def _int_or_none(value: Any) -> int | None:
         return None
 
 
-def _paired(base: pd.Series, cand: pd.Series, metric: str, *, alpha: float, noise: float,
-            seed: int, n_resamples: int) -> dict:
-    """Paired comparison of one metric at one length. *base*/*cand* are indexed by round."""
-    rounds = sorted(set(base.index) & set(cand.index))
-    b = base.reindex(rounds).to_numpy(dtype=float)
-    c = cand.reindex(rounds).to_numpy(dtype=float)
-    valid = np.isfinite(b) & np.isfinite(c) & (b > 0) & (c > 0)
-    ratio = np.where(valid, c / np.where(b > 0, b, np.nan), np.nan)
-    pairs = [{"round": int(r), "baseline": _num(bv), "candidate": _num(cv), "ratio": _num(rv),
-              "valid": bool(ok)} for r, bv, cv, rv, ok in zip(rounds, b, c, ratio, valid)]
-    higher = METRICS[metric]["higher_is_better"]
-    out: dict[str, Any] = {
-        "higher_is_better": higher,
-        "n_pairs": int(valid.sum()),
-        "n_invalid_pairs": int((~valid).sum()),
-        "unpaired_rounds": {"baseline": sorted(int(r) for r in set(base.index) - set(cand.index)),
-                            "candidate": sorted(int(r) for r in set(cand.index) - set(base.index))},
-        "pairs": pairs,
-        "median_ratio": None, "hl_ratio": None, "ci_low": None, "ci_high": None,
-        "p_value": None, "min_attainable_p": None,
-        "verdict": "inconclusive", "reason": "",
-    }
-    b, c = b[valid], c[valid]
-    d = np.log(c) - np.log(b)
-    n_nonzero = int(np.count_nonzero(d))
-    out["min_attainable_p"] = min_attainable_wilcoxon_p(n_nonzero)
-    if d.size:
-        out["median_ratio"] = _num(np.median(c / b))
-        out["hl_ratio"] = _num(np.exp(hodges_lehmann(d)))
-    if out["min_attainable_p"] >= alpha:
-        out["reason"] = (f"too few valid pairs: {n_nonzero} non-zero paired differences can reach at "
-                         f"best p = {out['min_attainable_p']:.4g}, not below alpha = {alpha:g}")
-        return out
-    try:
-        with warnings.catch_warnings():
-            # A degenerate bootstrap returns NaN with a warning; NaN is handled below.
-            warnings.simplefilter("ignore")
-            boot = scipy.stats.bootstrap(
-                (b, c), lambda bb, cc, axis=-1: hodges_lehmann(np.log(cc) - np.log(bb), axis=axis),
-                paired=True, vectorized=True, n_resamples=n_resamples,
-                # cap the (resamples x Walsh averages) working array at ~20M floats
-                batch=max(1, min(n_resamples, 20_000_000 // (d.size * (d.size + 1) // 2))),
-                confidence_level=CI_LEVEL, method="BCa", rng=np.random.default_rng(seed))
-            test = scipy.stats.wilcoxon(d, zero_method="wilcox", alternative="two-sided")
-        ci_low, ci_high = (math.exp(v) for v in (boot.confidence_interval.low,
-                                                  boot.confidence_interval.high))
-        p = float(test.pvalue)
-    except Exception as exc:  # noqa: BLE001 - any failure must land on "inconclusive"
-        out["reason"] = f"statistics failed: {type(exc).__name__}: {exc}"
-        return out
-    out.update(ci_low=_num(ci_low), ci_high=_num(ci_high), p_value=_num(p))
-    if None in (out["hl_ratio"], out["median_ratio"], out["ci_low"], out["ci_high"], out["p_value"]):
-        out["reason"] = "a statistic came out NaN (degenerate data, e.g. identical ratios)"
-        return out
-    outside_up = ci_low > 1.0 + noise
-    outside_down = ci_high < 1.0 - noise
-    if p < alpha and (outside_up or outside_down):
-        better = outside_up if higher else outside_down
-        out["verdict"] = "faster" if better else "slower"
-        out["reason"] = (f"p = {p:.3g} < alpha = {alpha:g} and the {CI_LEVEL:.0%} CI "
-                         f"[{ci_low:.4f}, {ci_high:.4f}] lies outside 1 ± {noise:g}")
-    else:
-        out["verdict"] = "no detectable difference"
-        why = []
-        if p >= alpha:
-            why.append(f"p = {p:.3g} ≥ alpha = {alpha:g}")
-        if not (outside_up or outside_down):
-            why.append(f"the {CI_LEVEL:.0%} CI [{ci_low:.4f}, {ci_high:.4f}] reaches into 1 ± {noise:g}")
-        out["reason"] = "; ".join(why)
-    return out
+def _visits(sel: pd.DataFrame, arm: str, length: int, metric: str) -> tuple[pd.Series, pd.Series, pd.Series]:
+    """Per round: the visit summary (median of the selected repeats with a positive finite value),
+    the number of repeats it summarises, and whether any of them came from a validation retry."""
+    cell = sel[(sel["arm"] == arm) & (sel["length"] == length)]
+    vals = cell[metric]
+    good = cell[np.isfinite(vals) & (vals > 0)]
+    rounds = sorted(int(r) for r in cell["round"].unique())
+    g = good.groupby("round")[metric]
+    summary = g.median().reindex(rounds)
+    n = g.size().reindex(rounds).fillna(0).astype(int)
+    retried = (cell.groupby("round")["retry"].max() > 0).reindex(rounds) if "retry" in cell.columns \
+        else pd.Series(False, index=rounds)
+    return summary, n, retried.fillna(False).astype(bool)
+
+
+def _pairs(sel: pd.DataFrame, baseline: str, candidate: str, length: int, metric: str) -> dict:
+    """The paired rounds of one length × metric: values, ratios, validity, unpaired and dropped."""
+    bs, bn, br = _visits(sel, baseline, length, metric)
+    cs, cn, cr = _visits(sel, candidate, length, metric)
+    common = sorted(set(bs.index) & set(cs.index))
+    pairs, d, dropped = [], [], []
+    for r in common:
+        b, c = bs.get(r), cs.get(r)
+        if br.get(r, False) or cr.get(r, False):
+            # a validation retry measured one side after every visit: not adjacent to its partner
+            arm = baseline if br.get(r, False) else candidate
+            dropped.append({"round": int(r), "arm": arm})
+            pairs.append({"round": int(r), "baseline": _num(b), "candidate": _num(c), "ratio": None,
+                          "valid": False, "n_baseline": int(bn.get(r, 0)), "n_candidate": int(cn.get(r, 0))})
+            continue
+        valid = b is not None and c is not None and np.isfinite(b) and np.isfinite(c) and b > 0 and c > 0
+        pairs.append({"round": int(r), "baseline": _num(b), "candidate": _num(c),
+                      "ratio": _num(c / b) if valid else None, "valid": bool(valid),
+                      "n_baseline": int(bn.get(r, 0)), "n_candidate": int(cn.get(r, 0))})
+        if valid:
+            d.append(math.log(c) - math.log(b))
+    return {"pairs": pairs, "d": np.asarray(d, dtype=float), "dropped": dropped,
+            "unpaired_rounds": {"baseline": sorted(int(r) for r in set(bs.index) - set(cs.index)),
+                                "candidate": sorted(int(r) for r in set(cs.index) - set(bs.index))}}
 
 
 def _change(base: float | None, cand: float | None) -> float | None:
@@ -312,74 +258,188 @@ def _change(base: float | None, cand: float | None) -> float | None:
     return _num(cand / base - 1.0)
 
 
+def _constant(values: np.ndarray) -> bool:
+    return values.size > 0 and float(values.min()) == float(values.max())
+
+
+def _excluded(df: pd.DataFrame) -> list[dict]:
+    """Every row that is not selected, with its reason."""
+    return [{"row": int(idx) if isinstance(idx, (int, np.integer)) else None, "arm": str(row["arm"]),
+             "length": int(row["length"]), "round": int(row["round"]), "attempt": _int_or_none(row.get("attempt")),
+             "reason": _excluded_reason(row)} for idx, row in df[~df["selected"]].iterrows()]
+
+
+def _retries(df: pd.DataFrame) -> list[dict]:
+    """Rows measured by an engine-fault re-attempt (attempt > 1) or a validation retry (retry > 0)."""
+    attempt = pd.to_numeric(df["attempt"], errors="coerce") if "attempt" in df.columns else pd.Series(1, df.index)
+    retry = pd.to_numeric(df["retry"], errors="coerce") if "retry" in df.columns else pd.Series(0, df.index)
+    out = []
+    for idx, row in df[(attempt > 1) | (retry > 0)].iterrows():
+        out.append({"arm": str(row["arm"]), "length": int(row["length"]), "round": int(row["round"]),
+                    "attempt": int(attempt[idx]) if attempt[idx] == attempt[idx] else 1,
+                    "retry": int(retry[idx]) if retry[idx] == retry[idx] else 0, "selected": bool(row["selected"])})
+    return out
+
+
+def _unpaired_and_dropped(pair_data: dict, lengths: list[int], metric: str, baseline: str,
+                          candidate: str) -> tuple[list[dict], list[dict]]:
+    """Cells without a partner, and pairs dropped for a retried side (rounds pair alike for every metric)."""
+    unpaired, dropped = [], []
+    for length in lengths:
+        pdat = pair_data[(str(length), metric)]
+        for role, arm in (("baseline", baseline), ("candidate", candidate)):
+            unpaired += [{"arm": arm, "length": length, "round": r} for r in pdat["unpaired_rounds"][role]]
+        dropped += [{"length": length, **dr} for dr in pdat["dropped"]]
+    return unpaired, dropped
+
+
 # ---------------------------------------------------------------------------------------------
 # Public API
+
+
+def paired_differences(df: pd.DataFrame, *, baseline: str, candidate: str, metrics: Iterable[str]) -> dict:
+    """``{(length as str, metric): log(candidate/baseline) per valid pair}`` of the selected rows,
+    paired as :func:`summarize` pairs them (visit medians, retried pairs dropped)."""
+    metrics = tuple(metrics)
+    df = _check_input(df, baseline, candidate, metrics, ())
+    sel = df[df["selected"] & df["arm"].isin([baseline, candidate])]
+    lengths = sorted(int(v) for v in sel["length"].unique())
+    return {(str(n), m): _pairs(sel, baseline, candidate, n, m)["d"] for n in lengths for m in metrics}
+
+
+def _per_arm(sel: pd.DataFrame, arms: tuple[str, str], lengths: list[int], shown: tuple[str, ...],
+             memory: tuple[str, ...], trim: int | None) -> tuple[dict, list[dict]]:
+    """Per arm × length × metric descriptive statistics, and the slow samples (speed metrics only)."""
+    arms_out: dict[str, dict] = {}
+    slow: list[dict] = []
+    for arm in arms:
+        arms_out[arm] = {}
+        for length in lengths:
+            cell = sel[(sel["arm"] == arm) & (sel["length"] == length)].sort_values("round")
+            arms_out[arm][str(length)] = {}
+            for metric in (*shown, *memory):
+                values = cell[metric].dropna()
+                values = values[np.isfinite(values)]
+                desc = _describe(values.to_numpy(dtype=float), trim)
+                desc["n_missing"] = int(len(cell) - len(values))
+                desc["n_visits"] = int(cell.loc[values.index, "round"].nunique()) if len(values) else 0
+                n_out = 0
+                if metric in shown:
+                    z = robust_z(values.to_numpy(dtype=float)) if len(values) else np.array([])
+                    for (idx, value), zv in zip(values.items(), z):
+                        if np.isfinite(zv) and abs(zv) > SLOW_Z:
+                            # "slow" = in the worse direction for this metric; both sides are flagged.
+                            worse = (zv < 0) if METRICS[metric]["higher_is_better"] else (zv > 0)
+                            slow.append({"arm": arm, "length": length, "metric": metric,
+                                         "round": int(cell.loc[idx, "round"]), "value": _num(value),
+                                         "robust_z": _num(zv), "side": "slow" if worse else "fast"})
+                            n_out += 1
+                desc["n_outliers"] = n_out
+                arms_out[arm][str(length)][metric] = desc
+
+    return arms_out, slow
 
 
 def summarize(df: pd.DataFrame, *, baseline: str, candidate: str,
               metrics: Iterable[str] = DEFAULT_METRICS, trim: int | None = None,
               alpha: float = 0.05, noise: float = 0.01, seed: int = 0,
-              n_resamples: int = 9999) -> dict:
+              secondary: Iterable[str] | None = None, memory: Iterable[str] | None = None,
+              multiplicity: str = "holm", n_resamples: int | None = None) -> dict:
     """Summarise a measurements table into the JSON-able body of ``stats/summary.json``.
 
-    The caller adds ``schema`` and ``inputs``. Raises :class:`StatsInputError` (naming the column,
-    arm or rows) for a table that cannot be summarised; a statistic that cannot be computed is
+    *metrics* are the primary (tested) metrics, at most one per question; *secondary* are shown
+    with an unadjusted interval and never tested (default: the speed metrics of
+    :data:`DEFAULT_SECONDARY` not already primary and present in the table); *memory* are compared
+    per length (default: :data:`DEFAULT_MEMORY` where present). *noise* is the practical threshold
+    of every verdict. *multiplicity* is ``holm`` (default), ``bonferroni`` or ``none``. *seed* is
+    recorded (the exact interval draws no random numbers); *n_resamples* is accepted for callers
+    written for the bootstrap this replaced and ignored.
+
+    The caller adds ``schema`` and ``inputs``. Raises :class:`StatsInputError` (naming the key,
+    column, arm or rows) for input that cannot be summarised; a statistic that cannot be computed is
     never an exception but an ``inconclusive`` verdict with its reason.
     """
-    metrics = tuple(metrics)
-    if not metrics:
-        raise StatsInputError("no metrics requested")
     if trim is not None and (not isinstance(trim, (int, np.integer)) or trim < 0):
-        raise StatsInputError(f"trim must be a non-negative integer or None, got {trim!r}")
-    if not 0 < alpha < 1:
-        raise StatsInputError(f"alpha must lie in (0, 1), got {alpha!r}")
-    if not 0 <= noise < 1:
-        raise StatsInputError(f"noise must lie in [0, 1), got {noise!r}")
-    if int(n_resamples) < 100:
-        raise StatsInputError(f"n_resamples must be at least 100, got {n_resamples!r}")
-    df = _check_input(df, baseline, candidate, metrics)
+        raise StatsInputError(f"stats.trim: must be a non-negative integer or null, got {trim!r}")
+    if not isinstance(alpha, (int, float)) or not 0 < alpha < 1:
+        raise StatsInputError(f"stats.alpha: must lie in (0, 1), got {alpha!r}")
+    if not isinstance(noise, (int, float)) or not 0 <= noise < 1:
+        raise StatsInputError(f"stats.noise: must lie in [0, 1), got {noise!r}")
+    if multiplicity not in pb_verdicts.MULTIPLICITY:
+        raise StatsInputError(f"stats.multiplicity: {multiplicity!r} is not one of "
+                              f"{', '.join(pb_verdicts.MULTIPLICITY)}")
+    explicit_secondary, explicit_memory = secondary is not None, memory is not None
+    metrics = tuple(metrics)
+    columns = set(getattr(df, "columns", ()))
+    secondary = tuple(secondary) if explicit_secondary else tuple(
+        m for m in DEFAULT_SECONDARY if m not in metrics and m in columns)
+    memory = tuple(memory) if explicit_memory else tuple(m for m in DEFAULT_MEMORY if m in columns)
+    metrics, secondary, memory = check_metric_lists(metrics, secondary, memory)
+    shown = (*metrics, *secondary)
+    df = _check_input(df, baseline, candidate, shown, memory)
+    missing_memory = [m for m in memory if m not in df.columns]
+    if missing_memory and explicit_memory:
+        raise StatsInputError(f"stats.memory: measurements table lacks column(s): {', '.join(missing_memory)}")
 
     sel = df[df["selected"] & df["arm"].isin([baseline, candidate])]
     lengths = sorted(int(v) for v in sel["length"].unique())
-    arms_out: dict[str, dict] = {}
-    slow: list[dict] = []
-    for arm in (baseline, candidate):
-        arms_out[arm] = {}
-        for length in lengths:
-            cell = sel[(sel["arm"] == arm) & (sel["length"] == length)].sort_values("round")
-            arms_out[arm][str(length)] = {}
-            for metric in metrics:
-                values = cell[metric].dropna()
-                values = values[np.isfinite(values)]
-                desc = _describe(values.to_numpy(dtype=float), trim)
-                desc["n_missing"] = int(len(cell) - len(values))
-                z = robust_z(values.to_numpy(dtype=float)) if len(values) else np.array([])
-                for (idx, value), zv in zip(values.items(), z):
-                    if np.isfinite(zv) and abs(zv) > SLOW_Z:
-                        # "slow" = in the worse direction for this metric; both sides are flagged.
-                        worse = (zv < 0) if METRICS[metric]["higher_is_better"] else (zv > 0)
-                        slow.append({"arm": arm, "length": length, "metric": metric,
-                                     "round": int(cell.loc[idx, "round"]), "value": _num(value),
-                                     "robust_z": _num(zv), "side": "slow" if worse else "fast"})
-                desc["n_outliers"] = sum(1 for s in slow if (s["arm"], s["length"], s["metric"])
-                                         == (arm, length, metric))
-                arms_out[arm][str(length)][metric] = desc
+    arms_out, slow = _per_arm(sel, (baseline, candidate), lengths, shown, memory, trim)
 
+    # --- the comparisons: which are tested (the multiplicity family), then each one's verdict
+    pair_data = {(str(n), m): _pairs(sel, baseline, candidate, n, m) for n in lengths for m in (*shown, *memory)}
+    exact_memory = {}
+    for length in lengths:
+        for metric in memory:
+            vals = [arms_out[a][str(length)][metric] for a in (baseline, candidate)]
+            cells = [sel[(sel["arm"] == a) & (sel["length"] == length)][metric].to_numpy(dtype=float)
+                     for a in (baseline, candidate)]
+            cells = [c[np.isfinite(c) & (c > 0)] for c in cells]
+            exact_memory[(str(length), metric)] = (all(_constant(c) for c in cells), vals, cells)
+    family = [pb_verdicts.Comparison((str(n), m), pair_data[(str(n), m)]["d"], METRICS[m]["higher_is_better"],
+                                     pb_verdicts.SPEED_WORDS) for n in lengths for m in metrics]
+    # memory is its own question ("what does it cost"), so its own family: only what varies is tested
+    memory_family = [pb_verdicts.Comparison(key, pair_data[key]["d"], False, pb_verdicts.MEMORY_WORDS)
+                     for key, (exact, _, cells) in exact_memory.items()
+                     if not exact and all(c.size for c in cells)]
+    assigned = {**pb_verdicts.levels(family, alpha, noise, multiplicity),
+                **pb_verdicts.levels(memory_family, alpha, noise, multiplicity)}
+
+    def compare(key: tuple[str, str], comp: pb_verdicts.Comparison | None, level: float, tested: bool) -> dict:
+        length, metric = key
+        pd_ = pair_data[key]
+        comp = comp or pb_verdicts.Comparison(key, pd_["d"], METRICS[metric]["higher_is_better"],
+                                              pb_verdicts.SPEED_WORDS)
+        res = pb_verdicts.judge(comp, level=level, noise=noise)
+        out = {"higher_is_better": METRICS[metric]["higher_is_better"], "role": None,
+               "n_invalid_pairs": sum(1 for p in pd_["pairs"] if not p["valid"]) - len(pd_["dropped"]),
+               "n_dropped_pairs": len(pd_["dropped"]), "unpaired_rounds": pd_["unpaired_rounds"],
+               "pairs": pd_["pairs"],
+               "median_ratio": _num(np.median(np.exp(pd_["d"]))) if pd_["d"].size else None, **res}
+        if not tested:
+            out["verdict"] = None
+            out["reason"] = "shown, not tested: " + res["reason"] if res["reason"] else "shown, not tested"
+            out["rounds_needed"] = None
+        out["claim_p"] = _num(assigned[key]["claim_p"]) if key in assigned else None
+        out["family_rank"] = assigned[key]["rank"] if key in assigned else None
+        bd = arms_out[baseline][length][metric]
+        cd = arms_out[candidate][length][metric]
+        out["median_change"] = _change(bd["median"], cd["median"])
+        out["trimmed_mean_change"] = _change(bd["trimmed_mean"], cd["trimmed_mean"])
+        return out
+
+    by_key = {c.key: c for c in (*family, *memory_family)}
     paired_out: dict[str, dict] = {}
     disagreements: list[dict] = []
     for length in lengths:
         paired_out[str(length)] = {}
-        for metric in metrics:
-            def series(arm: str) -> pd.Series:
-                cell = sel[(sel["arm"] == arm) & (sel["length"] == length)]
-                return pd.Series(cell[metric].to_numpy(dtype=float),
-                                 index=cell["round"].to_numpy(dtype=int))
-            res = _paired(series(baseline), series(candidate), metric, alpha=alpha, noise=noise,
-                          seed=seed, n_resamples=int(n_resamples))
-            bd = arms_out[baseline][str(length)][metric]
-            cd = arms_out[candidate][str(length)][metric]
-            res["median_change"] = _change(bd["median"], cd["median"])
-            res["trimmed_mean_change"] = _change(bd["trimmed_mean"], cd["trimmed_mean"])
+        for metric in shown:
+            key = (str(length), metric)
+            if metric in metrics:
+                res = compare(key, by_key[key], assigned[key]["level"], True)
+                res["role"] = "primary"
+            else:
+                res = compare(key, None, alpha, False)
+                res["role"] = "secondary"
             mc, tc = res["median_change"], res["trimmed_mean_change"]
             if mc is not None and tc is not None:
                 sign_differs = (mc > 0) != (tc > 0) and mc != 0 and tc != 0
@@ -388,54 +448,68 @@ def summarize(df: pd.DataFrame, *, baseline: str, candidate: str,
                                           "trimmed_mean_change": tc, "sign_differs": bool(sign_differs)})
             paired_out[str(length)][metric] = res
 
-    excluded = []
-    for idx, row in df[~df["selected"]].iterrows():
-        excluded.append({"row": int(idx) if isinstance(idx, (int, np.integer)) else None,
-                         "arm": str(row["arm"]), "length": int(row["length"]),
-                         "round": int(row["round"]),
-                         "attempt": _int_or_none(row.get("attempt")),
-                         "reason": _excluded_reason(row)})
-    retries = []
-    attempt = pd.to_numeric(df["attempt"], errors="coerce") if "attempt" in df.columns else pd.Series(1, df.index)
-    retry = pd.to_numeric(df["retry"], errors="coerce") if "retry" in df.columns else pd.Series(0, df.index)
-    for idx, row in df[(attempt > 1) | (retry > 0)].iterrows():
-        n = int(retry[idx]) if retry[idx] == retry[idx] else 0
-        retries.append({"arm": str(row["arm"]), "length": int(row["length"]),
-                        "round": int(row["round"]), "attempt": int(attempt[idx]) if attempt[idx] == attempt[idx] else 1,
-                        "retry": n, "selected": bool(row["selected"])})
-    unpaired = []
+    memory_out: dict[str, dict] = {}
     for length in lengths:
-        for metric in metrics[:1]:  # rounds pair the same way for every metric
-            u = paired_out[str(length)][metric]["unpaired_rounds"]
-            for role, arm in (("baseline", baseline), ("candidate", candidate)):
-                for r in u[role]:
-                    unpaired.append({"arm": arm, "length": length, "round": r})
+        memory_out[str(length)] = {}
+        for metric in memory:
+            key = (str(length), metric)
+            exact, (bd, cd), cells = exact_memory[key]
+            entry = {"baseline": bd["median"], "candidate": cd["median"], "n_baseline": bd["n"],
+                     "n_candidate": cd["n"], "exact": False, "ratio": None, "verdict": "inconclusive",
+                     "reason": "", "test": None}
+            if not all(c.size for c in cells):
+                entry["reason"] = "not recorded for " + " and ".join(
+                    a for a, c in zip((baseline, candidate), cells) if not c.size)
+            elif exact:
+                ratio = float(cells[1][0] / cells[0][0])
+                lo_t, hi_t = 1 - noise, 1 + noise
+                entry.update(exact=True, ratio=ratio, verdict="smaller" if ratio < lo_t else
+                             ("larger" if ratio > hi_t else "equivalent"),
+                             reason="constant in every selected record of both arms: the exact ratio, no test")
+            else:
+                res = compare(key, by_key[key], assigned[key]["level"], True)
+                res["role"] = "memory"
+                entry.update(ratio=res["hl_ratio"], verdict=res["verdict"], reason=res["reason"], test=res)
+            memory_out[str(length)][metric] = entry
+
+    excluded, retries = _excluded(df), _retries(df)
+    unpaired, dropped = _unpaired_and_dropped(pair_data, lengths, shown[0], baseline, candidate)
     other_arms = sorted(set(df["arm"]) - {baseline, candidate})
+    repeats = sel.groupby(["arm", "length", "round"]).size()
 
     return {
         "baseline": baseline,
         "candidate": candidate,
-        "metrics": {m: {"unit": METRICS[m]["unit"], "higher_is_better": METRICS[m]["higher_is_better"]}
-                    for m in metrics},
+        "metrics": {m: {"unit": METRICS[m]["unit"], "higher_is_better": METRICS[m]["higher_is_better"],
+                        "role": "primary" if m in metrics else ("secondary" if m in secondary else "memory"),
+                        "question": METRICS[m]["question"]} for m in (*shown, *memory)},
         "lengths": lengths,
         "params": {"alpha": float(alpha), "noise": float(noise), "seed": int(seed),
-                   "n_resamples": int(n_resamples), "trim": None if trim is None else int(trim),
-                   "ci_level": CI_LEVEL, "slow_z": SLOW_Z,
-                   "ci_method": "BCa bootstrap (scipy.stats.bootstrap, paired) of the "
-                                "Hodges-Lehmann estimate of log(candidate/baseline)",
-                   "test": "two-sided Wilcoxon signed-rank (scipy.stats.wilcoxon) on "
-                           "log(candidate/baseline), zero differences dropped"},
+                   "trim": None if trim is None else int(trim), "ci_level": 1.0 - float(alpha),
+                   "slow_z": SLOW_Z, "multiplicity": multiplicity, "family_size": len(family),
+                   "memory_family_size": len(memory_family),
+                   "width_level": pb_verdicts.width_level(len(family), alpha, multiplicity),
+                   "primary": list(metrics), "secondary": list(secondary), "memory": list(memory),
+                   "visit_summary": VISIT_SUMMARY,
+                   "ci_method": "Hodges-Lehmann interval of log(candidate/baseline) inverting the exact "
+                                "Wilcoxon signed-rank test (Walsh averages), at the level the multiplicity "
+                                "procedure assigns",
+                   "test": "exact two-sided Wilcoxon signed-rank on log(candidate/baseline) of the "
+                           "per-visit medians, the same Walsh averages"},
         "counts": {"rows": int(len(df)), "selected": int(df["selected"].sum()),
                    "excluded": len(excluded), "retries": len(retries),
-                   "unpaired": len(unpaired)},
+                   "unpaired": len(unpaired), "dropped_pairs": len(dropped),
+                   "max_repeats": int(repeats.max()) if len(repeats) else 0},
         "arms": arms_out,
         "paired": paired_out,
+        "memory": memory_out,
         "disclosures": {
             "slow_samples": slow,
             "median_trimmed_disagreements": disagreements,
             "excluded": excluded,
             "retries": retries,
             "unpaired": unpaired,
+            "dropped_pairs": dropped,
             "other_arms": other_arms,
         },
     }

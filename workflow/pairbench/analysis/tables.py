@@ -1,19 +1,25 @@
 """``tables/measurements.csv``: one row per steady record, joined with its validation verdicts.
 
 The statistics read this table (docs/contracts.md §2). A row is ``selected`` only when its record
-passed every gate (``ok``) *and* every configured validation case, and no validation retry measured
-it again (``retry`` is 0 for a visit's own records, N for retry N's); ``reason`` says, in a short
-publishable label, why a row was not selected (the full reasons stay in the artifacts and report).
+passed every gate (``ok``), its cold cache is proven (``cold_cache`` true; a null gate counts only
+with ``gates.allow_unproven_cold_cache``), it passed every configured validation case, and no
+validation retry measured it again (``retry`` is 0 for a visit's own records, N for retry N's);
+``reason`` says, in a short publishable label, why a row was not selected (the full reasons stay in
+the artifacts and report). ``repeat`` numbers a visit's steady requests at one length (1 = first).
 """
 
 from __future__ import annotations
 
 import pandas as pd
 
-COLUMNS = ["round", "arm", "length", "visit_index", "attempt", "retry", "ok", "selected", "reason", "ttft_ms", "e2e_ms",
+COLUMNS = ["round", "arm", "length", "repeat", "visit_index", "attempt", "retry", "ok", "cold_cache", "selected", "reason",
+           "ttft_ms", "e2e_ms",
            "prefill_tok_s", "decode_tok_s", "engine_prefill_tok_s", "engine_decode_tok_s", "prompt_tokens",
            "completion_tokens", "tokens_cached", "kv_bytes", "peak_rss_bytes"]
 REASON_MAX = 64
+
+
+UNPROVEN = "gate cold_cache unproven"
 
 
 def short_reason(record: dict, validation: dict | None) -> str:
@@ -33,12 +39,18 @@ def short_reason(record: dict, validation: dict | None) -> str:
     return text if len(text) <= REASON_MAX else text[: REASON_MAX - 3] + "..."
 
 
-def measurements_frame(measures: list[dict], validations: dict[tuple[str, int], dict]) -> pd.DataFrame:
+def record_repeat(rec: dict) -> int:
+    return int(rec.get("repeat", 1))
+
+
+def measurements_frame(measures: list[dict], validations: dict[tuple[str, int], dict],
+                       allow_unproven_cold_cache: bool = False) -> pd.DataFrame:
     """Rows for every steady record of every visit and of every validation retry.
 
     *validations* maps (visit id, retry) to the validate body (``pairbench.validate.retries.validation_key``).
     A record that a later retry measured again is kept, never selected, with the reason
-    ``superseded by retry N``: only the latest measurement of a (round, arm, length) may count.
+    ``superseded by retry N``: only the latest measurement of a (round, arm, length) may count. A
+    record whose cold-cache gate is null is selected only with *allow_unproven_cold_cache*.
     """
     from pairbench.validate.retries import measure_key
 
@@ -51,21 +63,27 @@ def measurements_frame(measures: list[dict], validations: dict[tuple[str, int], 
     for m in measures:
         retry = measure_key(m)[1]
         val = validations.get(measure_key(m))
-        by_length = {r["length"]: r for r in val["records"]} if val else {}
+        by_cell = {(r["length"], record_repeat(r)): r for r in val["records"]} if val else {}
         for rec in m["records"]:
-            v = by_length.get(rec["length"])
+            v = by_cell.get((rec["length"], record_repeat(rec)))
             newer = latest[(rec["round"], rec["arm"], rec["length"])]
-            selected = bool(rec["ok"] and v is not None and v["selected"] and newer == retry)
+            cold = rec["gates"].get("cold_cache")
+            proven = cold is True or (cold is None and allow_unproven_cold_cache)
+            selected = bool(rec["ok"] and proven and v is not None and v["selected"] and newer == retry)
             if selected:
                 reason = ""
             elif newer > retry:
                 reason = f"superseded by retry {newer}"
             else:
-                reason = short_reason(rec, v) or "not validated"
+                reason = short_reason(rec, v)
+                if rec["ok"] and not proven:
+                    reason = UNPROVEN + (f" + {reason}" if reason else "")
+                reason = (reason or "not validated")[:REASON_MAX]
             eng = rec["engine"] or {}
             rows.append({
-                "round": rec["round"], "arm": rec["arm"], "length": rec["length"],
+                "round": rec["round"], "arm": rec["arm"], "length": rec["length"], "repeat": record_repeat(rec),
                 "visit_index": rec["visit_index"], "attempt": rec["attempt"], "retry": retry, "ok": rec["ok"],
+                "cold_cache": cold,
                 "selected": selected, "reason": reason,
                 "ttft_ms": rec["ttft_ms"], "e2e_ms": rec["e2e_ms"], "prefill_tok_s": rec["prefill_tok_s"],
                 "decode_tok_s": rec["decode_tok_s"], "engine_prefill_tok_s": eng.get("prefill_tok_s"),
@@ -74,7 +92,7 @@ def measurements_frame(measures: list[dict], validations: dict[tuple[str, int], 
                 "kv_bytes": rec["kv_bytes"], "peak_rss_bytes": rec["peak_rss_bytes"],
             })
     df = pd.DataFrame(rows, columns=COLUMNS)
-    return df.sort_values(["visit_index", "length", "retry"], kind="stable").reset_index(drop=True)
+    return df.sort_values(["visit_index", "repeat", "length", "retry"], kind="stable").reset_index(drop=True)
 
 
 def timing_agreement(df: pd.DataFrame) -> pd.DataFrame:
@@ -83,7 +101,7 @@ def timing_agreement(df: pd.DataFrame) -> pd.DataFrame:
     Over gated records, each (round, arm, length) once: a record a validation retry re-measured
     (reason ``superseded by retry N``) is left out, its retry counts.
     """
-    superseded = (df["reason"].fillna("").astype(str).str.startswith("superseded") if "reason" in df.columns
+    superseded = (df["reason"].astype("string").fillna("").str.startswith("superseded") if "reason" in df.columns
                   else pd.Series(False, index=df.index))
     ok = df[df["ok"].astype(bool) & ~superseded]
     rows = []
@@ -99,41 +117,62 @@ def timing_agreement(df: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+PAIRED_COLUMNS = ["length", "metric", "role", "n_pairs", "n_dropped_pairs", "median_ratio", "hl_ratio", "ci_low",
+                  "ci_high", "ci_level", "half_width", "detectable_change", "rounds_needed", "p_value",
+                  "min_attainable_p", "claim_p", "family_rank", "median_change", "trimmed_mean_change",
+                  "higher_is_better", "verdict"]
+MEMORY_COLUMNS = ["length", "metric", "baseline", "candidate", "n_baseline", "n_candidate", "exact", "ratio",
+                  "ci_low", "ci_high", "ci_level", "verdict"]
+SUMMARY_COLUMNS = ["arm", "length", "metric", "n", "n_visits", "median", "min", "max", "trimmed_mean", "trim_per_end",
+                   "n_missing", "n_outliers"]
+
+
 def summary_tables(summary: dict) -> dict[str, pd.DataFrame]:
     """Flat tables for ``tables/*.csv``: numeric columns plus the allowlisted categorical columns
-    ``arm``, ``length``, ``metric`` and ``verdict`` (no free text, so they are safe to publish).
+    ``arm``, ``length``, ``metric``, ``role`` and ``verdict`` (no free text, so they are safe to publish).
 
-    - ``summary``: one row per arm × length × metric;
-    - ``paired``: one row per length × metric;
-    - ``ratios``: one row per length × metric × round (the per-round paired ratios).
+    - ``summary``: one row per arm × length × metric (requests; ``n_visits`` the rounds they span);
+    - ``paired``: one row per length × metric (primary and secondary; ``verdict`` empty for secondary);
+    - ``ratios``: one row per length × metric × round (the per-round paired ratios of visit summaries);
+    - ``memory``: one row per length × memory metric (exact ratio, or the tested interval).
     """
+    # explicit orders (lengths numeric, metrics as the params list them): a summary read back from
+    # JSON has its keys sorted as text, and these tables must not depend on where it came from
+    lengths = [str(n) for n in summary["lengths"]]
+    prm = summary["params"]
+    order = [*prm.get("primary", []), *prm.get("secondary", []), *prm.get("memory", [])] or list(summary["metrics"])
+
+    def ordered(table: dict):
+        for length in lengths:
+            by_metric = table.get(length, {})
+            for metric in (m for m in order if m in by_metric):
+                yield length, metric, by_metric[metric]
+
     rows = []
-    for arm, by_len in summary["arms"].items():
-        for length, by_metric in by_len.items():
-            for metric, d in by_metric.items():
-                rows.append({"arm": arm, "length": int(length), "metric": metric,
-                             **{k: d[k] for k in ("n", "median", "min", "max", "trimmed_mean",
-                                                   "trim_per_end", "n_missing", "n_outliers")}})
-    paired, ratios = [], []
-    for length, by_metric in summary["paired"].items():
-        for metric, p in by_metric.items():
-            paired.append({"length": int(length), "metric": metric,
-                           **{k: p[k] for k in ("n_pairs", "median_ratio", "hl_ratio", "ci_low",
-                                                 "ci_high", "p_value", "min_attainable_p",
-                                                 "median_change", "trimmed_mean_change")},
-                           "higher_is_better": p["higher_is_better"], "verdict": p["verdict"]})
-            for pair in p["pairs"]:
-                ratios.append({"length": int(length), "metric": metric, "round": pair["round"],
-                               "baseline": pair["baseline"], "candidate": pair["candidate"],
-                               "ratio": pair["ratio"], "valid": pair["valid"]})
+    for arm in (summary["baseline"], summary["candidate"]):
+        for length, metric, d in ordered(summary["arms"].get(arm, {})):
+            rows.append({"arm": arm, "length": int(length), "metric": metric,
+                         **{k: d[k] for k in SUMMARY_COLUMNS[3:]}})
+    paired, ratios, memory = [], [], []
+    for length, metric, p in ordered(summary["paired"]):
+        paired.append({"length": int(length), "metric": metric, **{k: p[k] for k in PAIRED_COLUMNS[2:]}})
+        for pair in p["pairs"]:
+            ratios.append({"length": int(length), "metric": metric, "round": pair["round"],
+                           "baseline": pair["baseline"], "candidate": pair["candidate"],
+                           "ratio": pair["ratio"], "valid": pair["valid"]})
+    for length, metric, m in ordered(summary.get("memory", {})):
+        t = m["test"] or {}
+        memory.append({"length": int(length), "metric": metric,
+                       **{k: m[k] for k in ("baseline", "candidate", "n_baseline", "n_candidate", "exact", "ratio")},
+                       "ci_low": t.get("ci_low"), "ci_high": t.get("ci_high"), "ci_level": t.get("ci_level"),
+                       "verdict": m["verdict"]})
+    paired_df = pd.DataFrame(paired, columns=PAIRED_COLUMNS)
+    paired_df["rounds_needed"] = paired_df["rounds_needed"].astype("Int64")
+    paired_df["family_rank"] = paired_df["family_rank"].astype("Int64")
     return {
-        "summary": pd.DataFrame(rows, columns=["arm", "length", "metric", "n", "median", "min", "max",
-                                               "trimmed_mean", "trim_per_end", "n_missing",
-                                               "n_outliers"]),
-        "paired": pd.DataFrame(paired, columns=["length", "metric", "n_pairs", "median_ratio",
-                                                "hl_ratio", "ci_low", "ci_high", "p_value",
-                                                "min_attainable_p", "median_change",
-                                                "trimmed_mean_change", "higher_is_better", "verdict"]),
+        "summary": pd.DataFrame(rows, columns=SUMMARY_COLUMNS),
+        "paired": paired_df,
         "ratios": pd.DataFrame(ratios, columns=["length", "metric", "round", "baseline", "candidate",
                                                 "ratio", "valid"]),
+        "memory": pd.DataFrame(memory, columns=MEMORY_COLUMNS),
     }

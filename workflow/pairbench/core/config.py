@@ -21,16 +21,21 @@ NAMED_CONTEXT = {"tiny": 2048}
 EMBEDDED_SOURCE = "engine"
 ARM_DEFAULTS = {"source": None, "patches": [], "args": [], "env": {}, "engine": "embedded", "threads": None,
                 "build": None, "launch": None}
-SERVER_DEFAULTS = {"threads": None, "startup_timeout_s": 120, "request_timeout_s": 300, "stop_timeout_s": 10}
+SERVER_DEFAULTS = {"threads": None, "startup_timeout_s": 120, "request_timeout_s": 300, "stop_timeout_s": 10,
+                   "pin": False, "external_load": 0.5}
 VALIDATE_DEFAULTS = {"cases": ["token_counts", "done_marker", "python_function", "matches_baseline"], "timeout_s": 5,
                      "agreement": 1.0, "retries": 1, "retry_on": ["timeout"]}
 CROSSCHECK_DEFAULTS = {"rounds": 3}
 STATS_DEFAULTS = {
-    "metrics": ["decode_tok_s", "prefill_tok_s", "ttft_ms", "e2e_ms"],
+    "metrics": ["decode_tok_s", "prefill_tok_s"],
+    "secondary": ["ttft_ms", "e2e_ms"],
+    "memory": ["kv_bytes", "peak_rss_bytes"],
+    "multiplicity": "holm",
     "trim": None,
     "alpha": 0.05,
     "noise": 0.01,
 }
+GATES_DEFAULTS = {"allow_unproven_cold_cache": False}
 # Headroom above the longest prompt + output for the server's KV cache (the first-request
 # diagnostic and the smoke request are short, so they always fit).
 CONTEXT_MARGIN = 16
@@ -61,7 +66,11 @@ def normalized(config: dict) -> dict:
     cfg["validate"] = {**copy.deepcopy(VALIDATE_DEFAULTS), **(cfg.get("validate") or {})}
     cfg["stats"] = {**copy.deepcopy(STATS_DEFAULTS), **(cfg.get("stats") or {})}
     cfg["crosscheck"] = {**CROSSCHECK_DEFAULTS, **(cfg.get("crosscheck") or {})}
+    cfg["gates"] = {**GATES_DEFAULTS, **(cfg.get("gates") or {})}
     cfg.setdefault("order", "abba")
+    cfg.setdefault("repeats", 1)
+    if cfg["server"]["pin"] in ("true", "false"):
+        cfg["server"]["pin"] = cfg["server"]["pin"] == "true"
     cfg.setdefault("baseline", None)
     cfg.setdefault("candidate", None)
     return cfg
@@ -232,9 +241,26 @@ def check_config(config: dict, root: Path) -> None:
                 f"lengths[{i}]: {length} input + {cfg['output_tokens']} output tokens "
                 f"(+{CONTEXT_MARGIN} margin) exceed the context of model {cfg['model']!r} ({context})"
             )
+    from pairbench.core.metrics import check_metric_lists
+
+    st = cfg["stats"]
+    try:
+        check_metric_lists(st["metrics"], st["secondary"], st["memory"])
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    rounds = cfg["rounds"]
+    if isinstance(rounds, dict):
+        k = len(arms)
+        if rounds["max"] < rounds["min"]:
+            raise ConfigError(f"rounds.max: {rounds['max']} is less than rounds.min ({rounds['min']})")
+        for key in ("min", "max"):
+            if rounds[key] % k:
+                raise ConfigError(f"rounds.{key}: {rounds[key]} is not a multiple of the {k} arms (a block of "
+                                  f"{k} rounds visits each arm first once, so every block is counterbalanced)")
+    least = rounds["min"] if isinstance(rounds, dict) else rounds
     trim = cfg["stats"]["trim"]
-    if trim is not None and 2 * trim >= cfg["rounds"]:
-        raise ConfigError(f"stats.trim: trimming {trim} from each end leaves nothing of {cfg['rounds']} rounds")
+    if trim is not None and 2 * trim >= least:
+        raise ConfigError(f"stats.trim: trimming {trim} from each end leaves nothing of {least} rounds")
 
 
 def schema_check(config: dict, schema_path: str | Path) -> None:
@@ -254,7 +280,23 @@ def schema_check(config: dict, schema_path: str | Path) -> None:
 
 
 def format_schema_error(error: Any) -> str:
-    """A jsonschema ValidationError as ``config key 'a.b': message``."""
+    """A jsonschema ValidationError as ``config key 'a.b': message``.
+
+    For a key that takes one of several shapes (``rounds``: an integer or {min, max,
+    target_halfwidth}), the message is the one of the shape the value has, not "not valid under any
+    of the given schemas"."""
+    if error.validator == "oneOf" and error.context:
+        branches: dict = {}
+        for e in error.context:
+            branches.setdefault(e.relative_schema_path[0], []).append(e)
+        own = len(error.absolute_path)
+        # the branch of the value's own shape: no type error at the key itself
+        shaped = [errs for errs in branches.values()
+                  if not any(e.validator == "type" and len(e.absolute_path) == own for e in errs)]
+        if shaped:
+            return format_schema_error(max(shaped[0], key=lambda e: len(e.absolute_path)))
+        types = " or ".join(repr(e.validator_value) for errs in branches.values() for e in errs if e.validator == "type")
+        return f"config key '{'.'.join(str(p) for p in error.absolute_path)}': {error.instance!r} is not of type {types}"
     path = ".".join(str(p) for p in error.absolute_path)
     if path == "arms" and error.validator == "minProperties":
         arms = list(error.instance)

@@ -9,6 +9,11 @@ rounds the order is counterbalanced so drift (thermal, background load) cannot f
 - ``abba``: round r runs the arms rotated by r-1 — with two arms AB, BA, AB, BA … (ABBA);
 - ``random``: seeded and balanced — within each block of k rounds (k arms) every arm goes first
   exactly once, the block's order drawn from ``random.Random(seed)``.
+
+Adaptive rounds (``rounds: {min, max, target_halfwidth}``): the plan holds every visit up to
+``max``; the pipeline measures ``min`` rounds, then one block of k rounds at a time (a block is
+counterbalanced under either order, since ``min`` and ``max`` are multiples of k) until the
+statistics' stopping rule says stop (:mod:`pairbench.analysis.adaptive`) or ``max`` is reached.
 """
 
 from __future__ import annotations
@@ -38,6 +43,22 @@ def round_orders(arms: list[str], rounds: int, order: str, seed: int) -> list[li
     raise ValueError(f"order: unknown visit order {order!r} (abba or random)")
 
 
+def rounds_bounds(config: dict) -> tuple[int, int, float | None]:
+    """``(min, max, target_halfwidth)`` of the ``rounds`` key; a plain integer n is ``(n, n, None)``."""
+    r = config["rounds"]
+    if isinstance(r, dict):
+        return int(r["min"]), int(r["max"]), float(r["target_halfwidth"])
+    return int(r), int(r), None
+
+
+def adaptive(config: dict) -> dict | None:
+    """The plan's ``adaptive`` block (None for fixed rounds): min, max, block, target_halfwidth."""
+    lo, hi, target = rounds_bounds(config)
+    if target is None:
+        return None
+    return {"min": lo, "max": hi, "block": len(arm_names(config)), "target_halfwidth": target}
+
+
 def visit_id(round_: int, arm: str) -> str:
     return f"r{round_:02d}-{arm}"
 
@@ -46,7 +67,7 @@ def visits(config: dict) -> list[dict]:
     """Every visit in run order: ``{"index", "round", "arm", "position", "id"}`` (1-based)."""
     cfg = normalized(config)
     out = []
-    for r, arms in enumerate(round_orders(arm_names(cfg), cfg["rounds"], cfg["order"], cfg["seed"]), start=1):
+    for r, arms in enumerate(round_orders(arm_names(cfg), rounds_bounds(cfg)[1], cfg["order"], cfg["seed"]), start=1):
         for pos, arm in enumerate(arms):
             out.append({"index": len(out) + 1, "round": r, "arm": arm, "position": pos, "id": visit_id(r, arm)})
     return out
@@ -64,7 +85,7 @@ def round_salt(seed: int, round_: int) -> str:
 # Config sections that do not shape the measurement. They reach their own stages as params, so
 # changing one reruns that stage and what follows (Snakemake's params trigger), never the plan and
 # so never a visit.
-NOT_PLANNED = ("stats", "validate", "retries", "crosscheck")
+NOT_PLANNED = ("stats", "validate", "retries", "crosscheck", "gates")
 
 
 def measurement_config(config: dict) -> dict:
@@ -99,12 +120,14 @@ def make_plan(config: dict, root) -> dict:
         "candidate": candidate_arm(cfg),
         "lengths": list(cfg["lengths"]),
         "output_tokens": cfg["output_tokens"],
-        "rounds": cfg["rounds"],
+        "rounds": rounds_bounds(cfg)[1],
+        "adaptive": adaptive(cfg),
+        "repeats": int(cfg.get("repeats", 1)),
         "order": cfg["order"],
         "seed": cfg["seed"],
         "max_context": serve_context(cfg),
         "visits": visits(cfg),
-        "salts": {str(r): round_salt(cfg["seed"], r) for r in range(1, cfg["rounds"] + 1)},
+        "salts": {str(r): round_salt(cfg["seed"], r) for r in range(1, rounds_bounds(cfg)[1] + 1)},
         "config_sha256": config_sha256(cfg),
         "inputs": {},
     }

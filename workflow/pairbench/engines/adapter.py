@@ -43,11 +43,12 @@ class ArmEngine:
                            src_dir=self.src_dir, repo_root=self.repo_root)
 
     def server(self, log_path: str | os.PathLike, server_cfg: dict, *, pid_path: str | os.PathLike | None = None,
-               owner: str = "") -> Server:
+               owner: str = "", cpus: list[int] | None = None) -> Server:
         """This arm's server, not yet started (``with engine.server(...) as srv:``). The config's
-        ``server.startup_timeout_s``, when set, overrides the profile's readiness timeout."""
+        ``server.startup_timeout_s``, when set, overrides the profile's readiness timeout; *cpus*
+        pins it (``server.pin``)."""
         return Server(self.launch, log_path, startup_timeout_s=server_cfg.get("startup_timeout_s"),
-                      stop_timeout_s=server_cfg["stop_timeout_s"], pid_path=pid_path, owner=owner)
+                      stop_timeout_s=server_cfg["stop_timeout_s"], pid_path=pid_path, owner=owner, cpus=cpus)
 
     # What the server is sent, and how its tokenizer is asked. -----------------------------
     def prompt_text(self, messages: list[dict]) -> str | None:

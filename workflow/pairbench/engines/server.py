@@ -51,7 +51,8 @@ class Server:
     """One running server. ``with Server(...) as srv: srv.url ...``; facts land in ``srv.facts``."""
 
     def __init__(self, launch, log_path: str | Path, *, startup_timeout_s: float | None = None,
-                 stop_timeout_s: float = 10.0, pid_path: str | Path | None = None, owner: str = ""):
+                 stop_timeout_s: float = 10.0, pid_path: str | Path | None = None, owner: str = "",
+                 cpus: list[int] | None = None):
         # ``launch(port) -> pairbench.engines.profiles.LaunchSpec``: argv, env, cwd, health path and
         # the profile's readiness timeout (ArmEngine.launch), which *startup_timeout_s* overrides.
         self.launch = launch
@@ -60,6 +61,7 @@ class Server:
         self.stop_timeout_s = stop_timeout_s
         self.pid_path = Path(pid_path) if pid_path is not None else None
         self.owner = owner
+        self.cpus = list(cpus) if cpus else None  # CPU affinity of the server (server.pin); None: any
         self.proc: subprocess.Popen | None = None
         self.port: int | None = None
         self.facts: dict = {}
@@ -87,12 +89,19 @@ class Server:
         t0 = time.perf_counter()
         self.proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=logfile, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, start_new_session=True,
-                                     preexec_fn=recovery.die_with_parent)
+                                     preexec_fn=self._preexec)
         logfile.close()
         if self.pid_path is not None:
             recovery.record_server(self.pid_path, self.proc.pid, cmd, self.owner)
-        self.facts = {"argv": spec.public()["argv"], "port_kind": "ephemeral"}
+        self.facts = {"argv": spec.public()["argv"], "port_kind": "ephemeral", "cpus": self.cpus}
         self.wait_healthy(t0)
+
+    def _preexec(self) -> None:
+        """In the child, before exec: the CPU affinity (inherited by every thread it starts), then
+        the parent-death signal."""
+        if self.cpus:
+            os.sched_setaffinity(0, self.cpus)
+        recovery.die_with_parent()
 
     def wait_healthy(self, t0: float) -> None:
         deadline = t0 + self.startup_timeout_s

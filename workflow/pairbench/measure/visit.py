@@ -35,6 +35,7 @@ from pairbench.engines.client import ClientError, StreamResult, http, stream_cha
 from pairbench.engines.evidence import count_log_prefix_hits
 from pairbench.engines.profiles import EngineError
 from pairbench.engines.server import ServerError
+from pairbench.measure import hostload
 
 progress_log = logging.getLogger("pairbench.progress")
 
@@ -136,21 +137,31 @@ def diagnostic_request(url: str, timeout: float, seed: int, engine: ArmEngine) -
 def run_visit(*, visit: dict, engine: ArmEngine, plan: dict, prompts: dict[int, dict], fixtures: dict[int, dict],
               server_cfg: dict, server_log: Path, inputs: dict, attempt: int = 1, pid_path: Path | None = None,
               lengths: list[int] | None = None) -> tuple[dict, dict[int, dict]]:
-    """Measure one visit. Returns ``(measure_body, {length: {"text", "token_ids"}})``.
+    """Measure one visit. Returns ``(measure_body, {length: {"text", "token_ids"[, "repeats"]}})``.
 
     *prompts* maps length to the private prompts body; *fixtures* maps length to the fixture body.
     *attempt* is Snakemake's attempt number (1 = first); *pid_path* the server's pid file (see
     :mod:`pairbench.integrity.recovery`); *lengths* a subset of the plan's, in its order, for a partial visit
     (a validation retry; default: every length). Raises :class:`VisitError` on an engine fault.
+
+    The plan's ``repeats`` steady requests per length are sent repeats-outer (every length once,
+    then again), so the machine's drift over the visit touches every length alike; the outputs of
+    repeats 2.. go under ``"repeats"``. With ``server.pin`` the server runs on one CPU set and this
+    process on the other for the visit (:mod:`pairbench.measure.hostload`); the load average and
+    CPU state at start and end are recorded under ``host``.
     """
     round_, arm = visit["round"], visit["arm"]
     timeout = server_cfg["request_timeout_s"]
+    repeats = int(plan.get("repeats", 1))
     records, outputs = [], {}
 
     def where(length) -> str:
         return f"visit {visit['id']} (arm {arm}, round {round_}, length {length}, attempt {attempt})"
 
-    srv = engine.server(server_log, server_cfg, pid_path=pid_path, owner=f"measure {visit['id']}")
+    server_cpus, client_cpus = hostload.pin_sets(server_cfg.get("pin", False))
+    start = hostload.snapshot()
+    restore = hostload.pin_self(client_cpus)
+    srv = engine.server(server_log, server_cfg, pid_path=pid_path, owner=f"measure {visit['id']}", cpus=server_cpus)
     t_visit = time.perf_counter()
     log_start = server_log.stat().st_size if server_log.exists() else 0
     lengths = list(plan["lengths"]) if lengths is None else [n for n in plan["lengths"] if n in set(lengths)]
@@ -160,10 +171,11 @@ def run_visit(*, visit: dict, engine: ArmEngine, plan: dict, prompts: dict[int, 
         with srv:
             version = engine.version(client, srv.url)
             first = diagnostic_request(srv.url, timeout, plan["seed"], engine)
-            for length in lengths:
+            for repeat, length in ((k, n) for k in range(1, repeats + 1) for n in lengths):
                 rnd = next(r for r in prompts[length]["rounds"] if r["round"] == round_)
                 fx = next(r for r in fixtures[length]["rounds"] if r["round"] == round_)
-                label = f"{visit['id']} arm={arm} round={round_} length={length}"
+                label = f"{visit['id']} arm={arm} round={round_} length={length}" + (
+                    f" repeat={repeat}/{repeats}" if repeats > 1 else "")
                 progress_log.info("[measure] %s: request sent (attempt %d)", label, attempt)
                 n_tok = None
                 try:
@@ -190,14 +202,27 @@ def run_visit(*, visit: dict, engine: ArmEngine, plan: dict, prompts: dict[int, 
                                      streamed_tokens=len(result.token_times), tokenize_count=n_tok, log_text=log_text)
                 rec = steady_record(result, length=length, round_=round_, arm=arm, prompt_sha256=fx["prompt_sha256"],
                                     gated=gated)
-                rec.update({"visit_index": visit["index"], "attempt": attempt})
+                rec.update({"visit_index": visit["index"], "attempt": attempt, "repeat": repeat})
                 if not srv.alive():
                     rec["flags"].append("server: exited during the request")
                     rec["ok"] = False
                 records.append(rec)
-                outputs[length] = {"text": result.text, "token_ids": result.token_ids}
+                if repeat == 1:
+                    outputs[length] = {"text": result.text, "token_ids": result.token_ids}
+                else:
+                    outputs[length].setdefault("repeats", []).append(
+                        {"repeat": repeat, "text": result.text, "token_ids": result.token_ids})
     except ServerError as exc:
         raise VisitError(f"{where(first_length)}: the engine failed to start: {exc}") from None
+    finally:
+        if restore is not None:
+            hostload.pin_self(restore)
+    end = hostload.snapshot()
+    threshold = server_cfg.get("external_load")
+    host = {"load1_start": start["load1"], "load1_end": end["load1"], "cpus": start["cpus"],
+            "cpu_mhz": start["cpu_mhz"], "governor": start["governor"], "server_cpus": server_cpus,
+            "client_cpus": client_cpus, "external_load_threshold": threshold,
+            "external_load": hostload.external_load(start["load1"], threshold) if threshold is not None else None}
     facts = srv.facts
     with open(server_log, "rb") as fh:  # this visit's part of the server log
         fh.seek(log_start)
@@ -212,6 +237,7 @@ def run_visit(*, visit: dict, engine: ArmEngine, plan: dict, prompts: dict[int, 
         "native_version": version,
         "first_request": first,
         "records": records,
+        "host": host,
         "complete": all(r["prompt_tokens"] is not None for r in records),
         "duration_s": time.perf_counter() - t_visit,
         "inputs": inputs,

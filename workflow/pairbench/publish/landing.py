@@ -4,7 +4,7 @@ Snakemake renders the workflow description (workflow/report/workflow.rst) on the
 through docutils, which can ``.. include::`` a file but cannot compute anything. This module turns
 ``tables/paired.csv`` and ``tables/measurements.csv`` into a compact RST snippet
 (``results/<label>/report/landing.rst``) that the description includes: one row per input length and
-metric with the median paired ratio, its CI, the p-value and the verdict (the full-precision columns
+tested metric with the Hodges-Lehmann ratio, its interval and level, and the verdict (the full-precision columns
 stay in the Summary category), and every retry (engine-fault re-attempts and validation retries).
 """
 
@@ -27,13 +27,16 @@ def _num(x, spec: str = ".3f") -> str:
 
 
 def verdict_rows(paired: pd.DataFrame) -> list[list[str]]:
-    """[length, metric, median ratio, CI, p, verdict] per row of tables/paired.csv."""
+    """[length, metric, estimate, interval (level), verdict] per tested row of tables/paired.csv
+    (secondary metrics, shown but never tested, are left to the Summary category)."""
     rows = []
     for _, r in paired.iterrows():
+        if "role" in paired.columns and r["role"] != "primary":
+            continue
         lo, hi = _num(r.get("ci_low")), _num(r.get("ci_high"))
-        ci = "n/a" if "n/a" in (lo, hi) else f"[{lo}, {hi}]"
-        rows.append([str(int(r["length"])), f"``{r['metric']}``", _num(r.get("median_ratio")), ci,
-                     _num(r.get("p_value"), ".3g"), str(r["verdict"])])
+        level = _num(100 * float(r["ci_level"]), ".1f") if r.get("ci_level") == r.get("ci_level") else "n/a"
+        ci = "unbounded" if "n/a" in (lo, hi) else f"[{lo}, {hi}] ({level}%)"
+        rows.append([str(int(r["length"])), f"``{r['metric']}``", _num(r.get("hl_ratio")), ci, str(r["verdict"])])
     return rows
 
 
@@ -83,8 +86,8 @@ def landing_rst(paired_csv: str | Path, measurements_csv: str | Path) -> str:
     verdicts = verdict_rows(paired)
     if verdicts:
         parts.append(_list_table(
-            "Verdicts: candidate / baseline, median of the per-round paired ratios",
-            ["length", "metric", "ratio", "CI", "p", "verdict"], verdicts, "pairbench-verdicts"))
+            "Verdicts: candidate / baseline, Hodges-Lehmann estimate and its interval (Holm-adjusted level)",
+            ["length", "metric", "ratio", "interval", "verdict"], verdicts, "pairbench-verdicts"))
     else:
         parts.append("**No verdicts**: no input length and metric had paired samples "
                      "(see tables/summary.csv and the excluded rows in stats/summary.json).\n")

@@ -2,7 +2,7 @@
 
 Sections: what was compared (arms, source versions, patches, native engine strings, model), how it
 was measured (plan, visit order, gates), what passed (gates and validation, with every excluded
-record and its reason), the statistics (:func:`statistics_section`, from ``stats/summary.json``), client against
+record and its reason), the statistics (:func:`pairbench.publish.statistics.statistics_section`, from ``stats/summary.json``), client against
 engine timings and how far they disagree, and — on their own — warmup and first-request
 diagnostics, which never enter the statistics.
 
@@ -16,7 +16,7 @@ import math
 
 import pandas as pd
 
-from pairbench.analysis.stats import METRICS
+from pairbench.publish.statistics import statistics_section
 from pairbench.validate import retries
 from pairbench.validate.sandbox import LAYERS
 
@@ -39,7 +39,7 @@ def _table(header: list[str], rows: list[list]) -> list[str]:
     return out + [""]
 
 
-def compared_section(plan: dict, sources: dict, builds: dict) -> list[str]:
+def compared_section(plan: dict, sources: dict, builds: dict, measures: list[dict] | None = None) -> list[str]:
     rows = []
     for arm in plan["arms"]:
         s, b = sources[arm], builds[arm]
@@ -56,9 +56,14 @@ def compared_section(plan: dict, sources: dict, builds: dict) -> list[str]:
         rows.append([f"`{arm}` ({role})", where, patches, f"`{b['native_version']}`", s["patched"]["tree_sha256"][:12]])
     out = ["## What was compared", ""]
     out += _table(["arm", "source @ version", "patches", "native engine", "source tree sha256"], rows)
-    out.append(f"Model `{plan['model']['name']}`; every steady request had exactly the stated input length "
-               f"(native tokens, chat template included) and generated exactly {plan['output_tokens']} tokens "
-               "(greedy, end-of-sequence ignored, prefix cache off).")
+    records = [r for m in (measures or []) for r in m["records"]]
+    exact_in = sum(1 for r in records if r["gates"].get("prompt_tokens") is True)
+    exact_out = sum(1 for r in records if r["gates"].get("completion_tokens") is True)
+    out.append(f"Model `{plan['model']['name']}`. Every steady request asked for {plan['output_tokens']} tokens, "
+               "greedy, end-of-sequence ignored, prefix cache off; by the engines' own counts "
+               f"{exact_in} of {len(records)} steady records had exactly the planned input length (native tokens, "
+               f"chat template included) and {exact_out} of {len(records)} generated exactly "
+               f"{plan['output_tokens']} tokens.")
     out.append("")
     for arm in plan["arms"]:  # engines other than the embedded one: how the cold cache was shown
         e = builds[arm].get("engine")
@@ -73,19 +78,32 @@ def compared_section(plan: dict, sources: dict, builds: dict) -> list[str]:
     return out
 
 
-def plan_section(plan: dict, fixtures: dict) -> list[str]:
+def plan_section(plan: dict, fixtures: dict, measures: list[dict] | None = None) -> list[str]:
+    run_rounds = {m["visit"]["round"] for m in measures} if measures else None
     rounds: dict[int, list[str]] = {}
     for v in plan["visits"]:
-        rounds.setdefault(v["round"], []).append(v["arm"])
+        if run_rounds is None or v["round"] in run_rounds:
+            rounds.setdefault(v["round"], []).append(v["arm"])
     order = " | ".join(" → ".join(arms) for _, arms in sorted(rounds.items()))
     out = ["## How it was measured", ""]
+    repeats = int(plan.get("repeats", 1))
+    planned = (f"{len(rounds)} paired rounds run of {plan['rounds']} planned" if len(rounds) != plan["rounds"]
+               else f"{plan['rounds']} paired rounds")
     out.append(f"- Input lengths: {', '.join(str(n) for n in plan['lengths'])} tokens; output: "
-               f"{plan['output_tokens']} tokens; {plan['rounds']} paired rounds; seed {plan['seed']}.")
+               f"{plan['output_tokens']} tokens; {planned}; seed {plan['seed']}.")
+    per = "one steady streamed request per length" if repeats == 1 else (
+        f"{repeats} steady streamed requests per length (every length in turn, then again)")
     out.append(f"- Visit order (`{plan['order']}`, fixed in plan.json before anything ran): {order}. Each visit "
-               "launches the arm's server, sends one first request (a diagnostic, not a sample), one steady "
-               "streamed request per length, then stops it.")
-    out.append("- Each round's prompts start with a per-round salt, so no round can reuse an earlier round's "
-               "prefix, while both arms of a round see identical tokens.")
+               f"launches the arm's server, sends one first request (a diagnostic, not a sample), {per}, then "
+               "stops it.")
+    salts = [fx_round["salt"] for fx in fixtures.values() for fx_round in fx["rounds"]]
+    per_round = {r["round"]: r["salt"] for fx in fixtures.values() for r in fx["rounds"]}
+    distinct = len(set(per_round.values())) == len(per_round) and all(
+        {r["round"]: r["salt"] for r in fx["rounds"]} == {k: per_round[k] for k in (r["round"] for r in fx["rounds"])}
+        for fx in fixtures.values())
+    out.append(f"- Each round's prompts start with a per-round salt ({len(set(salts))} distinct salts over "
+               f"{len(per_round)} rounds{'' if distinct else ', NOT one per round'}), so no round can reuse an "
+               "earlier round's prefix, while both arms of a round see identical tokens.")
     for n, fx in sorted(fixtures.items()):
         out.append(f"- Fixture {n}: task `{fx['task']}`, token ids identical on "
                    f"{', '.join(f'`{a}`' for a in fx['checked_by'])} for all {len(fx['rounds'])} rounds.")
@@ -102,9 +120,12 @@ def gates_section(measures: list[dict], validations: dict[tuple[str, int], dict]
     out = ["## Gates and validation", ""]
     records = [r for m in measures for r in m["records"]]
     flagged = [r for r in records if not r["ok"]]
-    out.append(f"{len(records)} steady records; {len(records) - len(flagged)} passed every gate "
-               "(prompt tokens = length, completion tokens = output length, cold cache); "
-               f"{len(flagged)} flagged and excluded from the statistics.")
+    unproven = [r for r in records if r["ok"] and r["gates"].get("cold_cache") is None]
+    out.append(f"{len(records)} steady records; {len(records) - len(flagged) - len(unproven)} passed every gate "
+               "(prompt tokens = length, completion tokens = output length, cold cache proven); "
+               f"{len(flagged)} failed a gate and are excluded from the statistics"
+               + (f"; {len(unproven)} passed the others but have no proof of a cold cache (see the statistics "
+                  "section for whether they count)" if unproven else "") + ".")
     out.append("")
     rows = []
     for (arm, length), g in df.groupby(["arm", "length"], sort=True):
@@ -130,9 +151,9 @@ def gates_section(measures: list[dict], validations: dict[tuple[str, int], dict]
     excluded = []
     for m in measures:
         v = validations.get(retries.measure_key(m))
-        vby = {r["length"]: r for r in v["records"]} if v else {}
+        vby = {(r["length"], r.get("repeat", 1)): r for r in v["records"]} if v else {}
         for r in m["records"]:
-            reasons = list(r["flags"]) + list((vby.get(r["length"]) or {}).get("excluded_because", []))
+            reasons = list(r["flags"]) + list((vby.get((r["length"], r.get("repeat", 1))) or {}).get("excluded_because", []))
             if reasons:
                 excluded.append(f"- {retries.label(*retries.measure_key(m))} length {r['length']} (attempt {r['attempt']}): "
                                 + "; ".join(reasons))
@@ -298,9 +319,9 @@ def render(*, plan: dict, sources: dict, builds: dict, fixtures: dict, warmups: 
     """The whole README.md report."""
     title = f"# pairbench: `{plan['candidate']}` against `{plan['baseline']}`"
     lines = [title, "", f"Leak gate: {LEAK_GATE_MARKER}", ""]
-    lines += compared_section(plan, sources, builds)
+    lines += compared_section(plan, sources, builds, measures)
     lines += build_section(plan, builds)
-    lines += plan_section(plan, fixtures)
+    lines += plan_section(plan, fixtures, measures)
     lines += gates_section(measures, validations, df)
     lines += [statistics_section(summary).rstrip(), ""]
     lines += crosscheck_section(crosscheck)
@@ -308,108 +329,3 @@ def render(*, plan: dict, sources: dict, builds: dict, fixtures: dict, warmups: 
     lines += diagnostics_section(warmups, measures)
     lines += ["## Files", "", *[f"- `{f}`" for f in sorted(files)], "- `MANIFEST.json`: sha256 of every file", ""]
     return "\n".join(lines)
-
-
-# ---- the statistics section, from stats/summary.json -----------------------------------------
-
-def _change_pct(x: float | None) -> str:
-    return "n/a" if x is None else f"{x * 100:+.2f}%"
-
-
-def _fmt(x: float | None, spec: str = ".4g") -> str:
-    return "n/a" if x is None else format(x, spec)
-
-
-def _sentence(summary: dict, length: str, metric: str, p: dict) -> str:
-    cand = summary["candidate"]
-    label = METRICS[metric]["label"]
-    what = f"{label} (`{metric}`) at {length} tokens"
-    stats = (f"ratio {_fmt(p['hl_ratio'], '.4f')} (95% CI {_fmt(p['ci_low'], '.4f')}–"
-             f"{_fmt(p['ci_high'], '.4f')}, Wilcoxon p={_fmt(p['p_value'], '.3g')}, "
-             f"n={p['n_pairs']} pairs)")
-    verdict = p["verdict"]
-    if verdict in ("faster", "slower"):
-        change = p["hl_ratio"] - 1.0
-        direction = "higher" if change > 0 else "lower"
-        return (f"- **{verdict}**: candidate `{cand}` {what} is {abs(change) * 100:.1f}% {direction}"
-                f", i.e. {verdict}: {stats}.")
-    if verdict == "no detectable difference":
-        return f"- **no detectable difference**: {what}: {stats}; {p['reason']}."
-    return f"- **inconclusive**: {what}: {p['reason']}."
-
-
-def statistics_section(summary: dict) -> str:
-    """The statistics section of the report, in plain language, followed by the disclosures."""
-    base, cand = summary["baseline"], summary["candidate"]
-    prm = summary["params"]
-    out = ["## Statistics", ""]
-    out.append(
-        f"Candidate `{cand}` against baseline `{base}`, paired by round. Ratios are candidate/"
-        f"baseline; for throughput (tok/s) higher is faster, for times (ms) lower is faster. The "
-        f"estimate is the Hodges–Lehmann estimate of the log ratios, back-transformed to a ratio; "
-        f"the {prm['ci_level']:.0%} CI is a paired BCa bootstrap ({prm['n_resamples']} resamples, "
-        f"seed {prm['seed']}); p is the two-sided Wilcoxon signed-rank test. A difference is claimed "
-        f"only when p < {prm['alpha']:g} and the whole CI lies outside 1 ± {prm['noise']:g}.")
-    out.append("")
-    out.append("### Verdicts")
-    out.append("")
-    for length, by_metric in summary["paired"].items():
-        for metric, p in by_metric.items():
-            out.append(_sentence(summary, length, metric, p))
-    out.append("")
-    out.append("### Per arm")
-    out.append("")
-    out.append("| arm | length | metric | n | median | min | max | trimmed mean (drop/end) |")
-    out.append("|---|---:|---|---:|---:|---:|---:|---:|")
-    for arm, by_len in summary["arms"].items():
-        for length, by_metric in by_len.items():
-            for metric, d in by_metric.items():
-                out.append(f"| {arm} | {length} | {metric} | {d['n']} | {_fmt(d['median'])} | "
-                           f"{_fmt(d['min'])} | {_fmt(d['max'])} | {_fmt(d['trimmed_mean'])} "
-                           f"({d['trim_per_end']}) |")
-    out.append("")
-    out.append("### Disclosures")
-    out.append("")
-    disc = summary["disclosures"]
-    if disc["slow_samples"]:
-        out.append(f"Outlying samples (|robust z| > {prm['slow_z']:g}, z from the median absolute "
-                   f"deviation), flagged and **retained** in every statistic above:")
-        for s in disc["slow_samples"]:
-            out.append(f"- {s['side']} sample: `{s['arm']}` {s['metric']} at {s['length']} tokens, "
-                       f"round {s['round']}: {_fmt(s['value'])} (z={s['robust_z']:+.1f})")
-    else:
-        out.append(f"No outlying samples (|robust z| > {prm['slow_z']:g}).")
-    out.append("")
-    if disc["median_trimmed_disagreements"]:
-        out.append("The full-N median and the trimmed mean tell different stories here (sign, or "
-                   f"more than {prm['noise'] * 100:g} percentage points apart); read the per-round ratios:")
-        for d in disc["median_trimmed_disagreements"]:
-            out.append(f"- {d['metric']} at {d['length']} tokens: median change "
-                       f"{_change_pct(d['median_change'])} against trimmed-mean change "
-                       f"{_change_pct(d['trimmed_mean_change'])}"
-                       + (" (opposite signs)" if d["sign_differs"] else ""))
-    else:
-        out.append("The full-N medians and trimmed means agree everywhere.")
-    out.append("")
-    counts = summary["counts"]
-    out.append(f"Records: {counts['rows']} steady rows, {counts['selected']} selected, "
-               f"{counts['excluded']} excluded, {counts['retries']} retries, "
-               f"{counts['unpaired']} unpaired.")
-    for e in disc["excluded"]:
-        att = f", attempt {e['attempt']}" if e["attempt"] is not None else ""
-        out.append(f"- excluded: `{e['arm']}` round {e['round']}, {e['length']} tokens{att}: "
-                   f"{e['reason']}")
-    for r in disc["retries"]:
-        state = "used" if r["selected"] else "not used"
-        what = []
-        if r.get("retry"):
-            what.append(f"validation retry {r['retry']}")
-        if r["attempt"] > 1:
-            what.append(f"attempt {r['attempt']} after an engine fault")
-        out.append(f"- retry: `{r['arm']}` round {r['round']}, {r['length']} tokens, {' and '.join(what)} ({state})")
-    for u in disc["unpaired"]:
-        out.append(f"- unpaired (partial visit): `{u['arm']}` round {u['round']}, {u['length']} "
-                   f"tokens has no partner in the other arm; it counts in the per-arm figures only")
-    if disc["other_arms"]:
-        out.append(f"- rows of other arms ignored: {', '.join(disc['other_arms'])}")
-    return "\n".join(out) + "\n"

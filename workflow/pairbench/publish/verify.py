@@ -10,6 +10,8 @@ No network, no model, no engine: only the bundle, and optionally the clean sourc
   columns;
 - the fixture manifest's hashes recompute from the synthetic messages and texts;
 - bundled Python scripts pass a syntax check (``compile``; nothing is run);
+- every verdict and number recomputes from ``tables/measurements.csv`` and ``stats_params.json``
+  (:mod:`pairbench.publish.recompute`): the tables, the run facts and the README's statistics section;
 - with a clean source: the bundled patches apply in MANIFEST order (``git apply --check``, then
   ``git apply`` on a temporary copy) and the patched files' sha256 equal the ones recorded from the
   measured source (``MANIFEST.source.patched_files``).
@@ -164,8 +166,11 @@ def apply_patches(clean_source: str | os.PathLike, patches: Iterable[tuple[str, 
 
 # --- the whole bundle --------------------------------------------------------------------------
 
-def verify_bundle(bundle_dir: str | os.PathLike, *, clean_source: str | os.PathLike | None = None) -> list[str]:
-    """Problems found in the bundle (empty list = verified). Never raises for a bad bundle."""
+def verify_bundle(bundle_dir: str | os.PathLike, *, clean_source: str | os.PathLike | None = None,
+                  recompute_stats: bool = True) -> list[str]:
+    """Problems found in the bundle (empty list = verified). Never raises for a bad bundle.
+    *recompute_stats* False skips the statistics recomputation (the bundle stage's own pre-check,
+    run before the report and parameters it would compare exist)."""
     root = Path(bundle_dir)
     if not root.is_dir():
         return [f"{root}: not a directory"]
@@ -198,6 +203,10 @@ def verify_bundle(bundle_dir: str | os.PathLike, *, clean_source: str | os.PathL
             problems.append(f"{rel}: size {path.stat().st_size} bytes, {MANIFEST} records {entry['size_bytes']}")
         problems += _content_problems(rel, path, entry)
 
+    if recompute_stats and not problems:  # recompute only from files whose hashes check out
+        from pairbench.publish.recompute import recompute_problems
+
+        problems += recompute_problems(root)
     if clean_source is not None:
         problems += _source_problems(root, manifest["source"], clean_source)
     return problems

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import logging
+
 import pandas as pd
 
 from pairbench.analysis import crosscheck as pb_crosscheck
+from pairbench.analysis import adaptive as pb_adaptive
 from pairbench.analysis import plots as pb_plots
+from pairbench.analysis import runfacts as pb_runfacts
 from pairbench.analysis import stats as pb_stats
 from pairbench.analysis import tables as pb_tables
 from pairbench.core.artifacts import atomic_write_text, read_artifact, sha256_file, write_artifact
@@ -21,18 +25,34 @@ def read_validations(paths: list[str]) -> dict[tuple[str, int], dict]:
     return out
 
 
+def stats_params(stats: dict, gates: dict | None = None) -> dict:
+    """The keyword arguments of :func:`pairbench.analysis.stats.summarize` from the config's
+    ``stats`` section (the bundle records them, and ``verify`` recomputes with them)."""
+    return {k: stats[k] for k in ("metrics", "secondary", "memory", "multiplicity", "trim", "alpha", "noise")}
+
+
 def stats_stage(*, summary: str, measurements: str, summary_csv: str, paired_csv: str, ratios_csv: str,
-                timing_csv: str, plan: str, measures: list[str], validations: list[str], stats: dict) -> None:
-    """measurements.csv from the visits and their verdicts, then the summary and its flat tables."""
+                timing_csv: str, plan: str, measures: list[str], validations: list[str], stats: dict,
+                gates: dict | None = None, memory_csv: str | None = None, adapt: list[str] | None = None) -> None:
+    """measurements.csv from the visits and their verdicts, then the summary and its flat tables.
+
+    The summary is computed from measurements.csv *as written* (read back), so that ``python -m
+    pairbench verify`` recomputes exactly the published numbers from the bundle's copy of it.
+    """
+    gates = {"allow_unproven_cold_cache": False, **(gates or {})}
     plan_body = read_artifact(plan, "plan")
     measure_bodies = [read_artifact(p, "measure") for p in measures]
     validation_bodies = read_validations(validations)
-    df = pb_tables.measurements_frame(measure_bodies, validation_bodies)
+    df = pb_tables.measurements_frame(measure_bodies, validation_bodies,
+                                      allow_unproven_cold_cache=gates["allow_unproven_cold_cache"])
     atomic_write_text(measurements, df.to_csv(index=False))
+    df = pd.read_csv(measurements)
     body = pb_stats.summarize(df, baseline=plan_body["baseline"], candidate=plan_body["candidate"],
-                              metrics=stats["metrics"], trim=stats["trim"], alpha=stats["alpha"],
-                              noise=stats["noise"], seed=plan_body["seed"])
-    body["inputs"] = {"plan": sha256_file(plan),
+                              seed=plan_body["seed"], **stats_params(stats))
+    decisions = [read_artifact(p, "adapt") for p in (adapt or [])]
+    body["run"] = pb_runfacts.run_facts(plan_body, measure_bodies, df, gates, adaptive=stop_facts(plan_body, decisions))
+    body["inputs"] = {"plan": sha256_file(plan), **{f"adapt.r{d['rounds']:02d}": sha256_file(p)
+                                                    for d, p in zip(decisions, adapt or [])},
                       **{f"measure.{retries.label(*retries.measure_key(m))}": sha256_file(p)
                          for m, p in zip(measure_bodies, measures)},
                       **{f"validate.{retries.label(*key)}": sha256_file(p)
@@ -42,7 +62,42 @@ def stats_stage(*, summary: str, measurements: str, summary_csv: str, paired_csv
     atomic_write_text(summary_csv, flat["summary"].to_csv(index=False))
     atomic_write_text(paired_csv, flat["paired"].to_csv(index=False))
     atomic_write_text(ratios_csv, flat["ratios"].to_csv(index=False))
+    if memory_csv:
+        atomic_write_text(memory_csv, flat["memory"].to_csv(index=False))
     atomic_write_text(timing_csv, pb_tables.timing_agreement(df).to_csv(index=False))
+
+
+def stop_facts(plan: dict, decisions: list[dict]) -> dict | None:
+    """Why an adaptive run stopped, from the decisions it consulted (None for fixed rounds)."""
+    a = plan.get("adaptive")
+    if not a:
+        return None
+    if decisions and decisions[-1]["decision"] == "stop":
+        return {"stop_reason": decisions[-1]["reason"]}
+    if not decisions:
+        return {"stop_reason": f"rounds.min equals rounds.max ({a['max']}): nothing to decide"}
+    return {"stop_reason": f"stopped at the maximum of {a['max']} rounds; the last decision: {decisions[-1]['reason']}"}
+
+
+def adapt_stage(*, adapt: str, plan: str, measures: list[str], validations: list[str], stats: dict,
+                gates: dict | None = None) -> None:
+    """Whether to measure another block of rounds (pairbench.analysis.adaptive), from each visit's own
+    measurement and validation so far."""
+    gates = {"allow_unproven_cold_cache": False, **(gates or {})}
+    plan_body = read_artifact(plan, "plan")
+    measure_bodies = [read_artifact(p, "measure") for p in measures]
+    df = pb_tables.measurements_frame(measure_bodies, read_validations(validations),
+                                      allow_unproven_cold_cache=gates["allow_unproven_cold_cache"])
+    rounds_done = max(m["visit"]["round"] for m in measure_bodies)
+    body = pb_adaptive.decide(df, baseline=plan_body["baseline"], candidate=plan_body["candidate"],
+                              metrics=stats["metrics"], alpha=stats["alpha"], multiplicity=stats["multiplicity"],
+                              rounds_done=rounds_done, adaptive=plan_body["adaptive"])
+    body["inputs"] = {"plan": sha256_file(plan), **{f"measure.{m['visit']['id']}": sha256_file(p)
+                                                    for m, p in zip(measure_bodies, measures)},
+                      **{f"validate.{retries.label(*retries.validation_key(v))}": sha256_file(p)
+                         for v, p in zip((read_artifact(p, "validate") for p in validations), validations)}}
+    write_artifact(adapt, "adapt", body)
+    logging.getLogger("pairbench.progress").info("[adapt] %s", body["reason"])
 
 
 def plots_stage(*, ratios: str, drift: str, summary: str, measurements: str) -> None:

@@ -36,6 +36,16 @@ def _without_build_dir(tree: Path, build_dir: str, dest: Path) -> Path:
     return dest
 
 
+def stats_params(summary: dict) -> dict:
+    """The ``stats_params.json`` body: what ``verify`` needs to recompute every verdict from
+    ``tables/measurements.csv`` (the summarize keywords, and the run facts the report states)."""
+    prm = summary["params"]
+    return {"baseline": summary["baseline"], "candidate": summary["candidate"], "metrics": prm["primary"],
+            "secondary": prm["secondary"], "memory": prm["memory"], "multiplicity": prm["multiplicity"],
+            "trim": prm["trim"], "alpha": prm["alpha"], "noise": prm["noise"], "seed": prm["seed"],
+            "run": summary["run"]}
+
+
 def _by(paths: list[str], kind: str, key: str) -> dict:
     return {b[key]: b for b in (read_artifact(p, kind) for p in paths)}
 
@@ -44,7 +54,7 @@ def publish_stage(*, bundle: str, private_dir: str, res_dir: str, root: str, pla
                   builds: list[str], fixtures: list[str], prompts: list[str], warmups: list[str],
                   measures: list[str], validations: list[str], summary: str, measurements: str, summary_csv: str,
                   paired_csv: str, ratios_csv: str, timing_csv: str, ratios_png: str, drift_png: str,
-                  crosscheck: list[str]) -> None:
+                  crosscheck: list[str], memory_csv: str | None = None) -> None:
     """The report and the allowlisted, scrubbed, leak-gated bundle (pairbench.publish.bundle.build_bundle)."""
     plan_body = read_artifact(plan, "plan")
     source_bodies = _by(sources, "source", "arm")
@@ -53,7 +63,7 @@ def publish_stage(*, bundle: str, private_dir: str, res_dir: str, root: str, pla
     prompt_bodies = _by(prompts, "prompts", "length")
     df = pd.read_csv(measurements)
     tables = {"measurements": measurements, "summary": summary_csv, "paired": paired_csv, "ratios": ratios_csv,
-              "timing_agreement": timing_csv}
+              "timing_agreement": timing_csv, **({"memory": memory_csv} if memory_csv else {})}
 
     facts = envfacts.collect(engine_version=build_bodies[plan_body["baseline"]]["native_version"])
     identifiers = envfacts.identifiers(facts)
@@ -68,10 +78,14 @@ def publish_stage(*, bundle: str, private_dir: str, res_dir: str, root: str, pla
         inputs={f"fixture.{n}": sha256_file(p) for n, p in zip(sorted(fixture_bodies), fixtures)})
     fx_path = Path(private_dir) / "fixtures.json"
     write_artifact(fx_path, "fixture_manifest", fx_manifest)
+    summary_body = read_artifact(summary, "summary")
+    sp_path = Path(private_dir) / "stats_params.json"
+    write_artifact(sp_path, "stats_params", {**stats_params(summary_body), "inputs": {"summary": sha256_file(summary)}})
     resolved = {k: v for k, v in plan_body.items() if k not in ("visits", "inputs", "schema")}
     files = {
         "environment.json": str(env_path),
         "fixtures.json": str(fx_path),
+        "stats_params.json": str(sp_path),
         # quoted: digests read as digests
         "config.resolved.yaml": yaml.safe_dump(resolved, sort_keys=True, default_style="\"").encode(),
         **{f"tables/{name}.csv": path for name, path in tables.items()},
@@ -81,7 +95,8 @@ def publish_stage(*, bundle: str, private_dir: str, res_dir: str, root: str, pla
         **({"tables/crosscheck.json": crosscheck[0]} if crosscheck else {}),
     }
     # stats/summary.json itself is not bundled: its free-text fields (reasons, method names) fail
-    # publish's field check. Its numbers are in tables/*.csv and its words in README.md.
+    # publish's field check. Its numbers are in tables/*.csv, its words in README.md, and what
+    # recomputes both (the parameters and run facts) in stats_params.json: `pairbench verify` does.
     cand = plan_body["candidate"]
     patches = {Path(p["path"]).name: str(Path(root) / p["path"]) for p in source_bodies[cand]["patches"]}
     base_src = source_bodies[plan_body["baseline"]]
@@ -100,7 +115,7 @@ def publish_stage(*, bundle: str, private_dir: str, res_dir: str, root: str, pla
         plan=plan_body, sources=source_bodies, builds=build_bodies, fixtures=fixture_bodies,
         warmups=_by(warmups, "warmup", "arm"), measures=[read_artifact(p, "measure") for p in measures],
         validations=read_validations(validations), df=df, agreement=pb_tables.timing_agreement(df),
-        summary=read_artifact(summary, "summary"), files=listing,
+        summary=summary_body, files=listing,
         crosscheck=read_artifact(crosscheck[0], "crosscheck_summary") if crosscheck else None).encode()
     with tempfile.TemporaryDirectory(dir=private_dir, prefix=".clean-source-") as tmp:
         if clean_source is not None and bdir:  # re-applying the patches needs the source, not the objects

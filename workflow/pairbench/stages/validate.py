@@ -37,27 +37,39 @@ def validate_stage(*, validate: str, measure: str, outputs: str | list[str], fix
     base_outputs = load(baseline_outputs, "output", "baseline_output")
     records = []
     for rec in measure_body["records"]:
-        n = rec["length"]
+        n, repeat = rec["length"], int(rec.get("repeat", 1))
         fx = fixture_bodies[n]
-        out = {"text": output_bodies[n]["text"], "token_ids": output_bodies[n]["token_ids"]}
-        base = base_outputs.get(n)
+        out = output_for(output_bodies[n], repeat)
+        base = base_outputs.get(n)  # the baseline's first repeat of the same round and length
         verdicts = pb_cases.run_cases(
             cases, record=rec, output=out,
             fixture={"length": n, "output_tokens": fx["output_tokens"], "task": fx["task"]},
             baseline_output={"text": base["text"], "token_ids": base["token_ids"]} if base else None,
-            options=options)
+            options=options)  # every repeat is sandboxed on its own: the report counts each run
         # A failed request has no output hash in its record; its (empty) private output has one.
         entry = pb_cases.record_entry({**rec, "output_sha256": pb_cases.sha256_text(out["text"])}, fx, verdicts)
         entry.update({"ok": rec["ok"], "flags": list(rec["flags"])})  # retries are decided from this artifact
+        if "repeat" in rec:
+            entry["repeat"] = repeat
         records.append(entry)
         if not entry["selected"]:
-            log.warning("%s length %d not selected: %s", measure_body["visit"]["id"], n,
-                        "; ".join(entry["excluded_because"]))
+            log.warning("%s length %d%s not selected: %s", measure_body["visit"]["id"], n,
+                        f" repeat {repeat}" if "repeat" in rec else "", "; ".join(entry["excluded_because"]))
     retry = retries.retry_number(measure_body)
     write_artifact(validate, "validate", {
         "round": measure_body["visit"]["round"], "arm": measure_body["visit"]["arm"],
         "attempt": measure_body["attempt"], **({"retry": retry} if retry else {}),
         "cases": list(cases), "options": options, "records": records, "inputs": inputs})
+
+
+def output_for(body: dict, repeat: int) -> dict:
+    """The text and token ids of *repeat* (1 = first) from one length's output artifact."""
+    if repeat == 1:
+        return {"text": body["text"], "token_ids": body["token_ids"]}
+    for r in body.get("repeats", []):
+        if r["repeat"] == repeat:
+            return {"text": r["text"], "token_ids": r["token_ids"]}
+    raise ValueError(f"output of visit {body['visit']} length {body['length']} has no repeat {repeat}")
 
 
 def retire_stage(*, retired: str, measures: list[str], validations: list[str], chain: dict[str, int],

@@ -64,8 +64,13 @@ def retry_reasons(validation: dict, retry_on: list[str] | tuple[str, ...]) -> di
     for entry in validation["records"]:
         kinds = exclusion_kinds(entry)
         if kinds and set(kinds) <= set(retry_on):
-            out[entry["length"]] = {"reason": "; ".join(why for k in sorted(kinds) for why in kinds[k]),
-                                    "kinds": sorted(kinds)}
+            # with repeats, one length has several records: the retry re-measures the whole length
+            why = "; ".join(why for k in sorted(kinds) for why in kinds[k])
+            if "repeat" in entry:
+                why = f"repeat {entry['repeat']}: {why}"
+            prev = out.get(entry["length"])
+            out[entry["length"]] = {"reason": f"{prev['reason']}; {why}" if prev else why,
+                                    "kinds": sorted(set(kinds) | set(prev["kinds"] if prev else []))}
     return out
 
 

@@ -1,0 +1,93 @@
+"""Host state per visit: load average, CPU frequency and governor, and CPU pinning of server vs client.
+
+Small ``collect`` functions that tolerate missing sources (a container without cpufreq, a system
+without ``sched_setaffinity``): a value that cannot be read is None, never an error. Nothing here is
+private: load averages, CPU counts, frequencies and CPU numbers name no host or user.
+
+Pinning (``server.pin``): on a machine with at least two usable CPUs, the engine server runs on one
+set of CPUs and the harness client (this process) on the disjoint rest, so that the client's
+per-token work never competes with the server's decode thread for a core. :func:`pin_sets` decides
+the sets; the server's are applied with ``taskset``-free ``preexec_fn`` affinity in
+:mod:`pairbench.engines.server`, the client's with :func:`pin_self`.
+
+External load: a visit whose 1-minute load average, minus what this visit itself puts on the machine
+(the server's busy threads and the client), exceeds ``external_load_threshold`` was measured while
+something else ran; it is flagged per visit and disclosed by the report (it is not excluded: both
+arms of a round may share it, and pairing is what protects the comparison).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+# The load the measurement itself adds (the server's decode thread and the client): above this
+# much more, something else was running.
+OWN_LOAD = 1.0
+
+
+def _read(path: str) -> str | None:
+    try:
+        return Path(path).read_text().strip()
+    except OSError:
+        return None
+
+
+def usable_cpus() -> list[int]:
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return list(range(os.cpu_count() or 1))
+
+
+def cpufreq() -> dict:
+    """Current frequency (MHz) of each usable CPU and the governor, where /sys exposes them."""
+    freqs, governors = {}, set()
+    for cpu in usable_cpus():
+        base = f"/sys/devices/system/cpu/cpu{cpu}/cpufreq"
+        khz = _read(f"{base}/scaling_cur_freq")
+        if khz and khz.isdigit():
+            freqs[str(cpu)] = int(khz) / 1000.0
+        gov = _read(f"{base}/scaling_governor")
+        if gov:
+            governors.add(gov)
+    return {"cpu_mhz": freqs or None, "governor": ",".join(sorted(governors)) or None}
+
+
+def snapshot() -> dict:
+    """``{"load1", "load5", "load15", "cpus", "cpu_mhz", "governor"}``, None where unreadable."""
+    try:
+        load1, load5, load15 = os.getloadavg()
+    except (AttributeError, OSError):
+        load1 = load5 = load15 = None
+    return {"load1": load1, "load5": load5, "load15": load15, "cpus": len(usable_cpus()), **cpufreq()}
+
+
+def pin_sets(mode: str | bool | None, cpus: list[int] | None = None) -> tuple[list[int] | None, list[int] | None]:
+    """``(server_cpus, client_cpus)`` for ``server.pin``: ``auto``/true pins when at least two CPUs
+    are usable (the server gets all but the first, the client the first); false/None never pins."""
+    cpus = usable_cpus() if cpus is None else sorted(cpus)
+    if mode in (None, False, "false", "off") or len(cpus) < 2:
+        return None, None
+    if mode not in (True, "true", "auto"):
+        raise ValueError(f"server.pin: unknown mode {mode!r} (auto, true or false)")
+    return cpus[1:], cpus[:1]
+
+
+def pin_self(cpus: list[int] | None) -> list[int] | None:
+    """Pin this process to *cpus*; returns the previous set (to restore), or None if not pinned."""
+    if not cpus:
+        return None
+    try:
+        before = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, cpus)
+        return before
+    except (AttributeError, OSError):
+        return None
+
+
+def external_load(load1: float | None, threshold: float) -> bool | None:
+    """Whether a 1-minute load average says something besides this visit ran (None: unreadable)."""
+    if load1 is None:
+        return None
+    return load1 - OWN_LOAD > threshold

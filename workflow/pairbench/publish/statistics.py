@@ -1,0 +1,263 @@
+"""The report's "## Statistics" section, in plain language, from ``stats/summary.json`` alone.
+
+Every verdict was computed once, in :mod:`pairbench.analysis.stats`; this module only words it.
+Every sentence that states a property of the run (rounds, repeats, multiplicity, exclusions, the
+cold-cache policy, external load, how the run stopped) is computed from the summary, which the
+statistics stage computed from the records. ``python -m pairbench verify`` regenerates this
+section from the bundle's ``tables/measurements.csv`` and recorded parameters and checks the
+README holds it verbatim.
+"""
+
+from __future__ import annotations
+
+from pairbench.analysis.stats import METRICS
+
+
+def _pct(x: float | None, spec: str = ".1f") -> str:
+    return "n/a" if x is None else f"{x * 100:{spec}}%"
+
+
+def _change_pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{x * 100:+.2f}%"
+
+
+def _fmt(x: float | None, spec: str = ".4g") -> str:
+    return "n/a" if x is None else format(x, spec)
+
+
+def _bytes(x: float | None) -> str:
+    if x is None:
+        return "n/a"
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if abs(x) >= scale:
+            return f"{x / scale:.1f} {unit}"
+    return f"{x:.0f} B"
+
+
+def _interval(p: dict) -> str:
+    if p["ci_low"] is None:
+        return f"no {p['ci_level']:.2%} interval is bounded with {p['n_pairs']} pairs"
+    return (f"{p['ci_level']:.2%} interval {_fmt(p['ci_low'], '.4f')}–{_fmt(p['ci_high'], '.4f')}, "
+            f"half-width ±{_pct(p['half_width'])}")
+
+
+def verdict_sentence(summary: dict, length: str, metric: str, p: dict) -> str:
+    """One line per tested comparison, the verdict first."""
+    noise = summary["params"]["noise"]
+    label = METRICS[metric]["label"]
+    what = f"{label} (`{metric}`) at {length} tokens"
+    est = (f"ratio {_fmt(p['hl_ratio'], '.4f')} ({_interval(p)}; n = {p['n_pairs']} pairs, "
+           f"Wilcoxon p = {_fmt(p['p_value'], '.3g')})")
+    v = p["verdict"]
+    if v in ("faster", "slower"):
+        change = p["hl_ratio"] - 1.0
+        direction = "higher" if change > 0 else "lower"
+        return (f"- **{v}**: {what} is {abs(change) * 100:.1f}% {direction} for the candidate: {est}; "
+                f"the interval lies wholly beyond 1 ± {noise:g}.")
+    if v == "equivalent":
+        return f"- **equivalent**: {what}: no change larger than {noise:.1%}: {est}."
+    more = []
+    if p["detectable_change"] is not None:
+        more.append(f"this run would detect a change of about {_pct(p['detectable_change'])} or more "
+                    "(about 80% of the time)")
+    if p["rounds_needed"] is not None:
+        n = p["rounds_needed"]
+        more.append(f"about {n} pairs would likely resolve it" if n <= 1000 else
+                    "the estimate lies so near the threshold that no practical number of pairs would resolve it "
+                    f"(about {n:,})")
+    return (f"- **inconclusive**: {what}: {est}; {p['reason']}" + ("; " + "; ".join(more) if more else "") + ".")
+
+
+def memory_sentence(summary: dict, length: str, metric: str, m: dict) -> str:
+    label = METRICS[metric]["label"]
+    what = f"{label} (`{metric}`) at {length} tokens"
+    if m["ratio"] is None:
+        return f"- {what}: {m['reason']}."
+    nums = f"candidate {_bytes(m['candidate'])} against baseline {_bytes(m['baseline'])}"
+    if m["exact"]:
+        return (f"- **{m['verdict']}**: {what}: {nums}, exactly {m['ratio']:.4f}× "
+                f"({m['ratio'] - 1:+.1%}); the same in every selected record of each arm, so no test.")
+    t = m["test"]
+    return f"- **{m['verdict']}**: {what}: {nums} (medians); ratio {m['ratio']:.4f} ({_interval(t)})."
+
+
+def _lengths(summary: dict) -> list[str]:
+    """Lengths in numeric order (a summary read back from JSON has its keys sorted as text)."""
+    return [str(n) for n in summary["lengths"]]
+
+
+def _ordered(summary: dict, section: str, roles: tuple[str, ...]) -> list[tuple[str, str, dict]]:
+    """(length, metric, entry) of *section* in length order, metrics in the order the params list them."""
+    prm = summary["params"]
+    names = [m for role in roles for m in prm[role]]
+    table = summary.get(section, {})
+    return [(n, m, table[n][m]) for n in _lengths(summary) if n in table for m in names if m in table[n]]
+
+
+def _family_line(summary: dict) -> str:
+    prm = summary["params"]
+    m, method = prm["family_size"], prm["multiplicity"]
+    tested = [p for _, _, p in _ordered(summary, "paired", ("primary",))]
+    if method == "none" or m <= 1:
+        return (f"Multiplicity: not corrected ({'one comparison' if m == 1 else 'stats.multiplicity: none'}); "
+                f"each of the {m} tested comparisons is at level {1 - prm['alpha']:.0%}.")
+    levels = sorted({round(p["ci_level"], 6) for p in tested})
+    name = "Holm's step-down procedure" if method == "holm" else "Bonferroni"
+    return (f"Multiplicity: {name} across the {m} primary comparisons (primary metrics × lengths), "
+            f"family-wise error ≤ {prm['alpha']:g}; each interval is stated at the level it was judged at "
+            f"({', '.join(f'{lv:.2%}' for lv in levels)}).")
+
+
+def run_lines(summary: dict) -> list[str]:
+    """What the pipeline stamped about the run (summary["run"]), each a computed sentence."""
+    run = summary.get("run")
+    if not run:
+        return []
+    out = []
+    r = run.get("rounds")
+    if r:
+        if r.get("adaptive"):
+            out.append(f"- Rounds: adaptive, {r['min']} to {r['max']} in blocks of {r['block']} "
+                       f"(target half-width ±{r['target_halfwidth']:.1%} for every primary comparison); "
+                       f"{r['run']} run; {r['stop_reason']}.")
+        else:
+            out.append(f"- Rounds: {r['run']} of {r['planned']} planned (fixed).")
+    rep = run.get("repeats")
+    if rep:
+        out.append(f"- Repeats: {rep} steady request(s) per length per visit; the paired unit is the "
+                   f"visit's median.")
+    cc = run.get("cold_cache")
+    if cc:
+        if cc["unproven"]:
+            how = ("included, because the config opts in (`gates.allow_unproven_cold_cache: true`)"
+                   if cc["allowed"] else "excluded (`gates.allow_unproven_cold_cache` is false)")
+            out.append(f"- Cold cache: {cc['unproven']} of {cc['records']} records have no server-side proof "
+                       f"of a cold cache; they are {how}.")
+        else:
+            out.append(f"- Cold cache: proven by the engine's own counters for all {cc['records']} records.")
+        for f in cc.get("cross_check", []):
+            out.append(f"- Cold-cache cross-check ({f['arm']}): {f['detail']}")
+    load = run.get("load")
+    if load:
+        if load["flagged"]:
+            out.append(f"- External load: {len(load['flagged'])} of {load['visits']} visits started with a "
+                       f"1-minute load average more than {load['threshold']:g} above this run's own (1): "
+                       f"{', '.join(load['flagged'])}. They are kept (pairing protects the comparison) and "
+                       "disclosed here.")
+        elif load.get("visits"):
+            out.append(f"- External load: none flagged in {load['visits']} visits (1-minute load average "
+                       f"{load['min']:.2f}–{load['max']:.2f}).")
+    pin = run.get("pinning")
+    if pin:
+        out.append(f"- CPU pinning: {pin}.")
+    return out
+
+
+def statistics_section(summary: dict) -> str:
+    """The statistics section of the report, in plain language, followed by the disclosures."""
+    base, cand = summary["baseline"], summary["candidate"]
+    prm = summary["params"]
+    counts = summary["counts"]
+    out = ["## Statistics", ""]
+    rep = counts.get("max_repeats", 1)
+    unit = ("a visit's median over its repeats (at most " f"{rep} per length)") if rep > 1 else "a visit's one request"
+    out.append(
+        f"Candidate `{cand}` against baseline `{base}`, paired by round; the paired unit is {unit}. "
+        f"Ratios are candidate/baseline; for throughput (tok/s) higher is faster, for times (ms) lower is "
+        f"faster. The estimate is the Hodges–Lehmann estimate of the log ratios, back-transformed; its "
+        f"interval inverts the exact Wilcoxon signed-rank test, so the two cannot disagree. Verdicts, with "
+        f"threshold {prm['noise']:g}: **faster**/**slower** when the interval lies wholly beyond 1 ± "
+        f"{prm['noise']:g}, **equivalent** when wholly inside, **inconclusive** otherwise.")
+    out.append("")
+    out.append(f"Tested (primary): {', '.join(f'`{m}`' for m in prm['primary'])}. "
+               + (f"Shown, not tested (secondary): {', '.join(f'`{m}`' for m in prm['secondary'])}. "
+                  if prm["secondary"] else "") + _family_line(summary))
+    out.append("")
+    runl = run_lines(summary)
+    if runl:
+        out += ["### The run", "", *runl, ""]
+    out.append("### Verdicts")
+    out.append("")
+    primary = _ordered(summary, "paired", ("primary",))
+    for length, metric, p in primary:
+        out.append(verdict_sentence(summary, length, metric, p))
+    if not primary:
+        out.append("No comparison had paired samples.")
+    out.append("")
+    secondary = _ordered(summary, "paired", ("secondary",))
+    if secondary:
+        out.append("Shown, not tested (each also answered by a primary metric above, or a sum of them):")
+        out.append("")
+        for length, metric, p in secondary:
+            out.append(f"- {METRICS[metric]['label']} (`{metric}`) at {length} tokens: ratio "
+                       f"{_fmt(p['hl_ratio'], '.4f')} ({_interval(p)}).")
+        out.append("")
+    mem = _ordered(summary, "memory", ("memory",))
+    if mem:
+        out.append("### Memory")
+        out.append("")
+        for length, metric, e in mem:
+            out.append(memory_sentence(summary, length, metric, e))
+        out.append("")
+    out.append("### Per arm")
+    out.append("")
+    out.append("| arm | length | metric | n | median | min | max | trimmed mean (drop/end) |")
+    out.append("|---|---:|---|---:|---:|---:|---:|---:|")
+    order = [*prm["primary"], *prm["secondary"], *prm["memory"]]
+    for arm in (base, cand):
+        for length in _lengths(summary):
+            by_metric = summary["arms"][arm].get(length, {})
+            for metric in (m for m in order if m in by_metric):
+                d = by_metric[metric]
+                out.append(f"| {arm} | {length} | {metric} | {d['n']} | {_fmt(d['median'])} | "
+                           f"{_fmt(d['min'])} | {_fmt(d['max'])} | {_fmt(d['trimmed_mean'])} "
+                           f"({d['trim_per_end']}) |")
+    out.append("")
+    out.append("### Disclosures")
+    out.append("")
+    disc = summary["disclosures"]
+    if disc["slow_samples"]:
+        out.append(f"Outlying samples (|robust z| > {prm['slow_z']:g}, z from the median absolute "
+                   f"deviation), flagged and **retained** in every statistic above:")
+        for s in disc["slow_samples"]:
+            out.append(f"- {s['side']} sample: `{s['arm']}` {s['metric']} at {s['length']} tokens, "
+                       f"round {s['round']}: {_fmt(s['value'])} (z={s['robust_z']:+.1f})")
+    else:
+        out.append(f"No outlying samples (|robust z| > {prm['slow_z']:g}).")
+    out.append("")
+    if disc["median_trimmed_disagreements"]:
+        out.append("The full-N median and the trimmed mean tell different stories here (sign, or "
+                   f"more than {prm['noise'] * 100:g} percentage points apart); read the per-round ratios:")
+        for d in disc["median_trimmed_disagreements"]:
+            out.append(f"- {d['metric']} at {d['length']} tokens: median change "
+                       f"{_change_pct(d['median_change'])} against trimmed-mean change "
+                       f"{_change_pct(d['trimmed_mean_change'])}"
+                       + (" (opposite signs)" if d["sign_differs"] else ""))
+    else:
+        out.append("The full-N medians and trimmed means agree everywhere.")
+    out.append("")
+    out.append(f"Records: {counts['rows']} steady rows, {counts['selected']} selected, "
+               f"{counts['excluded']} excluded, {counts['retries']} retries, "
+               f"{counts['unpaired']} unpaired, {counts.get('dropped_pairs', 0)} pairs dropped.")
+    for e in disc["excluded"]:
+        att = f", attempt {e['attempt']}" if e["attempt"] is not None else ""
+        out.append(f"- excluded: `{e['arm']}` round {e['round']}, {e['length']} tokens{att}: "
+                   f"{e['reason']}")
+    for r in disc["retries"]:
+        state = "used" if r["selected"] else "not used"
+        what = []
+        if r.get("retry"):
+            what.append(f"validation retry {r['retry']}")
+        if r["attempt"] > 1:
+            what.append(f"attempt {r['attempt']} after an engine fault")
+        out.append(f"- retry: `{r['arm']}` round {r['round']}, {r['length']} tokens, {' and '.join(what)} ({state})")
+    for u in disc["unpaired"]:
+        out.append(f"- unpaired (partial visit): `{u['arm']}` round {u['round']}, {u['length']} "
+                   f"tokens has no partner in the other arm; it counts in the per-arm figures only")
+    for d in disc.get("dropped_pairs", []):
+        out.append(f"- pair dropped: round {d['round']}, {d['length']} tokens: the `{d['arm']}` cell was "
+                   "re-measured by a validation retry after every visit, not next to its partner; it counts "
+                   "in the per-arm figures only")
+    if disc["other_arms"]:
+        out.append(f"- rows of other arms ignored: {', '.join(disc['other_arms'])}")
+    return "\n".join(out) + "\n"
