@@ -18,7 +18,8 @@ Arms (``--arms``; all on ``--threads`` prefill threads):
   engine          our engine in-process (``engine.load``, default format: the GGUF's q4_1/q8_0 blocks
                   with the native kernels, f16 KV), decode on 1 thread of the native pool
   engine-2t       the same model, decode on 2 threads of the native pool
-  engine-fp16     fp16 weights (the path without native kernels for the products; f16 KV)
+  engine-fp16     the pure-PyTorch path (what runs without a compiler, and the engine's old default):
+                  fp16 weights, ATen's fp16 GEMV, f32 KV, SDPA attention
   engine-http     ``python -m engine serve`` over HTTP, engine-reported timings
   transformers    ``LlamaForCausalLM.generate`` on the same GGUF (HF's own dequantizer), float32
   llama.cpp       llama-cpp-python, n_threads = n_threads_batch = --threads
@@ -270,8 +271,10 @@ def speed(args, ids_for, arms_wanted: list[str], long_arms: set[str]) -> tuple[d
     if "engine-2t" in arms_wanted:
         arms.append(EngineArm(loaded, "engine-2t", 2))
     if "engine-fp16" in arms_wanted:
-        arms.append(EngineArm(engine.load(args.model or str(args.gguf), max_context=n_ctx, linear="fp16"),
-                              "engine-fp16", 1))
+        fp16 = engine.load(args.model or str(args.gguf), max_context=n_ctx, linear="fp16", kv="f32")
+        for layer in fp16.model.layers:
+            layer.attention.decode_attention = None  # SDPA, as without engine.native
+        arms.append(EngineArm(fp16, "engine-fp16", 1))
     if "engine-http" in arms_wanted:
         try:
             arms.append(HttpArm(args.model or str(args.gguf), args.threads, n_ctx))
@@ -295,11 +298,12 @@ def speed(args, ids_for, arms_wanted: list[str], long_arms: set[str]) -> tuple[d
         for ctx in args.contexts:
             ids = ids_for(ctx)
             here = [a for a in arms if ctx <= 2048 or a.label in long_arms]
-            for rep in range(args.reps):
+            reps = args.reps if ctx <= 2048 or args.long_reps is None else args.long_reps
+            for rep in range(reps):
                 for arm in here:  # interleaved: every arm once per repetition
                     r = arm.run(ids, args.decode)
                     runs.setdefault(str(ctx), {}).setdefault(arm.label, []).append(r)
-                    log(f"ctx {ctx} rep {rep + 1}/{args.reps} {arm.label:<13} prefill {r['prefill_tok_s']:7.1f} "
+                    log(f"ctx {ctx} rep {rep + 1}/{reps} {arm.label:<13} prefill {r['prefill_tok_s']:7.1f} "
                         f"decode {r['decode_tok_s']:6.1f} tok/s  (load {os.getloadavg()[0]:.1f})")
     finally:
         for arm in arms:
@@ -395,6 +399,7 @@ def main() -> None:
     ap.add_argument("--decode", type=int, default=32)
     ap.add_argument("--arms", default=DEFAULT_ARMS)
     ap.add_argument("--long-arms", default=LONG_ARMS, help="arms also run at contexts above 2048")
+    ap.add_argument("--long-reps", type=int, default=None, help="repetitions at contexts above 2048 (default --reps)")
     ap.add_argument("--memory", action="store_true", help="also measure peak RSS and KV bytes per position")
     ap.add_argument("--memory-ctx", type=int, default=8192)
     ap.add_argument("--memory-prompt", type=int, default=2048)
@@ -435,7 +440,7 @@ def main() -> None:
     med = {ctx: {label: {k: statistics.median(r[k] for r in rs) for k in ("prefill_tok_s", "decode_tok_s")}
                  for label, rs in by_arm.items()} for ctx, by_arm in runs.items()}
     print(f"\n{args.gguf.name}: decode {args.decode} tokens after each prompt, {args.threads} prefill threads, "
-          f"median of {args.reps} interleaved reps")
+          f"median of {args.reps} interleaved reps ({args.long_reps or args.reps} above 2048 tokens)")
     targets = {}
     for ctx, m in med.items():
         ll = max((m[x] for x in ("llama.cpp", "llama.cpp-1t") if x in m), key=lambda v: v["decode_tok_s"],
