@@ -118,8 +118,9 @@ def test_deleting_one_visit_redoes_only_it_and_its_dependents(tiny_run):
               *(res / "private" / "outputs").glob("r01-candidate-*.json")}
     for path, (data, mtime) in before.items():
         rel = path.relative_to(res).as_posix()
+        # the bundle and what publish writes for it (environment, fixtures, stats_params) are rebuilt
         if path in redone or rel.startswith(("publish/", "private/publish/", "private/environment",
-                                             "private/fixtures")):
+                                             "private/fixtures", "private/stats_params")):
             continue
         assert path.read_bytes() == data and path.stat().st_mtime_ns == mtime, f"{rel} was redone"
     assert res.joinpath("validate/r01-candidate.json").stat().st_mtime > victim.stat().st_mtime - 1e-3
@@ -232,7 +233,10 @@ def test_each_gate_fires_and_flagged_records_are_kept_and_disclosed(scratch):
     assert readme.count("its new record was excluded too;") == 4
     summary = read_artifact(res / "stats" / "summary.json", "summary")
     assert summary["counts"]["excluded"] >= 4
-    assert all(v["verdict"] == "inconclusive" for by_m in summary["paired"].values() for v in by_m.values())
+    # too few clean pairs for any claim: every tested (primary) comparison is inconclusive;
+    # secondary metrics are shown, never tested (verdict null), memory has its own family
+    primary = [v for by_m in summary["paired"].values() for v in by_m.values() if v["role"] == "primary"]
+    assert primary and all(v["verdict"] == "inconclusive" for v in primary), [v["verdict"] for v in primary]
 
 
 RETRY_CONFIG = """\

@@ -61,12 +61,16 @@ def retry_reasons(validation: dict, retry_on: list[str] | tuple[str, ...]) -> di
     if unknown:
         raise ValueError(f"validate.retry_on: unknown kind(s) {unknown}; known: {list(RETRY_ON)}")
     out: dict[int, dict] = {}
+    per_length: dict[int, int] = {}
+    for entry in validation["records"]:
+        per_length[entry["length"]] = per_length.get(entry["length"], 0) + 1
     for entry in validation["records"]:
         kinds = exclusion_kinds(entry)
         if kinds and set(kinds) <= set(retry_on):
-            # with repeats, one length has several records: the retry re-measures the whole length
+            # with repeats, one length has several records: the retry re-measures the whole length,
+            # and the reason names the repeat (with one request per length there is nothing to name)
             why = "; ".join(why for k in sorted(kinds) for why in kinds[k])
-            if "repeat" in entry:
+            if "repeat" in entry and per_length[entry["length"]] > 1:
                 why = f"repeat {entry['repeat']}: {why}"
             prev = out.get(entry["length"])
             out[entry["length"]] = {"reason": f"{prev['reason']}; {why}" if prev else why,
