@@ -2,14 +2,20 @@
 
 - Named models (``tiny``, ``tiny-tied``): deterministic random weights and a byte-level tokenizer,
   for fast tests. The weights depend only on the name.
-- GGUF (read with the ``gguf`` package's GGUFReader): F32, F16, BF16, Q8_0, Q4_0 and Q4_1 tensors are
-  dequantized to float32. llama.cpp's converter permutes the rows of attn_q/attn_k so that its RoPE
-  rotates adjacent pairs; we undo that (as transformers' GGUF loader does) and use the "rotate half"
-  RoPE of ``model.py``. The BPE tokenizer (vocab, merges, special tokens) and the chat template
-  come from the metadata.
-- Converted directory (``python -m engine convert``): ``model.safetensors`` (float32, this engine's
-  parameter names), ``config.json``, ``tokenizer.json`` and ``chat_template.jinja``. It loads in
-  seconds because nothing needs dequantizing.
+- GGUF (read with the ``gguf`` package's GGUFReader): Q4_1 and Q8_0 weights are kept as their
+  blocks (``Blocks``, bytes verbatim); F32, F16, BF16, Q4_0 and the 1-D norms are dequantized to
+  float32. llama.cpp's converter permutes the rows of attn_q/attn_k so that its RoPE rotates
+  adjacent pairs; we undo that (as transformers' GGUF loader does; blocks run along a row, so whole
+  rows move) and use the "rotate half" RoPE of ``model.py``. The BPE tokenizer (vocab, merges,
+  special tokens) and the chat template come from the metadata.
+- Converted directory (``python -m engine convert``, format v2): ``model.safetensors`` (this
+  engine's parameter names; blocks in the kernels' split row layout, the rest float32),
+  ``config.json``, ``tokenizer.json`` and ``chat_template.jinja``. Loading is a memory map of
+  ``model.safetensors``: no copy, no decoding.
+
+``build_model`` turns each weight, one at a time, into the format the matrix products use
+(``linear``: the blocks themselves with the native kernels, fp16, or fp32), so a weight is held
+once and a load never holds two copies of the model.
 
 Models are chosen by explicit name (a named model) or by what the path is (a directory holding
 ``config.json``, or a file starting with the GGUF magic), never by the spelling of a path.
