@@ -75,9 +75,13 @@ class LoadedModel:
     tokenizer: Tokenizer
     config: ModelConfig
     name: str
-    chat_template: str | None
     linear: str = "fp32"  # what the matrix products resolved to: "fp32", "fp16" or "gguf" (native blocks)
     kv_dtype: str = "f32"
+
+    @property
+    def chat_template(self) -> str | None:
+        """The model's chat template (held once, by the tokenizer)."""
+        return self.tokenizer.chat_template
 
 
 # --------------------------------------------------------------------------------------------------
@@ -264,9 +268,11 @@ def load_named(name: str, max_context: int | None, linear: str = DEFAULT_LINEAR,
     cfg = NAMED_MODELS[name]
     model, kind, kv_dtype = build_model(cfg, random_state(cfg, zlib.crc32(name.encode())),
                                         _resolve_max_context(cfg, max_context), linear, kv)
-    tok = Tokenizer(byte_level_tokenizer(), eos_id=2, bos_id=None, add_bos=False, chat_template=TINY_CHAT_TEMPLATE)
-    return LoadedModel(model=model, tokenizer=tok, config=cfg, name=name, chat_template=TINY_CHAT_TEMPLATE,
-                       linear=kind, kv_dtype=kv_dtype)
+    return LoadedModel(model=model, tokenizer=tiny_tokenizer(), config=cfg, name=name, linear=kind, kv_dtype=kv_dtype)
+
+
+def tiny_tokenizer() -> Tokenizer:
+    return Tokenizer(byte_level_tokenizer(), eos_id=2, bos_id=None, add_bos=False, chat_template=TINY_CHAT_TEMPLATE)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -458,10 +464,13 @@ def read_gguf(path: Path):
 
 def _loaded(cfg, state, tok, meta, template, name, max_context, linear, kv) -> LoadedModel:
     model, kind, kv_dtype = build_model(cfg, state, _resolve_max_context(cfg, max_context), linear, kv)
-    tokenizer = Tokenizer(tok, eos_id=meta["eos_id"], bos_id=meta.get("bos_id"), add_bos=meta.get("add_bos", False),
-                          chat_template=template, stop_ids=meta.get("stop_ids", []))
-    return LoadedModel(model=model, tokenizer=tokenizer, config=cfg, name=name, chat_template=template,
-                       linear=kind, kv_dtype=kv_dtype)
+    return LoadedModel(model=model, tokenizer=_tokenizer(tok, meta, template), config=cfg, name=name, linear=kind,
+                       kv_dtype=kv_dtype)
+
+
+def _tokenizer(tok: tokenizers.Tokenizer, meta: dict, template: str | None) -> Tokenizer:
+    return Tokenizer(tok, eos_id=meta["eos_id"], bos_id=meta.get("bos_id"), add_bos=meta.get("add_bos", False),
+                     chat_template=template, stop_ids=meta.get("stop_ids", []))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -542,8 +551,7 @@ def load_converted(path: Path, max_context: int | None, linear: str, kv: str) ->
 def load_tokenizer(spec: str) -> tuple[Tokenizer, str, int]:
     """(tokenizer, model name, context length) of a model, without loading its weights."""
     if spec in NAMED_MODELS:
-        return (Tokenizer(byte_level_tokenizer(), eos_id=2, bos_id=None, add_bos=False,
-                          chat_template=TINY_CHAT_TEMPLATE), spec, NAMED_MODELS[spec].context_length)
+        return tiny_tokenizer(), spec, NAMED_MODELS[spec].context_length
     path = Path(spec)
     if path.is_dir() and (path / "config.json").exists():
         doc = json.loads((path / "config.json").read_text(encoding="utf-8"))
@@ -559,8 +567,7 @@ def load_tokenizer(spec: str) -> tuple[Tokenizer, str, int]:
         ctx = int(gguf_config(g).context_length)
     else:
         raise ValueError(f"model {spec!r} is neither a named model, a converted directory nor a GGUF file")
-    return (Tokenizer(tok, eos_id=meta["eos_id"], bos_id=meta.get("bos_id"), add_bos=meta.get("add_bos", False),
-                      chat_template=template, stop_ids=meta.get("stop_ids", [])), name, ctx)
+    return _tokenizer(tok, meta, template), name, ctx
 
 
 def load(spec: str, max_context: int | None = None, linear: str = DEFAULT_LINEAR, kv: str = "auto") -> LoadedModel:
