@@ -5,9 +5,10 @@ stream through the core per token (docs/perf.md). The formats, fastest first:
 
 * ``q4_1`` / ``q8_0`` -- GGUF's own blocks of 32 weights, kept exactly as the file stores them
   (0.625 / 1.0625 bytes per weight), multiplied by ``engine/csrc/kernels.cpp`` (through
-  ``engine.native``): the activation row is quantized to int8 per 32-block, as llama.cpp does
-  (ggml's q8_1), and the block dot products run on AVX2 integer SIMD. Many-row inputs (prefill)
-  dequantize the matrix to fp32 for that call and use MKL's sgemm.
+  ``engine.native``): the activation row is written as two int8 digits per value (the int8
+  rounding llama.cpp's q8_1 makes, plus its scaled remainder) and the block dot products run on
+  AVX2 integer SIMD. Many-row inputs (prefill) dequantize the matrix to fp32 for that call and use
+  MKL's sgemm.
   ``QuantLinear``, ``QuantEmbedding``; needs the native library.
 * ``fp16`` -- half-precision storage, ATen's fp16 GEMV for <= 2 rows (fp32 accumulation, 1 thread:
   its multi-threaded form stalls when the other core is busy), fp32 sgemm over widened weights for
@@ -15,9 +16,10 @@ stream through the core per token (docs/perf.md). The formats, fastest first:
 * ``fp32`` -- ``engine.model.Linear``, the exact reference.
 
 Numerics against fp32 ``F.linear`` over the same (dequantized) weights: fp16 rounds weights and
-one-row inputs to 11 bits (measured 4-5e-4 of max |y|); the block formats add the int8 rounding of
-the activation, about 0.5-1 % of max |y| on random inputs (``python3 -m engine.kernels`` prints
-both). The weights themselves are bit-exact to the GGUF's.
+one-row inputs to 11 bits (measured 4-5e-4 of max |y|); the block formats round the activation to
+two int8 digits per 32-block, ~2**-15 of the block's largest value (one digit, as llama.cpp's q8_1,
+measured 0.5-1 % of max |y| on random inputs and flipped a greedy token of SmolLM2 early;
+``python3 -m engine.kernels`` prints them). The weights themselves are bit-exact to the GGUF's.
 
 Reference implementations in plain PyTorch (``dequantize_ref``, ``quantize_q8_0``,
 ``quantize_q4_1``, ``quantize_activation_ref``) define the formats; the tests check the native
@@ -233,18 +235,22 @@ def quantize_q4_1(w: torch.Tensor) -> torch.Tensor:
     return _pack([d.half(), lo.half(), nib]).reshape(n, -1)
 
 
-def quantize_activation_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The kernels' int8 rounding of an activation row x (k,): (d (k/32,), q (k/32, 32)) with
-    d = absmax / 127 per block and q = x / d rounded to nearest (ties to even)."""
+def quantize_activation_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The kernels' form of an activation row x (k,), two int8 digits per value:
+    (d (k/32,), q (k/32, 32), r (k/32, 32)) with d = absmax / 127 per block, q = x / d rounded to
+    nearest (ties to even; llama.cpp's q8_1 stops here) and r = (x / d - q) * 254 rounded, so
+    x ~= d * (q + r / 254) to about 2**-15 of each block's largest value."""
     xb = x.float().reshape(-1, BLOCK)
     d = xb.abs().amax(-1) / 127
-    return d, torch.round(xb * _inverse(d)[:, None])
+    v = xb * _inverse(d)[:, None]
+    q = torch.round(v)
+    return d, q, torch.round((v - q) * 254).clamp(-127, 127)
 
 
 def linear_ref(fmt: str, blocks: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """What ``QuantLinear`` computes for <= QUANT_MAX_ROWS rows, in plain PyTorch: per block,
-    d_w * d_x * sum(q_w * q_x), plus for q4_1 m_w * sum(x) over the block's exact inputs.
-    x (rows, k) -> (rows, out)."""
+    d_w * d_x * (sum(q_w * q_x) + sum(q_w * r_x) / 254), plus for q4_1 m_w * sum(x) over the
+    block's exact inputs. x (rows, k) -> (rows, out)."""
     k = x.shape[-1]
     _check_blocks(fmt, blocks, k)
     n = blocks.shape[0]
@@ -258,9 +264,10 @@ def linear_ref(fmt: str, blocks: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         m = b[..., 2:4].contiguous().view(torch.float16).float()[..., 0]
     out = []
     for row in x.reshape(-1, k):
-        dx, qx = quantize_activation_ref(row)  # (blocks,), (blocks, 32)
+        dx, qx, rx = quantize_activation_ref(row)  # (blocks,), (blocks, 32), (blocks, 32)
         isum = torch.einsum("obi,bi->ob", q, qx.double())  # exact integer dot products
-        y = (d.double() * dx.double() * isum).sum(-1)
+        rsum = torch.einsum("obi,bi->ob", q, rx.double())
+        y = (d.double() * dx.double() * (isum + rsum / 254)).sum(-1)
         if fmt == "q4_1":
             y = y + (m.double() * row.double().reshape(-1, BLOCK).sum(-1)).sum(-1)
         out.append(y.float())

@@ -6,7 +6,11 @@ load time in ``weights.py``), grouped-query attention through ``F.scaled_dot_pro
 a SwiGLU MLP. One sequence at a time (batch 1): the server runs one generation at a time.
 
 All matrix multiplications by weights go through ``Linear`` / ``linear`` below, so a faster kernel
-can be plugged in at that single point without touching the rest.
+can be plugged in at that single point without touching the rest: ``engine.kernels`` swaps in its
+fp16 and GGUF-block modules at load (``engine.weights.build_model``). Two optional one-token fast
+paths are set at load too, each with the same math as the code here: ``Attention.decode_attention``
+(a native kernel reading an f16 cache) and ``Block.fused_decode`` (the whole block in two native
+calls around ``kv_cache.update``). This file stays the reference; tests hold the fast paths to it.
 """
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ import torch
 SOURCE = Path(__file__).resolve().parent / "csrc" / "kernels.cpp"
 FLAGS = ["-O3", "-std=c++17", "-fPIC", "-shared", "-pthread", "-fvisibility=hidden",
          "-mavx2", "-mfma", "-mf16c", "-fno-math-errno"]
-ABI_VERSION = 3
+ABI_VERSION = 4
 FORMATS = {"q4_1": 0, "q8_0": 1}
 #: bytes per block of 32 weights
 BLOCK_BYTES = {"q4_1": 20, "q8_0": 34}
@@ -119,7 +119,7 @@ def _bind(path: Path) -> ctypes.CDLL:
         "pb_get_threads": (i32, []),
         "pb_pool_stats": (None, [p]),
         "pb_linear": (i32, [i32, p, i64, i64, p, i64, p]),
-        "pb_quantize_row": (None, [p, i64, p, p, p]),
+        "pb_quantize_row": (None, [p, i64, p, p, p, p]),
         "pb_dequantize": (None, [i32, p, i64, p, i64, p]),
         "pb_attention_decode": (i32, [p, p, p, i32, i64, i64, i64, i64, i32, i32, i32, i32, f32, p]),
         "pb_block_pre": (None, [ctypes.POINTER(LayerW), p, p, p, p, p, p]),
@@ -208,14 +208,15 @@ def linear(x: torch.Tensor, fmt: str, blocks: torch.Tensor, out_features: int) -
     return y
 
 
-def quantize_row(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The kernels' int8 rounding of one activation row x (k,): (d, s, q) = per-32 scales, exact
-    block sums, int8 values (as ``engine.kernels.quantize_activation_ref``)."""
+def quantize_row(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The kernels' two-digit int8 form of one activation row x (k,): (d, s, q, r) = per-32 scales,
+    exact block sums, the int8 rounding and its scaled remainder (``kernels.quantize_activation_ref``)."""
     x = x.float().contiguous()
     k = x.numel()
-    d, s, q = torch.empty(k // 32), torch.empty(k // 32), torch.empty(k, dtype=torch.int8)
-    lib().pb_quantize_row(x.data_ptr(), k, d.data_ptr(), s.data_ptr(), q.data_ptr())
-    return d, s, q
+    d, s = torch.empty(k // 32), torch.empty(k // 32)
+    q, r = torch.empty(k, dtype=torch.int8), torch.empty(k, dtype=torch.int8)
+    lib().pb_quantize_row(x.data_ptr(), k, d.data_ptr(), s.data_ptr(), q.data_ptr(), r.data_ptr())
+    return d, s, q, r
 
 
 def dequantize(fmt: str, blocks: torch.Tensor, k: int, rows: torch.Tensor | None = None,

@@ -9,7 +9,8 @@ OpenAI compatibility (what the official ``openai`` client, AIPerf and guidellm s
 /v1/models``; ``max_completion_tokens`` (as ``max_tokens``); ``stop`` (a string or a list);
 message ``content`` as a list of text parts; error bodies shaped ``{"error": {"message", "type",
 "param", "code"}}``. What the server cannot honour (``n > 1``, ``logprobs``, ``echo``, penalties,
-``top_p`` < 1, tools ...) is a 400 naming the field, never a silently different answer.
+``top_p`` < 1, tools ...) is a 400 naming the field, never a silently different answer. Request
+parsing lives in ``engine/api.py``.
 
 Prefix cache (llama.cpp's ``cache_prompt``): the server remembers which tokens the KV cache holds;
 a new request reuses the longest common token prefix with them (at most N-1 of its N prompt
@@ -43,134 +44,15 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import torch
 
 from . import ENGINE_NAME, NATIVE, __version__
+from .api import RequestError, StopMatcher, get_field, is_int, parse_common, parse_messages
 from .generate import generate, token_limit
 from .tokenizer import IncrementalDecoder
 from .weights import DEFAULT_LINEAR
 
 MAX_BODY_BYTES = 32 * 1024 * 1024
-DEFAULT_MAX_TOKENS = 16
-DEFAULT_TEMPERATURE = 0.8  # llama.cpp's default
-MAX_STOP = 16
-
-
-class RequestError(Exception):
-    """A request the server refuses: becomes an OpenAI-shaped ``{"error": {...}}`` with a 4xx status."""
-
-    def __init__(self, message: str, status: int = 400, kind: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None):
-        super().__init__(message)
-        self.status, self.kind, self.param, self.code = status, kind, param, code
 
 
 # --------------------------------------------------------------------------------------------------
-# Request validation: known fields must have the documented types; unknown fields are ignored, and
-# fields whose meaning the server does not implement are refused unless they ask for the default.
-
-def _is_int(x) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
-def _is_num(x) -> bool:
-    return (_is_int(x) or isinstance(x, float)) and not isinstance(x, bool)
-
-
-def _get(body: dict, key: str, check, what: str, default, where: str = ""):
-    value = body.get(key)
-    if value is None:
-        return default
-    if not check(value):
-        raise RequestError(f"field '{where}{key}' must be {what}, got {json.dumps(value)[:80]}", param=where + key)
-    return value
-
-
-# field -> (is the value the default, i.e. harmless?, what to say)
-UNSUPPORTED = {
-    "n": (lambda v: v == 1, "only n = 1 is supported (one choice per request)"),
-    "best_of": (lambda v: v == 1, "best_of is not supported"),
-    "logprobs": (lambda v: v is False or v == 0, "logprobs are not supported"),
-    "top_logprobs": (lambda v: v == 0, "top_logprobs are not supported"),
-    "echo": (lambda v: v is False, "echo is not supported"),
-    "suffix": (lambda v: v == "", "suffix (insertion) is not supported"),
-    "presence_penalty": (lambda v: v == 0, "presence_penalty is not supported"),
-    "frequency_penalty": (lambda v: v == 0, "frequency_penalty is not supported"),
-    "logit_bias": (lambda v: v == {}, "logit_bias is not supported"),
-    "top_p": (lambda v: v == 1, "top_p < 1 is not supported (sampling is greedy or plain temperature)"),
-    "tools": (lambda v: v == [], "tools are not supported"),
-    "tool_choice": (lambda v: v == "none", "tool_choice is not supported"),
-    "functions": (lambda v: v == [], "functions are not supported"),
-    "response_format": (lambda v: isinstance(v, dict) and v.get("type") == "text",
-                        "response_format other than text is not supported"),
-}
-
-
-def parse_common(body: dict) -> dict:
-    for key, (harmless, why) in UNSUPPORTED.items():
-        if body.get(key) is not None and not harmless(body[key]):
-            raise RequestError(f"field '{key}': {why} (got {json.dumps(body[key])[:80]})", param=key,
-                               code="unsupported_field")
-    opts = body.get("stream_options")
-    if opts is not None and not isinstance(opts, dict):
-        raise RequestError(f"field 'stream_options' must be an object, got {json.dumps(opts)[:80]}",
-                           param="stream_options")
-    include_usage = _get(opts or {}, "include_usage", lambda v: isinstance(v, bool), "a boolean", False,
-                         "stream_options.")
-    count = lambda v: _is_int(v) and v >= 0  # noqa: E731
-    max_tokens = _get(body, "max_tokens", count, "an integer >= 0", None)
-    max_completion = _get(body, "max_completion_tokens", count, "an integer >= 0", None)
-    if max_tokens is not None and max_completion is not None and max_tokens != max_completion:
-        raise RequestError(f"fields 'max_tokens' ({max_tokens}) and 'max_completion_tokens' ({max_completion}) "
-                           "disagree; send one of them", param="max_completion_tokens")
-    return {
-        "max_tokens": next((v for v in (max_completion, max_tokens) if v is not None), DEFAULT_MAX_TOKENS),
-        "temperature": float(_get(body, "temperature", lambda v: _is_num(v) and v >= 0, "a number >= 0",
-                                  DEFAULT_TEMPERATURE)),
-        "seed": _get(body, "seed", _is_int, "an integer", None),
-        "stream": _get(body, "stream", lambda v: isinstance(v, bool), "a boolean", False),
-        "include_usage": include_usage,
-        "ignore_eos": _get(body, "ignore_eos", lambda v: isinstance(v, bool), "a boolean", False),
-        "cache_prompt": _get(body, "cache_prompt", lambda v: isinstance(v, bool), "a boolean", True),
-        "return_tokens": _get(body, "return_tokens", lambda v: isinstance(v, bool), "a boolean", False),
-        "stop": parse_stop(body.get("stop")),
-    }
-
-
-def parse_stop(stop) -> list[str]:
-    """``stop``: a string or a list of up to MAX_STOP non-empty strings."""
-    if stop is None:
-        return []
-    stops = [stop] if isinstance(stop, str) else stop
-    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops) or len(stops) > MAX_STOP:
-        raise RequestError(f"field 'stop' must be a non-empty string or a list of at most {MAX_STOP} non-empty "
-                           f"strings, got {json.dumps(stop)[:80]}", param="stop")
-    return stops
-
-
-def parse_messages(body: dict) -> list[dict]:
-    """{role, content} messages; content is a string or a list of ``{"type": "text", "text"}`` parts
-    (joined, as the OpenAI API defines them)."""
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise RequestError("field 'messages' must be a non-empty list of {role, content} objects", param="messages")
-    out = []
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-            raise RequestError(f"messages[{i}] must be an object with a string 'role'", param=f"messages[{i}]")
-        content = m.get("content")
-        if isinstance(content, list):
-            texts = []
-            for j, part in enumerate(content):
-                where = f"messages[{i}].content[{j}]"
-                if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                    kind = part.get("type") if isinstance(part, dict) else None
-                    raise RequestError(f"{where}: only text parts ({{\"type\": \"text\", \"text\": str}}) are "
-                                       f"supported, got type {json.dumps(kind)}", param=where)
-                texts.append(part["text"])
-            content = "".join(texts)
-        if not isinstance(content, str):
-            raise RequestError(f"messages[{i}].content must be a string or a list of text parts",
-                               param=f"messages[{i}].content")
-        out.append({"role": m["role"], "content": content})
-    return out
 
 
 def longest_common_prefix(a: list[int], b: list[int]) -> int:
@@ -179,37 +61,6 @@ def longest_common_prefix(a: list[int], b: list[int]) -> int:
         if a[i] != b[i]:
             return i
     return n
-
-
-class StopMatcher:
-    """Cuts generated text at the first stop string. Text that could still be the start of a stop
-    string is held back until the next piece decides it, so a stream never shows part of a stop."""
-
-    def __init__(self, stops: list[str]):
-        self.stops, self.held = stops, ""
-
-    def push(self, piece: str) -> tuple[str, bool]:
-        """(text that is safe to emit, whether a stop string was found)."""
-        text = self.held + piece
-        hits = [i for i in (text.find(s) for s in self.stops) if i >= 0]
-        if hits:
-            self.held = ""
-            return text[:min(hits)], True
-        keep = 0
-        for s in self.stops:
-            for k in range(min(len(s) - 1, len(text)), keep, -1):
-                if text.endswith(s[:k]):
-                    keep = k
-                    break
-        self.held = text[len(text) - keep:] if keep else ""
-        return text[:len(text) - keep], False
-
-    def flush(self) -> str:
-        out, self.held = self.held, ""
-        return out
-
-
-# --------------------------------------------------------------------------------------------------
 
 
 class Engine:
@@ -250,7 +101,7 @@ class Engine:
                 prompt = prompt[0]  # the OpenAI API's batch of one prompt
             if isinstance(prompt, str):
                 ids = tok.encode(prompt, add_special=True)
-            elif isinstance(prompt, list) and all(_is_int(t) for t in prompt):
+            elif isinstance(prompt, list) and all(is_int(t) for t in prompt):
                 bad = [t for t in prompt if not 0 <= t < self.loaded.config.vocab_size]
                 if bad:
                     raise RequestError(f"field 'prompt': token id {bad[0]} outside the vocabulary "
@@ -504,7 +355,7 @@ class Handler(BaseHTTPRequestHandler):
             content = body.get("content")
             if not isinstance(content, str):
                 raise RequestError("field 'content' must be a string (or send 'messages')", param="content")
-            add_special = _get(body, "add_special", lambda v: isinstance(v, bool), "a boolean", False)
+            add_special = get_field(body, "add_special", lambda v: isinstance(v, bool), "a boolean", False)
             ids = tok.encode(content, add_special=add_special)
         self._send_json(200, {"tokens": ids, "count": len(ids)})
 

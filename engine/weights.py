@@ -2,14 +2,20 @@
 
 - Named models (``tiny``, ``tiny-tied``): deterministic random weights and a byte-level tokenizer,
   for fast tests. The weights depend only on the name.
-- GGUF (read with the ``gguf`` package's GGUFReader): F32, F16, BF16, Q8_0, Q4_0 and Q4_1 tensors are
-  dequantized to float32. llama.cpp's converter permutes the rows of attn_q/attn_k so that its RoPE
-  rotates adjacent pairs; we undo that (as transformers' GGUF loader does) and use the "rotate half"
-  RoPE of ``model.py``. The BPE tokenizer (vocab, merges, special tokens) and the chat template
-  come from the metadata.
-- Converted directory (``python -m engine convert``): ``model.safetensors`` (float32, this engine's
-  parameter names), ``config.json``, ``tokenizer.json`` and ``chat_template.jinja``. It loads in
-  seconds because nothing needs dequantizing.
+- GGUF (read with the ``gguf`` package's GGUFReader): Q4_1 and Q8_0 weights are kept as their
+  blocks (``Blocks``, bytes verbatim); F32, F16, BF16, Q4_0 and the 1-D norms are dequantized to
+  float32. llama.cpp's converter permutes the rows of attn_q/attn_k so that its RoPE rotates
+  adjacent pairs; we undo that (as transformers' GGUF loader does; blocks run along a row, so whole
+  rows move) and use the "rotate half" RoPE of ``model.py``. The BPE tokenizer (vocab, merges,
+  special tokens) and the chat template come from the metadata.
+- Converted directory (``python -m engine convert``, format v2): ``model.safetensors`` (this
+  engine's parameter names; blocks in the kernels' split row layout, the rest float32),
+  ``config.json``, ``tokenizer.json`` and ``chat_template.jinja``. Loading is a memory map of
+  ``model.safetensors``: no copy, no decoding.
+
+``build_model`` turns each weight, one at a time, into the format the matrix products use
+(``linear``: the blocks themselves with the native kernels, fp16, or fp32), so a weight is held
+once and a load never holds two copies of the model.
 
 Models are chosen by explicit name (a named model) or by what the path is (a directory holding
 ``config.json``, or a file starting with the GGUF magic), never by the spelling of a path.
@@ -69,9 +75,13 @@ class LoadedModel:
     tokenizer: Tokenizer
     config: ModelConfig
     name: str
-    chat_template: str | None
     linear: str = "fp32"  # what the matrix products resolved to: "fp32", "fp16" or "gguf" (native blocks)
     kv_dtype: str = "f32"
+
+    @property
+    def chat_template(self) -> str | None:
+        """The model's chat template (held once, by the tokenizer)."""
+        return self.tokenizer.chat_template
 
 
 # --------------------------------------------------------------------------------------------------
@@ -258,9 +268,11 @@ def load_named(name: str, max_context: int | None, linear: str = DEFAULT_LINEAR,
     cfg = NAMED_MODELS[name]
     model, kind, kv_dtype = build_model(cfg, random_state(cfg, zlib.crc32(name.encode())),
                                         _resolve_max_context(cfg, max_context), linear, kv)
-    tok = Tokenizer(byte_level_tokenizer(), eos_id=2, bos_id=None, add_bos=False, chat_template=TINY_CHAT_TEMPLATE)
-    return LoadedModel(model=model, tokenizer=tok, config=cfg, name=name, chat_template=TINY_CHAT_TEMPLATE,
-                       linear=kind, kv_dtype=kv_dtype)
+    return LoadedModel(model=model, tokenizer=tiny_tokenizer(), config=cfg, name=name, linear=kind, kv_dtype=kv_dtype)
+
+
+def tiny_tokenizer() -> Tokenizer:
+    return Tokenizer(byte_level_tokenizer(), eos_id=2, bos_id=None, add_bos=False, chat_template=TINY_CHAT_TEMPLATE)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -452,10 +464,13 @@ def read_gguf(path: Path):
 
 def _loaded(cfg, state, tok, meta, template, name, max_context, linear, kv) -> LoadedModel:
     model, kind, kv_dtype = build_model(cfg, state, _resolve_max_context(cfg, max_context), linear, kv)
-    tokenizer = Tokenizer(tok, eos_id=meta["eos_id"], bos_id=meta.get("bos_id"), add_bos=meta.get("add_bos", False),
-                          chat_template=template, stop_ids=meta.get("stop_ids", []))
-    return LoadedModel(model=model, tokenizer=tokenizer, config=cfg, name=name, chat_template=template,
-                       linear=kind, kv_dtype=kv_dtype)
+    return LoadedModel(model=model, tokenizer=_tokenizer(tok, meta, template), config=cfg, name=name, linear=kind,
+                       kv_dtype=kv_dtype)
+
+
+def _tokenizer(tok: tokenizers.Tokenizer, meta: dict, template: str | None) -> Tokenizer:
+    return Tokenizer(tok, eos_id=meta["eos_id"], bos_id=meta.get("bos_id"), add_bos=meta.get("add_bos", False),
+                     chat_template=template, stop_ids=meta.get("stop_ids", []))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -536,8 +551,7 @@ def load_converted(path: Path, max_context: int | None, linear: str, kv: str) ->
 def load_tokenizer(spec: str) -> tuple[Tokenizer, str, int]:
     """(tokenizer, model name, context length) of a model, without loading its weights."""
     if spec in NAMED_MODELS:
-        return (Tokenizer(byte_level_tokenizer(), eos_id=2, bos_id=None, add_bos=False,
-                          chat_template=TINY_CHAT_TEMPLATE), spec, NAMED_MODELS[spec].context_length)
+        return tiny_tokenizer(), spec, NAMED_MODELS[spec].context_length
     path = Path(spec)
     if path.is_dir() and (path / "config.json").exists():
         doc = json.loads((path / "config.json").read_text(encoding="utf-8"))
@@ -553,8 +567,7 @@ def load_tokenizer(spec: str) -> tuple[Tokenizer, str, int]:
         ctx = int(gguf_config(g).context_length)
     else:
         raise ValueError(f"model {spec!r} is neither a named model, a converted directory nor a GGUF file")
-    return (Tokenizer(tok, eos_id=meta["eos_id"], bos_id=meta.get("bos_id"), add_bos=meta.get("add_bos", False),
-                      chat_template=template, stop_ids=meta.get("stop_ids", [])), name, ctx)
+    return _tokenizer(tok, meta, template), name, ctx
 
 
 def load(spec: str, max_context: int | None = None, linear: str = DEFAULT_LINEAR, kv: str = "auto") -> LoadedModel:

@@ -47,9 +47,11 @@ constexpr int QK = 32;  // weights per block, both formats
 // conversion time, so that 8 scales load and convert with one instruction. 20 / 34 bytes per block.
 // The activation row is quantized the same way (as llama.cpp's q8_1): XRow below.
 struct XRow {
-  float* d;    // (nb) scales: x ~= d * q
+  float* d;    // (nb) scales: x ~= d * (q + r / 254)
   float* s;    // (nb) exact sums of the 32 float inputs of each block (q4_1's min term: m * sum x)
-  int8_t* q;   // (nb, 32)
+  int8_t* q;   // (nb, 32) x / d rounded: the int8 rounding llama.cpp's q8_1 makes
+  int8_t* r;   // (nb, 32) the rounding error x / d - q (within +-1/2) times 254, rounded: a second int8
+               // digit, so the pair carries ~15 bits and decode's products stay within ~1e-4 of fp32
 };
 
 enum Format : int { F_Q4_1 = 0, F_Q8_0 = 1 };
@@ -248,7 +250,11 @@ void quantize_row(const float* x, int64_t k, XRow out) {
     const float d = amax / 127.f, id = d > 0.f ? 1.f / d : 0.f;
     out.d[b] = d;
     out.s[b] = sum;
-    for (int i = 0; i < QK; ++i) out.q[b * QK + i] = (int8_t)std::nearbyint(xb[i] * id);
+    for (int i = 0; i < QK; ++i) {
+      const float v = xb[i] * id, q = std::nearbyint(v);
+      out.q[b * QK + i] = (int8_t)q;
+      out.r[b * QK + i] = (int8_t)std::fmax(-127.f, std::fmin(127.f, std::nearbyint((v - q) * 254.f)));
+    }
   }
 }
 
@@ -309,16 +315,22 @@ inline void rows_dot(const uint8_t* w, int64_t row_bytes, int64_t nb, XRow x, fl
     for (int i = 0; i < cnt; ++i) {
       const int64_t b = b0 + i;
       const __m256i xq = _mm256_loadu_si256((const __m256i*)(x.q + b * QK));
+      const __m256i xr = _mm256_loadu_si256((const __m256i*)(x.r + b * QK));
       for (int r = 0; r < R; ++r) {
         const uint8_t* qs = w + r * row_bytes + b * QB;
-        __m256i p16;
+        __m256i p16, r16;
         if (FMT == F_Q4_1) {
-          p16 = _mm256_maddubs_epi16(nibbles(qs), xq);
+          const __m256i wq = nibbles(qs);
+          p16 = _mm256_maddubs_epi16(wq, xq);
+          r16 = _mm256_maddubs_epi16(wq, xr);
         } else {  // maddubs wants one unsigned operand: |w| against x carrying w's sign
-          const __m256i wq = _mm256_loadu_si256((const __m256i*)qs);
-          p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(wq, wq), _mm256_sign_epi8(xq, wq));
+          const __m256i wq = _mm256_loadu_si256((const __m256i*)qs), aw = _mm256_sign_epi8(wq, wq);
+          p16 = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(xq, wq));
+          r16 = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(xr, wq));
         }
-        acc[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(&sc[r][i]), i32_to_ps_sum(p16), acc[r]);
+        // sum(w q) + sum(w r) / 254, in float: both integer sums are exact
+        const __m256 dot = _mm256_fmadd_ps(i32_to_ps_sum(r16), _mm256_set1_ps(1.f / 254.f), i32_to_ps_sum(p16));
+        acc[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(&sc[r][i]), dot, acc[r]);
       }
     }
   }
@@ -542,10 +554,10 @@ constexpr int MAX_M = 64;  // activation rows per call (engine/kernels.py sends 
 void linear_impl(int fmt, const uint8_t* w, int64_t n, int64_t k, const float* x, int64_t m, float* y) {
   const int64_t nb = k / QK;
   float* f = grow(t_xf, (size_t)(2 * m * nb));
-  int8_t* q = grow(t_xq, (size_t)(m * k));
+  int8_t* q = grow(t_xq, (size_t)(2 * m * k));
   XRow rows[MAX_M];
   for (int64_t i = 0; i < m; ++i) {
-    rows[i] = XRow{f + 2 * i * nb, f + (2 * i + 1) * nb, q + i * k};
+    rows[i] = XRow{f + 2 * i * nb, f + (2 * i + 1) * nb, q + 2 * i * k, q + (2 * i + 1) * k};
     quantize_row(x + i * k, k, rows[i]);
   }
   GemvJob j{fmt, w, n, k, m, rows, y, 32};
@@ -602,7 +614,7 @@ void rope(float* x, int n_heads, int D, const float* cos, const float* sin) {
 // ---------------------------------------------------------------------------------------------
 // C API (argument shapes in engine/native.py)
 
-PB_API int pb_abi_version() { return 3; }
+PB_API int pb_abi_version() { return 4; }
 
 PB_API int pb_cpu_supported() {
   __builtin_cpu_init();
@@ -633,9 +645,9 @@ PB_API int pb_linear(int fmt, const uint8_t* w, int64_t n, int64_t k, const floa
   return 0;
 }
 
-// The activation quantization alone, for tests: d, s (k/32 floats each), q (k int8).
-PB_API void pb_quantize_row(const float* x, int64_t k, float* d, float* s, int8_t* q) {
-  quantize_row(x, k, XRow{d, s, q});
+// The activation quantization alone, for tests: d, s (k/32 floats each), q, r (k int8 each).
+PB_API void pb_quantize_row(const float* x, int64_t k, float* d, float* s, int8_t* q, int8_t* r) {
+  quantize_row(x, k, XRow{d, s, q, r});
 }
 
 // out (len(rows), k) float32 = dequant of the listed rows of w (rows == nullptr: rows 0..n_rows-1),

@@ -12,9 +12,11 @@ format    what differs from HF                        prefill logits   one decod
 fp32      summation order only                        2e-4 [0]         2e-4 [1.2e-6]       >= 32
 fp16      weights (and 1-row inputs) rounded to fp16,  1e-2 [1.2e-3]    1e-2 [7.8e-4]       >= 32
           f16 KV cache
-gguf      the GGUF's own q4_1/q8_0 blocks (bit-exact   1e-2 [8.9e-4]    8e-2 [3.7e-2]       >= 32
-          weights); decode quantizes each activation
-          row to int8 per 32 (as llama.cpp does);
+gguf      the GGUF's own q4_1/q8_0 blocks (bit-exact   1e-2 [8.9e-4]    1e-2 [3.9e-4]       >= 32
+          weights); decode writes each activation
+          row as two int8 digits per 32 (one digit,
+          as llama.cpp's q8_1: 3.7e-2, and it
+          flipped a token of the default run);
           f16 KV cache
 ========  ==========================================  ===============  ==================  =======
 
@@ -40,7 +42,7 @@ pytestmark = [pytest.mark.model, pytest.mark.slow]
 
 ABS_BOUND = 5e-3  # fp32 only
 #: format -> (prefill logits, one decode step) relative bounds, as in the table above
-REL_BOUNDS = {"fp32": (2e-4, 2e-4), "fp16": (1e-2, 1e-2), "gguf": (1e-2, 8e-2)}
+REL_BOUNDS = {"fp32": (2e-4, 2e-4), "fp16": (1e-2, 1e-2), "gguf": (1e-2, 1e-2)}
 GREEDY_MATCH = 32
 NEW_TOKENS = 40
 

@@ -297,7 +297,7 @@ def test_stop_strings_cut_the_text_plain_and_streamed(server):
 
 
 def test_stop_matcher_holds_back_partial_matches():
-    from engine.server import StopMatcher
+    from engine.api import StopMatcher
 
     m = StopMatcher(["END", "xy"])
     assert m.push("abc E") == ("abc ", False)
