@@ -474,19 +474,21 @@ def make_server(engine: Engine, host: str, port: int) -> Server:
 
 
 # glibc mallopt parameters (malloc.h)
-M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_ARENA_MAX = -1, -3, -8
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_MMAP_MAX, M_ARENA_MAX = -1, -3, -4, -8
 
 
 def tune_malloc() -> dict:
-    """Keep freed memory mapped between requests: never trim the heap, serve allocations up to
-    glibc's 32 MiB maximum from it instead of fresh mmaps, and use at most two arenas (one per core,
-    so per-connection threads do not each keep a heap). Returns what was applied (empty if not glibc)."""
+    """Keep freed memory mapped between requests: never trim the heap, serve every allocation from
+    it instead of fresh mmaps (a threshold of 32 MiB, glibc's maximum, and no mmapped chunks at all:
+    with the threshold alone, steady 1,024-token requests still took 20k-110k minor faults each in
+    bench/engine_speed.py's fault phase, none with both, docs/perf.md), and use at most two arenas (one per core, so
+    per-connection threads do not each keep a heap). Returns what was applied (empty if not glibc)."""
     try:
         libc = ctypes.CDLL("libc.so.6")
     except OSError:
         return {}
     wanted = {"trim_threshold": (M_TRIM_THRESHOLD, 2**31 - 1), "mmap_threshold": (M_MMAP_THRESHOLD, 32 * 2**20),
-              "arena_max": (M_ARENA_MAX, 2)}
+              "mmap_max": (M_MMAP_MAX, 0), "arena_max": (M_ARENA_MAX, 2)}
     return {name: value for name, (param, value) in wanted.items() if libc.mallopt(param, value) == 1}
 
 
