@@ -39,6 +39,7 @@ import sys
 import threading
 import time
 import uuid
+from pathlib import Path
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import torch
@@ -120,7 +121,7 @@ class Engine:
     def memory(self) -> dict:
         return {"kv_bytes": int(self.loaded.model.kv_nbytes()),
                 "kv_bytes_per_position": int(self.loaded.model.kv_bytes_per_position()),
-                "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+                "peak_rss_bytes": peak_rss_bytes()}
 
     def run(self, ids: list[int], p: dict):
         """Generate under the lock. Yields ("token", id, piece, finish, stats) per token, where finish
@@ -471,6 +472,19 @@ def make_server(engine: Engine, host: str, port: int) -> Server:
     server = Server((host, port), handler)
     server.started = time.time()
     return server
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident set size: VmHWM of /proc/self/status, which exec resets. Not
+    ``ru_maxrss``: Linux carries that over from the forked parent, so a server started by a big
+    process (a benchmark holding transformers, 2.5 GB) reported the parent's peak, not its own."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 # glibc mallopt parameters (malloc.h)

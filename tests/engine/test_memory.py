@@ -4,6 +4,7 @@ context accepted."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -60,3 +61,17 @@ def test_steady_requests_take_no_page_faults_and_the_whole_context_works(convert
     assert long["timings"]["prompt_n"] == 8180 and long["usage"]["completion_tokens"] == 8
     assert long["memory"]["kv_bytes"] == 8192 * 30 * 2 * 3 * 64 * 2
     assert too_long.status_code == 400 and too_long.json()["error"]["code"] == "context_length_exceeded"
+
+
+def test_peak_rss_is_the_servers_own_not_its_parents(repo_root):
+    # Linux carries ru_maxrss over from a forked parent: a 1 GiB parent must not show in the child.
+    parent = (
+        "import subprocess, sys\n"
+        "ballast = bytearray(1 << 30)\n"
+        "for i in range(0, len(ballast), 4096): ballast[i] = 1\n"
+        "print(subprocess.run([sys.executable, '-c', 'from engine.server import peak_rss_bytes; "
+        "print(peak_rss_bytes())'], capture_output=True, text=True, check=True).stdout)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", parent], cwd=repo_root, capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": str(repo_root)})
+    assert 0 < int(out.stdout.strip()) < 800 * 2**20, out.stdout
