@@ -60,7 +60,7 @@ def test_the_run_section_states_only_what_the_summary_records():
 
     rows = [{"round": r, "arm": a, "length": 64, "selected": True, "decode_tok_s": 100.0 * (1.0 if a == "A" else 1.02)
              * math.exp(0.001 * ((r * 3) % 7))} for r in range(1, 11) for a in ("A", "B")]
-    s = stats.summarize(pd.DataFrame(rows), baseline="A", candidate="B", metrics=["decode_tok_s"])
+    s = stats.summarize_all(pd.DataFrame(rows), baseline="A", candidates=["B"], metrics=["decode_tok_s"])
     s["run"] = {"rounds": {"adaptive": True, "planned": 16, "run": 10, "min": 8, "max": 16, "block": 2,
                            "target_halfwidth": 0.02, "stop_reason": "stopped after 10 rounds: every primary interval "
                            "reached the target ±2.00% (widest ±1.90%, at level 95.00%)"},
