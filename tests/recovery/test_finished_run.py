@@ -75,7 +75,7 @@ def test_retry_is_recorded_and_disclosed(run):
     table = pd.read_csv(run.run / "tables" / "measurements.csv")
     retried = table[table["attempt"] > 1]
     assert set(zip(retried["round"], retried["arm"])) == {(2, "candidate")}
-    summary = read_artifact(run.run / "stats" / "summary.json", "summary")
+    summary = read_artifact(run.run / "stats" / "summary.json", "summary")["comparisons"]["candidate"]
     assert {(r["round"], r["arm"], r["attempt"]) for r in summary["disclosures"]["retries"]} == {(2, "candidate", 2)}
     landing = (run.run / "report" / "landing.rst").read_text()
     # one row per re-measured record: round, arm, length, attempt, validation retry (none), outcome

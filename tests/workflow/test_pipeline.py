@@ -231,7 +231,7 @@ def test_each_gate_fires_and_flagged_records_are_kept_and_disclosed(scratch):
     assert "and 2 partial-visit validation retry(ies) (2 gate failure)." in readme
     assert readme.count("(partial visit, gate failure): the visit's own measurement was excluded: gate cold_cache") == 4
     assert readme.count("its new record was excluded too;") == 4
-    summary = read_artifact(res / "stats" / "summary.json", "summary")
+    summary = read_artifact(res / "stats" / "summary.json", "summary")["comparisons"]["cache"]
     assert summary["counts"]["excluded"] >= 4
     # too few clean pairs for any claim: every tested (primary) comparison is inconclusive;
     # secondary metrics are shown, never tested (verdict null), memory has its own family
@@ -307,7 +307,7 @@ def test_validator_timeout_earns_a_disclosed_partial_visit_retry(scratch):
     assert cell[["retry", "selected"]].values.tolist() == [[0, False], [1, False], [2, True]]
     assert cell["reason"].tolist()[:2] == ["superseded by retry 2", "superseded by retry 2"]
     assert df["selected"].sum() == 8, "every (round, arm, length) has exactly one selected record"
-    summary = read_artifact(res / "stats" / "summary.json", "summary")
+    summary = read_artifact(res / "stats" / "summary.json", "summary")["comparisons"]["candidate"]
     assert sorted((r["round"], r["length"], r["retry"], r["selected"]) for r in summary["disclosures"]["retries"]) == [
         (1, 412, 1, False), (1, 412, 2, True), (1, 452, 1, True), (2, 412, 1, True), (2, 452, 1, True)]
 
