@@ -392,3 +392,59 @@ def test_adaptive_rounds_add_blocks_until_the_intervals_are_narrow_enough(scratc
     # nothing left to do, and the no-op dry run stays cheap
     out = snakemake(scratch, "-n", "--configfile", str(cfg))
     assert "Nothing to be done" in out.stdout + out.stderr
+
+
+@pytest.fixture(scope="module")
+def tiny3_run(tmp_path_factory):
+    """tests/config/tiny3.yaml: stock against two candidates (int8 KV, growing KV) in one run."""
+    work = copy_repo(tmp_path_factory.mktemp("repo3"))
+    snakemake(work, "--cores", "2", "--configfile", "tests/config/tiny3.yaml")
+    return work
+
+
+def test_three_arm_run_passes_the_audit_and_verifies(tiny3_run):
+    from pairbench.core.artifacts import sha256_file
+
+    res = tiny3_run / "results" / "tiny3"
+    for path in json_artifacts(res):
+        kind, version = parse_schema_id(json.loads(path.read_text())["schema"])
+        read_artifact(path, kind, version)
+    assert read_artifact(res / "audit.json", "audit")["ok"] is True
+    # every candidate's patches re-applied alone to the clean source, every verdict recomputed
+    assert verify_bundle(res / "publish", clean_source=res / "src" / "baseline") == []
+    manifest = json.loads((res / "publish" / "MANIFEST.json").read_text())
+    assert {c: s["patches"] for c, s in manifest["source"]["candidates"].items()} == {
+        "int8": ["patches/int8-kv.patch"], "grow": ["patches/kv-grow.patch"]}
+
+    plan = read_artifact(res / "plan.json", "plan")
+    assert (plan["baseline"], plan["candidates"], plan["order"]) == ("baseline", ["int8", "grow"], "williams")
+    order = [[v["arm"] for v in plan["visits"] if v["round"] == r] for r in range(1, 7)]
+    assert order == [["baseline", "int8", "grow"], ["int8", "grow", "baseline"], ["grow", "baseline", "int8"],
+                     ["grow", "int8", "baseline"], ["baseline", "grow", "int8"], ["int8", "baseline", "grow"]]
+    # matches_baseline: each candidate against the baseline's output of the same round
+    for v in plan["visits"]:
+        if v["arm"] != "baseline":
+            body = read_artifact(res / "validate" / f"{v['id']}.json", "validate")
+            own = res / "private" / "outputs" / f"r{v['round']:02d}-baseline-400.json"
+            assert body["inputs"]["baseline_output.400"] == sha256_file(own), v["id"]
+
+    summary = read_artifact(res / "stats" / "summary.json", "summary")
+    # the order is candidates' (an artifact's keys are written sorted)
+    assert summary["candidates"] == ["int8", "grow"] and sorted(summary["comparisons"]) == ["grow", "int8"]
+    assert summary["params"]["family_size"] == 2 * 2 * 1  # candidates x primary metrics x lengths
+    ranks = sorted(p["family_rank"] for c in summary["comparisons"].values()
+                   for by in c["paired"].values() for p in by.values() if p["role"] == "primary")
+    assert ranks == [1, 2, 3, 4]
+    paired = pd.read_csv(res / "tables" / "paired.csv")
+    assert list(dict.fromkeys(paired["candidate"])) == ["int8", "grow"]
+    memory = pd.read_csv(res / "tables" / "memory.csv").set_index(["candidate", "metric"])
+    assert memory.loc[("int8", "kv_bytes"), "verdict"] == "smaller"  # int8 KV: 9/16 of the bytes
+    assert memory.loc[("grow", "kv_bytes"), "verdict"] == "equivalent"
+
+    readme = (res / "publish" / "README.md").read_text()
+    assert "# pairbench: `int8`, `grow` against `baseline`" in readme
+    assert "Holm's step-down procedure across the 4 primary comparisons (2 candidates" in readme
+    rows = [line for line in readme.splitlines() if line.startswith(("| `int8` | 400 |", "| `grow` | 400 |"))]
+    assert len(rows) == 4
+    landing = (res / "report" / "landing.rst").read_text()
+    assert "``int8``" in landing and "``grow``" in landing
