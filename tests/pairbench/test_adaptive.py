@@ -37,6 +37,7 @@ def two_candidates(d_b, d_c):
 def test_waits_for_every_candidate():
     d = decide(two_candidates(ramp(0.0, 0.001), ramp(0.0, 0.05)), candidates=("B", "C"), block=3)
     assert d["decision"] == "continue" and "measure rounds 9-11" in d["reason"]
+    assert "the widest primary interval is ±" in d["reason"] and "(C: decode_tok_s at 256)" in d["reason"]
     assert d["width_level"] == pytest.approx(0.025)  # alpha / (2 candidates x 1 metric x 1 length)
     assert [(c["candidate"], c["half_width"] <= 0.02) for c in d["comparisons"]] == [("B", True), ("C", False)]
     assert decide(two_candidates(ramp(0.0, 0.001), ramp(0.0, 0.002)), candidates=("B", "C"))["decision"] == "stop"

@@ -54,6 +54,10 @@ def decide(df: pd.DataFrame, *, baseline: str, candidates: list[str], metrics, a
     reached = bool(halves) and all(h is not None and h <= target for h in halves)
     widest = None if not halves or any(h is None for h in halves) else max(halves)
     widest_text = "unbounded" if widest is None else f"±{widest:.2%}"
+    if len(candidates) > 1 and halves:
+        # which candidate holds the run back (the first unbounded one, else the widest)
+        row = max(w["comparisons"], key=lambda c: math.inf if c["half_width"] is None else c["half_width"])
+        widest_text += f" ({row['candidate']}: {row['metric']} at {row['length']})"
     if reached:
         decision = "stop"
         reason = (f"stopped after {rounds_done} rounds: every primary interval reached the target ±{target:.2%} "
