@@ -1,8 +1,9 @@
 """Do the engine's own benchmark and pairbench agree? The cross-check comparison, computed once.
 
-Inputs: ``stats/summary.json`` (pairbench's paired comparisons) and ``crosscheck/<arm>.json`` for the
-baseline and one candidate (the first candidate whose engine names the tool: ``common.smk:
-crosscheck_arms``; the others are not cross-checked) (:mod:`pairbench.measure.crosscheck`). For every planned length, two rows:
+Inputs: ``stats/summary.json`` (pairbench's paired comparisons) and ``crosscheck/<arm>.json``
+(:mod:`pairbench.measure.crosscheck`) for the baseline and one candidate: the first candidate whose
+engine names the tool (``common.smk: crosscheck_arms``); the others are not cross-checked. For
+every planned length, two rows:
 
 - **prefill**: llama-bench's ``pp<length>`` against pairbench's ``engine_prefill_tok_s`` (the
   server's own prompt timing, the closest thing to what llama-bench times), else ``prefill_tok_s``;
