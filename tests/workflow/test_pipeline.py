@@ -137,6 +137,9 @@ BAD_CONFIGS = {
     "missing patch": ("arms:\n  baseline: {}\n  candidate: {patches: [config/patches/missing.patch]}\n",
                       "arms.candidate.patches[0]: patch file config/patches/missing.patch does not exist"),
     "one arm": ("arms:\n  baseline: {}\n", "a paired benchmark needs at least two arms, got 1"),
+    "a candidate twice": ("candidates: [candidate, candidate]\n", "candidates[1]: 'candidate' is listed twice"),
+    "williams block": ("arms: {a: {}, b: {}, c: {}}\norder: williams\nrounds: {min: 3, max: 6, target_halfwidth: 0.02}\n",
+                       "rounds.min: 3 is not a multiple of 6, the counterbalanced block of order 'williams'"),
 }
 
 

@@ -104,12 +104,13 @@ def check_arm_roles(cfg: dict) -> None:
         raise ConfigError(f"baseline: {cfg['baseline']!r} is not one of the arms ({', '.join(arms)})")
     if cfg.get("candidate") is not None and cfg.get("candidates") is not None:
         raise ConfigError("candidates: give either candidates (a list) or candidate (one arm), not both")
-    key = "candidates" if cfg.get("candidates") is not None else "candidate"
-    names = cfg["candidates"] if key == "candidates" else [cfg["candidate"]] if cfg.get("candidate") else []
+    if cfg.get("candidates") is not None:
+        named = [(f"candidates[{i}]", name) for i, name in enumerate(cfg["candidates"])]
+    else:
+        named = [("candidate", cfg["candidate"])] if cfg.get("candidate") is not None else []
     base = baseline_arm(cfg)
     seen: set[str] = set()
-    for i, name in enumerate(names):
-        where = f"candidates[{i}]" if key == "candidates" else "candidate"
+    for where, name in named:
         if name not in cfg["arms"]:
             raise ConfigError(f"{where}: {name!r} is not one of the arms ({', '.join(arms)})")
         if name == base:
