@@ -69,7 +69,8 @@ def run_one(cfg: dict, keep: bool) -> dict:
     if proc.returncode != 0:
         raise SystemExit(f"{label}: snakemake failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     res = ROOT / "results" / label
-    summary = read_artifact(res / "stats" / "summary.json", "summary")
+    run = read_artifact(res / "stats" / "summary.json", "summary")
+    summary = {**run["comparisons"]["candidate"], "run": run["run"]}
     df = pd.read_csv(res / "tables" / "measurements.csv")
     out = {"label": label, "wall_s": wall, "load_before": load_before, "load_after": os.getloadavg()[0],
            "visit_load": summary["run"].get("load"), "rounds": summary["run"]["rounds"], "lengths": {}}

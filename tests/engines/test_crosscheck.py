@@ -84,15 +84,19 @@ def cell(verdict, hl, lo, hi):
     return {"verdict": verdict, "hl_ratio": hl, "ci_low": lo, "ci_high": hi}
 
 
-SUMMARY = {
-    "baseline": "baseline", "candidate": "candidate", "params": {"noise": 0.01},
-    "paired": {
-        "256": {"engine_prefill_tok_s": cell("faster", 1.48, 1.45, 1.52),
-                "engine_decode_tok_s": cell("equivalent", 1.001, 0.995, 1.006)},
-        "1024": {"engine_prefill_tok_s": cell("faster", 1.30, 1.25, 1.36),       # tool: 1.40, outside
-                 "decode_tok_s": cell("inconclusive", 0.99, 0.95, 1.03)},          # no engine decode metric
-    },
-}
+def summary(paired: dict) -> dict:
+    """A run summary whose candidate ``candidate`` has these paired cells; another candidate beside it
+    (not cross-checked) has none of them."""
+    return {"baseline": "baseline", "candidates": ["other", "candidate"], "params": {"noise": 0.01},
+            "comparisons": {"candidate": {"paired": paired}, "other": {"paired": {}}}}
+
+
+SUMMARY = summary({
+    "256": {"engine_prefill_tok_s": cell("faster", 1.48, 1.45, 1.52),
+            "engine_decode_tok_s": cell("equivalent", 1.001, 0.995, 1.006)},
+    "1024": {"engine_prefill_tok_s": cell("faster", 1.30, 1.25, 1.36),       # tool: 1.40, outside
+             "decode_tok_s": cell("inconclusive", 0.99, 0.95, 1.03)},          # no engine decode metric
+})
 
 
 def test_compare_judges_direction_and_size_per_length(tmp_path):
@@ -119,21 +123,21 @@ def test_compare_judges_direction_and_size_per_length(tmp_path):
 
 def test_a_tool_that_contradicts_pairbench_is_a_disagreement(tmp_path):
     _, bodies = run(tmp_path)
-    summary = {**SUMMARY, "paired": {"256": {"engine_prefill_tok_s": cell("slower", 0.9, 0.85, 0.95)}}}
-    body = ac.compare(summary, bodies["baseline"], bodies["candidate"], output_tokens=64)
+    s = summary({"256": {"engine_prefill_tok_s": cell("slower", 0.9, 0.85, 0.95)}})
+    body = ac.compare(s, bodies["baseline"], bodies["candidate"], output_tokens=64)
     assert [(r["direction"], r["size"]) for r in body["rows"]] == [("disagree", "outside CI")]
     assert "disagree in 1" in ac.statement(body)
 
 
 def test_the_tools_ratio_is_the_median_of_its_paired_rounds():
-    def arm(samples):
-        return {"tool": "llama-bench", "rounds": 3, "tests": [
+    def arm(samples, name):
+        return {"arm": name, "tool": "llama-bench", "rounds": 3, "tests": [
             {"test": "pp256", "kind": "pp", "n_prompt": 256, "n_gen": 0, "n_depth": 0,
              "avg_tok_s": sum(samples) / 3, "stddev_tok_s": 0.0, "samples_tok_s": samples}]}
     # round 2 ran while the machine was busy for both arms: paired, it cancels; unpaired, it would not
-    base, cand = arm([100.0, 50.0, 100.0]), arm([150.0, 75.0, 160.0])
-    summary = {**SUMMARY, "paired": {"256": {"engine_prefill_tok_s": cell("faster", 1.5, 1.45, 1.55)}}}
-    row = ac.compare(summary, base, cand, output_tokens=64)["rows"][0]
+    base, cand = arm([100.0, 50.0, 100.0], "baseline"), arm([150.0, 75.0, 160.0], "candidate")
+    s = summary({"256": {"engine_prefill_tok_s": cell("faster", 1.5, 1.45, 1.55)}})
+    row = ac.compare(s, base, cand, output_tokens=64)["rows"][0]
     assert row["tool_ratio"] == 1.5 and row["size"] == "within CI"
 
 
@@ -141,10 +145,10 @@ def test_an_inconclusive_verdict_is_not_a_claim_the_tool_can_contradict(tmp_path
     _, bodies = run(tmp_path)
     # pairbench could not tell at 256 prefill (wide CI); the tool sees 1.5: undecided, and the size
     # column says the tool's ratio is consistent with pairbench's interval
-    summary = {**SUMMARY, "paired": {"256": {"engine_prefill_tok_s": cell("inconclusive", 1.39, 1.02, 1.73)}}}
-    row = ac.compare(summary, bodies["baseline"], bodies["candidate"], output_tokens=64)["rows"][0]
+    s = summary({"256": {"engine_prefill_tok_s": cell("inconclusive", 1.39, 1.02, 1.73)}})
+    row = ac.compare(s, bodies["baseline"], bodies["candidate"], output_tokens=64)["rows"][0]
     assert (row["tool_direction"], row["direction"], row["size"]) == ("faster", "undecided", "within CI")
     # pairbench claims faster; the tool sees nothing: that is a disagreement
-    summary = {**SUMMARY, "paired": {"256": {"engine_decode_tok_s": cell("faster", 1.2, 1.1, 1.3)}}}
-    row = ac.compare(summary, bodies["baseline"], bodies["candidate"], output_tokens=64)["rows"][0]
+    s = summary({"256": {"engine_decode_tok_s": cell("faster", 1.2, 1.1, 1.3)}})
+    row = ac.compare(s, bodies["baseline"], bodies["candidate"], output_tokens=64)["rows"][0]
     assert (row["tool_direction"], row["direction"], row["size"]) == ("equivalent", "disagree", "outside CI")

@@ -10,12 +10,12 @@ from pairbench.analysis import adaptive
 ADAPT = {"min": 8, "max": 12, "block": 2, "target_halfwidth": 0.02}
 
 
-def frame(d_by_length, rounds=None):
+def frame(d_by_length, rounds=None, arm="B"):
     rows = []
     for length, d in d_by_length.items():
         for r, di in enumerate(d[:rounds] if rounds else d, start=1):
             rows += [{"round": r, "arm": "A", "length": length, "selected": True, "decode_tok_s": 100.0},
-                     {"round": r, "arm": "B", "length": length, "selected": True, "decode_tok_s": 100.0 * math.exp(di)}]
+                     {"round": r, "arm": arm, "length": length, "selected": True, "decode_tok_s": 100.0 * math.exp(di)}]
     return pd.DataFrame(rows)
 
 
@@ -23,9 +23,24 @@ def ramp(center, step, n=8):
     return [center + step * (i - (n + 1) / 2) for i in range(1, n + 1)]
 
 
-def decide(df, rounds_done=8, **kw):
-    return adaptive.decide(df, baseline="A", candidate="B", metrics=["decode_tok_s"], alpha=0.05,
+def decide(df, rounds_done=8, candidates=("B",), **kw):
+    return adaptive.decide(df, baseline="A", candidates=list(candidates), metrics=["decode_tok_s"], alpha=0.05,
                            multiplicity="holm", rounds_done=rounds_done, adaptive={**ADAPT, **kw})
+
+
+def two_candidates(d_b, d_c):
+    """Baseline A, candidates B and C; one length each (256), C's rows added to B's frame."""
+    both = pd.concat([frame({256: d_b}), frame({256: d_c}, arm="C")], ignore_index=True)
+    return both.drop_duplicates(["round", "arm", "length"])
+
+
+def test_waits_for_every_candidate():
+    d = decide(two_candidates(ramp(0.0, 0.001), ramp(0.0, 0.05)), candidates=("B", "C"), block=3)
+    assert d["decision"] == "continue" and "measure rounds 9-11" in d["reason"]
+    assert "the widest primary interval is ±" in d["reason"] and "(C: decode_tok_s at 256)" in d["reason"]
+    assert d["width_level"] == pytest.approx(0.025)  # alpha / (2 candidates x 1 metric x 1 length)
+    assert [(c["candidate"], c["half_width"] <= 0.02) for c in d["comparisons"]] == [("B", True), ("C", False)]
+    assert decide(two_candidates(ramp(0.0, 0.001), ramp(0.0, 0.002)), candidates=("B", "C"))["decision"] == "stop"
 
 
 def test_stops_when_every_primary_interval_reached_the_target():

@@ -66,7 +66,11 @@ def test_schema_errors_name_the_key(cfg, key):
     (dict(stats={"metrics": ["decode_tok_s"], "secondary": ["decode_tok_s"]}),
      r"^stats\.secondary: decode_tok_s is already a primary metric"),
     (dict(rounds={"min": 8, "max": 6, "target_halfwidth": 0.02}), r"^rounds\.max: 6 is less than rounds\.min \(8\)"),
-    (dict(rounds={"min": 7, "max": 12, "target_halfwidth": 0.02}), r"^rounds\.min: 7 is not a multiple of the 2 arms"),
+    (dict(rounds={"min": 7, "max": 12, "target_halfwidth": 0.02}),
+     r"^rounds\.min: 7 is not a multiple of 2, the counterbalanced block of order 'abba' with 2 arms"),
+    # three arms under williams: a block is 2 x 3 rounds, so 9 (a multiple of the arms) is not whole
+    (dict(arms={"a": {}, "b": {}, "c": {}}, order="williams", rounds={"min": 6, "max": 9, "target_halfwidth": 0.02}),
+     r"^rounds\.max: 9 is not a multiple of 6, the counterbalanced block of order 'williams' with 3 arms"),
     (dict(rounds=6, stats={"trim": 3}), r"^stats\.trim: trimming 3 from each end leaves nothing of 6 rounds"),
 ])
 def test_config_errors_a_schema_cannot_express_name_the_key(over, match):
@@ -124,7 +128,7 @@ def test_normalized_fills_arm_defaults():
     assert cfg["arms"]["a"] == {"source": "engine", "patches": [], "args": [], "env": {}, "engine": "embedded",
                                 "threads": None, "build": None, "launch": None}
     assert cfg["arms"]["b"]["patches"] == ["p"]
-    assert pb_config.baseline_arm(cfg) == "a" and pb_config.candidate_arm(cfg) == "b"
+    assert pb_config.baseline_arm(cfg) == "a" and pb_config.candidate_arms(cfg) == ["b"]
 
 
 def test_gguf_header_reader_matches_the_gguf_package(smollm2_gguf):
@@ -144,3 +148,36 @@ def test_not_a_gguf_file(tmp_path):
     bad.write_bytes(b"GGML" + b"\0" * 20)
     with pytest.raises(pb_config.ConfigError, match=r"^model: .* is not a GGUF file"):
         pb_config.gguf_context(bad)
+
+
+THREE = {"a": {}, "b": {}, "c": {}}
+
+
+@pytest.mark.parametrize("over, match", [
+    (dict(candidate="b", candidates=["b", "c"]), r"^candidates: give either candidates \(a list\) or candidate"),
+    (dict(candidates=["b", "z"]), r"^candidates\[1\]: 'z' is not one of the arms \(a, b, c\)"),
+    (dict(candidates=["c", "c"]), r"^candidates\[1\]: 'c' is listed twice"),
+    (dict(candidates=["b", "a"]), r"^candidates\[1\]: 'a' is the baseline"),
+    (dict(baseline="b", candidates=["b"]), r"^candidates\[0\]: 'b' is the baseline"),
+    (dict(candidate="a"), r"^candidate: 'a' is the baseline"),
+    (dict(candidate="q"), r"^candidate: 'q' is not one of the arms"),
+])
+def test_candidate_errors_name_the_key(over, match):
+    with pytest.raises(pb_config.ConfigError, match=match):
+        pb_config.check_config(base_config(arms=THREE, **over), REPO)
+
+
+@pytest.mark.parametrize("over, want", [
+    ({}, ["b", "c"]),                               # every arm but the baseline, config order
+    ({"baseline": "b"}, ["a", "c"]),
+    ({"candidates": ["c", "b"]}, ["c", "b"]),       # the listed order is the tables' order
+    ({"candidate": "c"}, ["c"]),                    # the one-element shorthand
+])
+def test_candidates_default_and_shorthand(over, want):
+    cfg = pb_config.normalized(base_config(arms=THREE, **over))
+    pb_config.check_config(cfg, REPO)
+    assert pb_config.candidate_arms(cfg) == want
+
+
+def test_an_empty_candidates_list_is_a_schema_error():
+    assert schema_message(base_config(arms=THREE, candidates=[])).startswith("config key 'candidates'")

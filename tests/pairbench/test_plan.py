@@ -49,3 +49,43 @@ def test_same_config_same_plan_and_hash():
     assert pb_plan.make_plan(cfg(), REPO) == pb_plan.make_plan(cfg(), REPO)
     assert pb_plan.config_sha256(cfg()) != pb_plan.config_sha256(cfg(rounds=6))
     assert pb_plan.make_plan(cfg(), REPO)["max_context"] == 400 + 8 + 16
+
+
+def williams_block(k: int) -> list[list[str]]:
+    arms = [chr(ord("A") + i) for i in range(k)]
+    return pb_plan.round_orders(arms, pb_plan.block_length(k, "williams"), "williams", seed=0)
+
+
+@pytest.mark.parametrize("k, rows", [(2, 2), (3, 6), (4, 4), (5, 10), (6, 6)])
+def test_williams_block_is_balanced_for_position_and_first_order_carryover(k, rows):
+    block = williams_block(k)
+    assert len(block) == rows
+    arms = sorted(block[0])
+    assert all(sorted(row) == arms for row in block)  # each arm once per round
+    per_position = {pos: Counter(row[pos] for row in block) for pos in range(k)}
+    assert all(set(c.values()) == {rows // k} for c in per_position.values())  # each arm equally often per place
+    adjacent = Counter((row[i], row[i + 1]) for row in block for i in range(k - 1))
+    pairs = [(a, b) for a in arms for b in arms if a != b]
+    assert set(adjacent) == set(pairs) and len(set(adjacent.values())) == 1  # each ordered pair equally often
+
+
+def test_williams_with_two_arms_is_abba():
+    assert pb_plan.round_orders(["A", "B"], 6, "williams", 0) == pb_plan.round_orders(["A", "B"], 6, "abba", 0)
+
+
+def test_williams_repeats_its_block_and_sets_the_adaptive_step():
+    assert williams_block(3) == [list("ABC"), list("BCA"), list("CAB"), list("CBA"), list("ACB"), list("BAC")]
+    assert pb_plan.round_orders(list("ABC"), 8, "williams", 0)[6:] == [list("ABC"), list("BCA")]
+    cfg = {"label": "t", "model": "tiny", "arms": {"a": {}, "b": {}, "c": {}}, "lengths": [400], "output_tokens": 8,
+           "rounds": {"min": 6, "max": 12, "target_halfwidth": 0.02}, "seed": 0, "order": "williams"}
+    assert pb_plan.adaptive(cfg)["block"] == 6
+    assert pb_plan.adaptive({**cfg, "order": "abba"})["block"] == 3
+
+
+def test_plan_records_the_candidates_in_order():
+    cfg = {"label": "t", "model": "tiny", "arms": {"a": {}, "b": {}, "c": {}}, "lengths": [400], "output_tokens": 8,
+           "rounds": 6, "seed": 0, "order": "williams", "candidates": ["c", "b"]}
+    plan = pb_plan.make_plan(cfg, REPO)
+    assert (plan["baseline"], plan["candidates"], plan["order"]) == ("a", ["c", "b"], "williams")
+    assert "candidate" not in plan
+    assert [v["arm"] for v in plan["visits"][:6]] == ["a", "b", "c", "b", "c", "a"]

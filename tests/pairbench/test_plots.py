@@ -15,8 +15,8 @@ from pairbench.analysis import stats
 DATA = Path(__file__).resolve().parent.parent / "data" / "stats"
 
 
-def summary_for(df: pd.DataFrame, **kw) -> dict:
-    return stats.summarize(df, baseline="A", candidate="B", **kw)
+def summary_for(df: pd.DataFrame, candidates=("B",), **kw) -> dict:
+    return stats.summarize_all(df, baseline="A", candidates=list(candidates), **kw)
 
 
 def has_colour(png: Path, name: str, tol: float = 0.06) -> bool:
@@ -33,17 +33,18 @@ def faster_run() -> pd.DataFrame:
                                         * np.exp(rng.normal(0, 0.02, len(base))))])
 
 
-def test_plot_ratios_writes_a_png_coloured_by_verdict(tmp_path):
+def test_plot_ratios_shows_every_candidate_in_its_own_colour(tmp_path):
+    df = faster_run()
+    three = pd.concat([df, df[df["arm"] == "B"].assign(arm="C")], ignore_index=True)
     out = tmp_path / "plots" / "ratios.png"
-    plots.plot_ratios(summary_for(faster_run(), metrics=["decode_tok_s"], secondary=["ttft_ms"]), out)
+    plots.plot_ratios(summary_for(three, candidates=("B", "C"), metrics=["decode_tok_s"], secondary=["ttft_ms"]), out)
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert has_colour(out, plots.VERDICT_COLOURS["faster"])
+    assert has_colour(out, plots.CANDIDATE_COLOURS[0]) and has_colour(out, plots.CANDIDATE_COLOURS[1])
     assert [p.name for p in out.parent.iterdir()] == ["ratios.png"]  # no temporary left behind
 
-    aa = tmp_path / "aa.png"
-    plots.plot_ratios(summary_for(pd.read_csv(DATA / "aa_contended.csv"), metrics=["decode_tok_s"]), aa)
-    assert not has_colour(aa, plots.VERDICT_COLOURS["faster"])
-    assert has_colour(aa, plots.VERDICT_COLOURS["inconclusive"])
+    one = tmp_path / "one.png"
+    plots.plot_ratios(summary_for(df, metrics=["decode_tok_s"]), one)
+    assert has_colour(one, plots.CANDIDATE_COLOURS[0]) and not has_colour(one, plots.CANDIDATE_COLOURS[1])
 
 
 def test_plot_ratios_grid_grows_with_lengths_and_metrics(tmp_path):
@@ -58,7 +59,8 @@ def test_plot_ratios_grid_grows_with_lengths_and_metrics(tmp_path):
 
 def test_plot_ratios_rejects_an_empty_summary(tmp_path):
     with pytest.raises(stats.StatsInputError, match="no paired results"):
-        plots.plot_ratios({"paired": {}, "metrics": {}, "params": {"noise": 0.01}}, tmp_path / "x.png")
+        plots.plot_ratios({"baseline": "A", "candidates": [], "comparisons": {}, "params": {"noise": 0.01}},
+                          tmp_path / "x.png")
     assert not (tmp_path / "x.png").exists()
 
 

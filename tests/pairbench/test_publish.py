@@ -207,3 +207,27 @@ def test_patch_series_in_one_file_applies(planted, tmp_path):
     text = (planted["out"] / "patches" / "series.patch").read_text()
     assert "zq" not in text.lower()
     assert verify_bundle(planted["out"], clean_source=planted["run"]["clean_source"]) == []
+
+
+def candidate_sets(planted, tag_files=None):
+    """Two candidates, one patch each (0001 changes engine/model.py, 0002 engine/VERSION)."""
+    known = planted["run"]["patched_files"]
+    return {"int8": (["0001-int8-path"], {"engine/model.py": known["engine/model.py"]}),
+            "tag": (["0002-version-tag.patch"], tag_files or {"engine/VERSION": known["engine/VERSION"]})}
+
+
+def test_each_candidates_patches_apply_alone_and_verify(planted):
+    planted["build"](patched_files=None, patch_sets=candidate_sets(planted))
+    source = json.loads((planted["out"] / "MANIFEST.json").read_text())["source"]
+    assert source["patches"] == ["patches/0001-int8-path.patch", "patches/0002-version-tag.patch"]
+    assert {c: s["patches"] for c, s in source["candidates"].items()} == {
+        "int8": ["patches/0001-int8-path.patch"], "tag": ["patches/0002-version-tag.patch"]}
+    assert verify_bundle(planted["out"], clean_source=planted["run"]["clean_source"]) == []
+
+
+def test_a_candidate_whose_patches_do_not_give_its_measured_source_is_named(planted):
+    # the tag patch alone leaves engine/model.py as it was: not the int8 candidate's model.py
+    model = planted["run"]["patched_files"]["engine/model.py"]
+    with pytest.raises(publish.PublishError, match=r"^candidate tag: patched source differs from the measured one"):
+        planted["build"](patched_files=None, patch_sets=candidate_sets(planted, {"engine/model.py": model}))
+    assert not planted["out"].exists()

@@ -14,11 +14,12 @@ from pairbench.publish.statistics import statistics_section
 from pairbench.stages.publish import stats_params
 
 
-def measurements(effect=0.95, rounds=10, unproven_round=None):
+def measurements(effect=0.95, rounds=10, unproven_round=None, extra=()):
+    """Arm A, arm B at *effect* on decode, and each (arm, effect) of *extra*."""
     rows = []
     for r in range(1, rounds + 1):
-        for arm, k in (("A", 1.0), ("B", effect)):
-            noise = 1 + 0.002 * ((r * 7 + (arm == "B") * 3) % 5 - 2)
+        for i, (arm, k) in enumerate((("A", 1.0), ("B", effect), *extra)):
+            noise = 1 + 0.002 * ((r * 7 + (arm != "A") * 3 * i) % 5 - 2)
             rows.append({"round": r, "arm": arm, "length": 64, "repeat": 1, "ok": True,
                          "cold_cache": None if r == unproven_round else True, "selected": True, "reason": "",
                          "decode_tok_s": 20.0 * k * noise, "prefill_tok_s": 400.0 * noise, "ttft_ms": 160.0 / noise,
@@ -27,11 +28,11 @@ def measurements(effect=0.95, rounds=10, unproven_round=None):
     return pd.DataFrame(rows)
 
 
-def write_bundle(root, df, **kw):
+def write_bundle(root, df, candidates=("B",), **kw):
     (root / "tables").mkdir(parents=True)
     df.to_csv(root / "tables" / "measurements.csv", index=False)
     df = pd.read_csv(root / "tables" / "measurements.csv")
-    summary = stats.summarize(df, baseline="A", candidate="B", **kw)
+    summary = stats.summarize_all(df, baseline="A", candidates=list(candidates), **kw)
     plan = {"rounds": int(df["round"].nunique()), "repeats": 1}
     measures = [{"visit": {"round": int(r), "id": f"r{int(r):02d}-a"}} for r in sorted(df["round"].unique())]
     summary["run"] = runfacts.run_facts(plan, measures, df, {"allow_unproven_cold_cache": False})
@@ -60,7 +61,7 @@ def test_a_forged_verdict_is_named(bundle):
     df.loc[df["metric"] == "decode_tok_s", "verdict"] = "faster"
     df.to_csv(path, index=False)
     [problem] = recompute_problems(bundle)
-    assert problem.startswith("tables/paired.csv: row 2 (length 64, metric decode_tok_s): column 'verdict' is "
+    assert problem.startswith("tables/paired.csv: row 2 (candidate B, length 64, metric decode_tok_s): column 'verdict' is "
                               "'faster', the measurements give 'slower'")
 
 
@@ -69,7 +70,7 @@ def test_a_forged_number_is_named(bundle):
     df = pd.read_csv(path)
     df.loc[df["metric"] == "kv_bytes", "ratio"] = 0.2
     df.to_csv(path, index=False)
-    assert any("tables/memory.csv: row 2 (length 64, metric kv_bytes): column 'ratio' is 0.2" in p
+    assert any("tables/memory.csv: row 2 (candidate B, length 64, metric kv_bytes): column 'ratio' is 0.2" in p
                for p in recompute_problems(bundle))
 
 
@@ -100,3 +101,35 @@ def test_published_verdicts_without_their_parameters_fail(bundle):
     (bundle / "stats_params.json").unlink()
     assert recompute_problems(bundle) == [
         "stats_params.json: missing, so the published verdicts cannot be recomputed from tables/measurements.csv"]
+
+
+@pytest.fixture
+def three_arms(tmp_path):
+    root = tmp_path / "three"
+    write_bundle(root, measurements(extra=(("C", 1.0),)), candidates=("B", "C"))
+    return root
+
+
+def test_a_three_arm_bundle_recomputes_every_candidate(three_arms):
+    assert recompute_problems(three_arms) == []
+    paired = pd.read_csv(three_arms / "tables" / "paired.csv")
+    primary = paired[paired["role"] == "primary"]
+    assert list(primary["candidate"]) == ["B", "B", "C", "C"]
+    assert sorted(primary["family_rank"]) == [1, 2, 3, 4]  # one family over both candidates
+
+
+def test_a_forged_verdict_of_the_second_candidate_is_named(three_arms):
+    path = three_arms / "tables" / "paired.csv"
+    df = pd.read_csv(path)
+    row = (df["candidate"] == "C") & (df["metric"] == "decode_tok_s")
+    df.loc[row, "verdict"] = "faster"
+    df.to_csv(path, index=False)
+    problems = recompute_problems(three_arms)
+    assert any(p.startswith(f"tables/paired.csv: row {df.index[row][0] + 2} (candidate C, length 64, metric "
+                            "decode_tok_s): column 'verdict' is 'faster'") for p in problems)
+
+
+def test_dropping_a_candidate_from_the_parameters_is_caught(three_arms):
+    params = json.loads((three_arms / "stats_params.json").read_text())
+    (three_arms / "stats_params.json").write_text(dumps({**params, "candidates": ["B"]}))
+    assert recompute_problems(three_arms)[0].startswith("tables/summary.csv: ")

@@ -60,7 +60,7 @@ def test_the_run_section_states_only_what_the_summary_records():
 
     rows = [{"round": r, "arm": a, "length": 64, "selected": True, "decode_tok_s": 100.0 * (1.0 if a == "A" else 1.02)
              * math.exp(0.001 * ((r * 3) % 7))} for r in range(1, 11) for a in ("A", "B")]
-    s = stats.summarize(pd.DataFrame(rows), baseline="A", candidate="B", metrics=["decode_tok_s"])
+    s = stats.summarize_all(pd.DataFrame(rows), baseline="A", candidates=["B"], metrics=["decode_tok_s"])
     s["run"] = {"rounds": {"adaptive": True, "planned": 16, "run": 10, "min": 8, "max": 16, "block": 2,
                            "target_halfwidth": 0.02, "stop_reason": "stopped after 10 rounds: every primary interval "
                            "reached the target ±2.00% (widest ±1.90%, at level 95.00%)"},
@@ -80,3 +80,20 @@ def test_the_run_section_states_only_what_the_summary_records():
     md = statistics_section(s)
     assert "- Cold cache: proven by the engine's own counters for all 20 records." in md
     assert "- External load: none flagged in 20 visits (1-minute load average 0.20–2.40)." in md
+
+
+def test_landing_has_one_verdict_table_over_every_candidate():
+    import pandas as pd
+
+    from pairbench.publish.landing import verdict_rows
+
+    paired = pd.DataFrame([
+        {"candidate": "int8", "length": 256, "metric": "decode_tok_s", "role": "primary", "hl_ratio": 0.91,
+         "ci_low": 0.88, "ci_high": 0.94, "ci_level": 0.9875, "verdict": "slower"},
+        {"candidate": "int8", "length": 256, "metric": "ttft_ms", "role": "secondary", "hl_ratio": 1.0,
+         "ci_low": 0.9, "ci_high": 1.1, "ci_level": 0.95, "verdict": None},
+        {"candidate": "grow", "length": 256, "metric": "decode_tok_s", "role": "primary", "hl_ratio": 1.0,
+         "ci_low": None, "ci_high": None, "ci_level": 0.975, "verdict": "inconclusive"}])
+    assert verdict_rows(paired) == [
+        ["``int8``", "256", "``decode_tok_s``", "0.910", "[0.880, 0.940] (98.8%)", "slower"],
+        ["``grow``", "256", "``decode_tok_s``", "1.000", "unbounded", "inconclusive"]]

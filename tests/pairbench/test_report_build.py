@@ -2,7 +2,7 @@
 
 from pairbench.publish.report import build_section, crosscheck_section
 
-PLAN = {"arms": {"baseline": {}, "candidate": {}}, "baseline": "baseline", "candidate": "candidate"}
+PLAN = {"arms": {"baseline": {}, "candidate": {}}, "baseline": "baseline", "candidates": ["candidate"]}
 FLAGS = ["-DGGML_NATIVE=OFF", "-DCMAKE_CXX_COMPILER_LAUNCHER=ccache"]
 
 

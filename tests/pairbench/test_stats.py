@@ -34,8 +34,7 @@ def load(name: str) -> pd.DataFrame:
 @pytest.fixture(scope="module")
 def known():
     df = load("known.csv")
-    return df, stats.summarize(df, baseline="stock", candidate="patched", metrics=["decode_tok_s", "ttft_ms"][:1],
-                               secondary=["ttft_ms"])
+    return df, stats.summarize(df, **KNOWN)
 
 
 @pytest.fixture(scope="module")
@@ -48,8 +47,20 @@ def verdicts(summary: dict, role: str = "primary") -> dict:
             for m, p in by.items() if p["role"] == role}
 
 
+def whole(df: pd.DataFrame, *, candidate: str, **kw) -> dict:
+    """The run summary (stats/summary.json's body) of a one-candidate run."""
+    return stats.summarize_all(df, candidates=[candidate], **kw)
+
+
+def report(df: pd.DataFrame, **kw) -> str:
+    return statistics_section(whole(df, **kw))
+
+
 def stamped(summary: dict) -> dict:
     return {**summary, "schema": artifacts.schema_id("summary"), "inputs": {"measurements": "ab" * 32}}
+
+
+KNOWN = {"baseline": "stock", "candidate": "patched", "metrics": ["decode_tok_s"], "secondary": ["ttft_ms"]}
 
 
 def frame(d_by_length: dict, metric: str = "decode_tok_s", base: float = 100.0) -> pd.DataFrame:
@@ -237,8 +248,81 @@ def test_holm_stops_at_the_first_comparison_it_cannot_claim():
     assert none["verdict"] == "faster"
 
 
+def arms_frame(d_by_arm: dict, length: int = 64, base: float = 100.0) -> pd.DataFrame:
+    """Baseline A at *base* in rounds 1..10; each candidate base * exp(d) in rounds 1..len(d)."""
+    rows = [{"round": r, "arm": "A", "length": length, "selected": True, "decode_tok_s": base} for r in range(1, 11)]
+    rows += [{"round": r, "arm": arm, "length": length, "selected": True, "decode_tok_s": base * math.exp(di)}
+             for arm, d in d_by_arm.items() for r, di in enumerate(d, start=1)]
+    return pd.DataFrame(rows)
+
+
+STRONG, SIX = ramp(math.log(1.2), 0.01), ramp(math.log(1.2), 0.01, n=6)  # claim p 2/1024 and 2/64
+
+
+def test_one_candidate_run_is_the_pair_summary():
+    df = holm_frame(True)
+    run = stats.summarize_all(df, baseline="A", candidates=["B"], metrics=["decode_tok_s"])
+    assert run["comparisons"]["B"] == stats.summarize(df, baseline="A", candidate="B", metrics=["decode_tok_s"])
+    assert (run["baseline"], run["candidates"], run["params"]["family_size"]) == ("A", ["B"], 2)
+
+
+def test_holm_family_spans_every_candidate():
+    run = stats.summarize_all(arms_frame({"B": STRONG, "C": SIX}), baseline="A", candidates=["B", "C"],
+                              metrics=["decode_tok_s"], secondary=[], memory=[])
+    b, c = (run["comparisons"][k]["paired"]["64"]["decode_tok_s"] for k in ("B", "C"))
+    assert (b["family_rank"], b["ci_level"], b["verdict"]) == (1, pytest.approx(1 - 0.05 / 2), "faster")
+    assert (c["family_rank"], c["ci_level"], c["verdict"]) == (2, pytest.approx(1 - 0.05), "faster")
+    assert run["params"]["family_size"] == 2 and run["params"]["width_level"] == pytest.approx(0.025)
+    assert run["comparisons"]["C"]["params"]["family_size"] == 2  # each pair body records the whole family
+
+
+def test_a_third_candidate_that_claims_nothing_raises_the_bar_for_the_others():
+    # alone with B, C's 0.03125 is judged at 0.05 (above); with a null D, Holm stops at C: 0.05 / 2
+    run = stats.summarize_all(arms_frame({"B": STRONG, "C": SIX, "D": ramp(0.0, 0.05)}), baseline="A",
+                              candidates=["B", "C", "D"], metrics=["decode_tok_s"], secondary=[], memory=[])
+    got = {k: run["comparisons"][k]["paired"]["64"]["decode_tok_s"] for k in ("B", "C", "D")}
+    assert {k: (p["family_rank"], round(1 - p["ci_level"], 6), p["verdict"]) for k, p in got.items()} == {
+        "B": (1, round(0.05 / 3, 6), "faster"), "C": (2, 0.025, "inconclusive"), "D": (3, 0.025, "inconclusive")}
+    alone = stats.summarize(arms_frame({"C": SIX}), baseline="A", candidate="C", metrics=["decode_tok_s"],
+                            secondary=[], memory=[])
+    assert alone["paired"]["64"]["decode_tok_s"]["verdict"] == "faster"
+
+
+def test_bonferroni_across_candidates_splits_alpha_by_the_whole_family():
+    run = stats.summarize_all(arms_frame({"B": STRONG, "C": SIX}), baseline="A", candidates=["B", "C"],
+                              metrics=["decode_tok_s"], secondary=[], memory=[], multiplicity="bonferroni")
+    c = run["comparisons"]["C"]["paired"]["64"]["decode_tok_s"]
+    assert (c["ci_level"], c["verdict"]) == (pytest.approx(1 - 0.025), "inconclusive")
+
+
+def test_the_report_has_one_verdict_table_over_every_candidate():
+    md = statistics_section(stats.summarize_all(arms_frame({"B": STRONG, "C": SIX}), baseline="A",
+                                                candidates=["B", "C"], metrics=["decode_tok_s"], secondary=[],
+                                                memory=[]))
+    assert "Candidates `B`, `C`, each against baseline `A`" in md
+    assert ("Holm's step-down procedure across the 2 primary comparisons (2 candidates × primary metrics × "
+            "lengths, one family)") in md
+    # B, n = 10 at 2.5%: c = 5 (P(T <= 5) = 10/1024), so [W(6), W(50)] = 1.2 exp(∓0.03);
+    # C, n = 6 at 5%: c = 0, so the extreme Walsh averages, 1.2 exp(∓0.025)
+    table = [line for line in md.splitlines() if line.startswith("| `")]
+    assert table == ["| `B` | 64 | `decode_tok_s` | **faster** | 1.2000 | 1.1645–1.2365 (97.50%) | 10 |",
+                     "| `C` | 64 | `decode_tok_s` | **faster** | 1.2000 | 1.1704–1.2304 (95.00%) | 6 |"]
+    assert "- unpaired (partial visit): `A` round 7, 64 tokens has no partner in `C` against `A`" in md
+    assert "no partner in `B`" not in md
+
+
+def test_candidates_must_be_distinct_and_present():
+    df = arms_frame({"B": STRONG})
+    with pytest.raises(stats.StatsInputError, match="^candidates: arm 'B' is listed twice"):
+        stats.summarize_all(df, baseline="A", candidates=["B", "B"], metrics=["decode_tok_s"])
+    with pytest.raises(stats.StatsInputError, match="^candidate arm 'Z' has no rows"):
+        stats.summarize_all(df, baseline="A", candidates=["B", "Z"], metrics=["decode_tok_s"])
+    with pytest.raises(stats.StatsInputError, match="^candidates: no candidate arm"):
+        stats.summarize_all(df, baseline="A", candidates=[], metrics=["decode_tok_s"])
+
+
 def test_holm_is_disclosed_in_the_report():
-    md = statistics_section(stats.summarize(holm_frame(True), baseline="A", candidate="B", metrics=["decode_tok_s"]))
+    md = report(holm_frame(True), baseline="A", candidate="B", metrics=["decode_tok_s"])
     assert "Holm's step-down procedure across the 2 primary comparisons" in md
     assert "97.50%" in md and "95.00%" in md
 
@@ -293,8 +377,8 @@ def test_constant_memory_gets_the_exact_ratio_and_no_test():
     kv = s["memory"]["256"]["kv_bytes"]
     assert kv["exact"] is True and kv["ratio"] == pytest.approx(13.1 / 50.9) and kv["verdict"] == "smaller"
     assert kv["test"] is None and s["params"]["memory_family_size"] == 0
-    md = statistics_section(s)
-    assert "candidate 13.1 MB against baseline 50.9 MB, exactly 0.2574×" in md
+    md = report(memory_frame(False), baseline="A", candidate="B", metrics=["decode_tok_s"])
+    assert "`B` 13.1 MB against `A` 50.9 MB, exactly 0.2574×" in md
     assert "**slower**: decode throughput" in md  # what it costs, beside what it buys
 
 
@@ -340,7 +424,8 @@ def test_a_pair_whose_side_a_validation_retry_measured_is_dropped_and_disclosed(
     assert (p["n_pairs"], p["n_dropped_pairs"], p["n_invalid_pairs"]) == (9, 1, 0)
     assert s["disclosures"]["dropped_pairs"] == [{"length": 64, "round": 3, "arm": "B"}]
     assert s["arms"]["B"]["64"]["decode_tok_s"]["n"] == 10  # the cell still counts per arm
-    assert "pair dropped: round 3, 64 tokens: the `B` cell was re-measured" in statistics_section(s)
+    assert ("pair dropped: round 3, 64 tokens: the `B` cell was re-measured"
+            in report(df, baseline="A", candidate="B", metrics=["decode_tok_s"]))
 
 
 # --------------------------------------------------------------------------- known answers
@@ -433,7 +518,7 @@ def test_injected_effect_on_recorded_aa_shifts_estimate_and_interval_by_exactly_
 # --------------------------------------------------------------------------- disclosures
 
 def test_slow_samples_are_flagged_and_retained(known, expected):
-    _, s = known
+    df, s = known
     got = {(f["arm"], f["length"], f["metric"], f["round"]): f for f in s["disclosures"]["slow_samples"]
            if f["arm"] == "stock"}
     want = {(w["arm"], w["length"], w["metric"], w["round"]): w for w in expected["slow_samples"]}
@@ -443,7 +528,7 @@ def test_slow_samples_are_flagged_and_retained(known, expected):
         assert got[key]["robust_z"] == pytest.approx(w["robust_z"], abs=1e-3)
     assert s["arms"]["stock"]["256"]["ttft_ms"]["max"] == 200
     assert s["arms"]["stock"]["256"]["ttft_ms"]["n"] == 10
-    assert "retained" in statistics_section(s)
+    assert "retained" in report(df, **KNOWN)
 
 
 def test_median_trimmed_disagreement_of_the_seed_report_is_disclosed():
@@ -452,7 +537,7 @@ def test_median_trimmed_disagreement_of_the_seed_report_is_disclosed():
     assert d["median_change"] == pytest.approx(0.0093, abs=1e-6)
     assert d["trimmed_mean_change"] == pytest.approx(0.0749, abs=1e-6)
     assert d["sign_differs"] is False
-    md = statistics_section(s)
+    md = report(load("seed_case.csv"), baseline="base", candidate="cand", metrics=["decode_tok_s"])
     assert "+0.93%" in md and "+7.49%" in md
 
 
@@ -462,7 +547,8 @@ def test_unpaired_rounds_are_disclosed_and_left_out_of_pairs():
     s = stats.summarize(df, baseline="stock", candidate="patched", metrics=["decode_tok_s"])
     assert s["disclosures"]["unpaired"] == [{"arm": "stock", "length": 256, "round": 2}]
     assert s["paired"]["256"]["decode_tok_s"]["n_pairs"] == 9
-    assert "unpaired (partial visit): `stock` round 2" in statistics_section(s)
+    assert ("unpaired (partial visit): `stock` round 2"
+            in report(df, baseline="stock", candidate="patched", metrics=["decode_tok_s"]))
 
 
 @pytest.mark.parametrize("mutate, match", [
@@ -487,21 +573,22 @@ def test_bad_arm_names_are_errors():
 # --------------------------------------------------------------------------- outputs
 
 def test_summary_validates_against_schema_and_round_trips(tmp_path, known):
-    _, s = known
+    df, _ = known
+    s = whole(df, **KNOWN)
     artifacts.validate("summary", stamped(s))
-    artifacts.validate("summary", stamped(stats.summarize(memory_frame(True), baseline="A", candidate="B",
-                                                          metrics=["decode_tok_s"])))
-    artifacts.validate("summary", stamped(stats.summarize(load("aa_contended.csv"), baseline="A", candidate="B")))
+    artifacts.validate("summary", stamped(whole(memory_frame(True), baseline="A", candidate="B",
+                                                metrics=["decode_tok_s"])))
+    artifacts.validate("summary", stamped(whole(load("aa_contended.csv"), baseline="A", candidate="B")))
     path = tmp_path / "summary.json"
     artifacts.write_artifact(path, "summary", {**s, "inputs": {"measurements": "cd" * 32}})
-    assert artifacts.read_artifact(path, "summary")["paired"] == json.loads(json.dumps(s["paired"]))
+    assert artifacts.read_artifact(path, "summary")["comparisons"] == json.loads(json.dumps(s["comparisons"]))
 
 
 def test_schema_rejects_a_verdict_outside_the_vocabulary(known):
-    _, s = known
-    bad = json.loads(json.dumps(stamped(s)))
-    bad["paired"]["256"]["decode_tok_s"]["verdict"] = "no detectable difference"
-    with pytest.raises(artifacts.ArtifactError, match="paired/256/decode_tok_s/verdict"):
+    df, _ = known
+    bad = json.loads(json.dumps(stamped(whole(df, **KNOWN))))
+    bad["comparisons"]["patched"]["paired"]["256"]["decode_tok_s"]["verdict"] = "no detectable difference"
+    with pytest.raises(artifacts.ArtifactError, match="comparisons/patched/paired/256/decode_tok_s/verdict"):
         artifacts.validate("summary", bad)
 
 
@@ -513,29 +600,27 @@ def test_summary_is_deterministic():
 
 
 def test_tables_hold_only_numbers_and_allowlisted_categories(known):
-    _, s = known
-    tables = summary_tables(s)
+    df, _ = known
+    tables = summary_tables(whole(df, **KNOWN))
     assert len(tables["summary"]) == 2 * 2 * 2 and len(tables["paired"]) == 2 * 2
     assert len(tables["ratios"]) == 10 * 2 + 4 * 2
-    allowed = {"arm", "metric", "verdict", "role"}
+    assert set(tables["paired"]["candidate"]) == {"patched"}
+    allowed = {"candidate", "arm", "metric", "verdict", "role"}
     for name, t in tables.items():
         for col in (t.columns if len(t) else []):
             if col not in allowed:
                 assert pd.api.types.is_numeric_dtype(t[col]) or pd.api.types.is_bool_dtype(t[col]), (name, col)
-    row = tables["paired"].set_index(["length", "metric"]).loc[(512, "decode_tok_s")]
+    row = tables["paired"].set_index(["candidate", "length", "metric"]).loc[("patched", 512, "decode_tok_s")]
     assert row["hl_ratio"] == pytest.approx(2 ** 1.5) and row["verdict"] == "inconclusive"
 
 
 def test_report_speaks_plain_language():
-    s = stats.summarize(frame({64: ramp(math.log(1.041), 0.004)}), baseline="A", candidate="B",
-                        metrics=["decode_tok_s"])
-    md = statistics_section(s)
+    md = report(frame({64: ramp(math.log(1.041), 0.004)}), baseline="A", candidate="B", metrics=["decode_tok_s"])
     assert md.startswith("## Statistics")
     line = next(l for l in md.splitlines() if "at 64 tokens" in l and "decode" in l)
     assert line.startswith("- **faster**: decode throughput (`decode_tok_s`) at 64 tokens is 4.1% higher")
     assert "95.00% interval" in line and "p = " in line
-    inc = statistics_section(stats.summarize(frame({64: ramp(0.0, 0.02)}), baseline="A", candidate="B",
-                                             metrics=["decode_tok_s"]))
+    inc = report(frame({64: ramp(0.0, 0.02)}), baseline="A", candidate="B", metrics=["decode_tok_s"])
     line = next(l for l in inc.splitlines() if l.startswith("- **inconclusive**"))
     assert "half-width ±5.0%" in line and "about 253 pairs would likely resolve it" in line
     assert "this run would detect a change of about 8.5% or more" in line

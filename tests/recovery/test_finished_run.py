@@ -75,7 +75,7 @@ def test_retry_is_recorded_and_disclosed(run):
     table = pd.read_csv(run.run / "tables" / "measurements.csv")
     retried = table[table["attempt"] > 1]
     assert set(zip(retried["round"], retried["arm"])) == {(2, "candidate")}
-    summary = read_artifact(run.run / "stats" / "summary.json", "summary")
+    summary = read_artifact(run.run / "stats" / "summary.json", "summary")["comparisons"]["candidate"]
     assert {(r["round"], r["arm"], r["attempt"]) for r in summary["disclosures"]["retries"]} == {(2, "candidate", 2)}
     landing = (run.run / "report" / "landing.rst").read_text()
     # one row per re-measured record: round, arm, length, attempt, validation retry (none), outcome
@@ -167,7 +167,7 @@ def test_html_report_shows_the_verdict_table_in_a_real_browser(run, tmp_path):
     tables = {cls: rows for cls, rows in parser.tables.items()}
     verdicts = next((rows for cls, rows in tables.items() if "pairbench-verdicts" in cls), None)
     assert verdicts, f"no rendered verdict table; tables: {list(tables)}"
-    assert verdicts[0] == ["length", "metric", "ratio", "interval", "verdict"]
+    assert verdicts[0] == ["candidate", "length", "metric", "ratio", "interval", "verdict"]
     paired = pd.read_csv(run.run / "tables" / "paired.csv")
     assert len(verdicts) - 1 == (paired["role"] == "primary").sum() > 0  # secondary metrics are not tested
     allowed = {"faster", "slower", "equivalent", "inconclusive"}

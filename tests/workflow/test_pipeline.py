@@ -137,6 +137,9 @@ BAD_CONFIGS = {
     "missing patch": ("arms:\n  baseline: {}\n  candidate: {patches: [config/patches/missing.patch]}\n",
                       "arms.candidate.patches[0]: patch file config/patches/missing.patch does not exist"),
     "one arm": ("arms:\n  baseline: {}\n", "a paired benchmark needs at least two arms, got 1"),
+    "a candidate twice": ("candidates: [candidate, candidate]\n", "candidates[1]: 'candidate' is listed twice"),
+    "williams block": ("arms: {a: {}, b: {}, c: {}}\norder: williams\nrounds: {min: 3, max: 6, target_halfwidth: 0.02}\n",
+                       "rounds.min: 3 is not a multiple of 6, the counterbalanced block of order 'williams'"),
 }
 
 
@@ -231,7 +234,7 @@ def test_each_gate_fires_and_flagged_records_are_kept_and_disclosed(scratch):
     assert "and 2 partial-visit validation retry(ies) (2 gate failure)." in readme
     assert readme.count("(partial visit, gate failure): the visit's own measurement was excluded: gate cold_cache") == 4
     assert readme.count("its new record was excluded too;") == 4
-    summary = read_artifact(res / "stats" / "summary.json", "summary")
+    summary = read_artifact(res / "stats" / "summary.json", "summary")["comparisons"]["cache"]
     assert summary["counts"]["excluded"] >= 4
     # too few clean pairs for any claim: every tested (primary) comparison is inconclusive;
     # secondary metrics are shown, never tested (verdict null), memory has its own family
@@ -307,7 +310,7 @@ def test_validator_timeout_earns_a_disclosed_partial_visit_retry(scratch):
     assert cell[["retry", "selected"]].values.tolist() == [[0, False], [1, False], [2, True]]
     assert cell["reason"].tolist()[:2] == ["superseded by retry 2", "superseded by retry 2"]
     assert df["selected"].sum() == 8, "every (round, arm, length) has exactly one selected record"
-    summary = read_artifact(res / "stats" / "summary.json", "summary")
+    summary = read_artifact(res / "stats" / "summary.json", "summary")["comparisons"]["candidate"]
     assert sorted((r["round"], r["length"], r["retry"], r["selected"]) for r in summary["disclosures"]["retries"]) == [
         (1, 412, 1, False), (1, 412, 2, True), (1, 452, 1, True), (2, 412, 1, True), (2, 452, 1, True)]
 
@@ -392,3 +395,61 @@ def test_adaptive_rounds_add_blocks_until_the_intervals_are_narrow_enough(scratc
     # nothing left to do, and the no-op dry run stays cheap
     out = snakemake(scratch, "-n", "--configfile", str(cfg))
     assert "Nothing to be done" in out.stdout + out.stderr
+
+
+@pytest.fixture(scope="module")
+def tiny3_run(tmp_path_factory):
+    """tests/config/tiny3.yaml: stock against two candidates (int8 KV, growing KV) in one run."""
+    work = copy_repo(tmp_path_factory.mktemp("repo3"))
+    snakemake(work, "--cores", "2", "--configfile", "tests/config/tiny3.yaml")
+    return work
+
+
+def test_three_arm_run_passes_the_audit_and_verifies(tiny3_run):
+    from pairbench.core.artifacts import sha256_file
+
+    res = tiny3_run / "results" / "tiny3"
+    for path in json_artifacts(res):
+        kind, version = parse_schema_id(json.loads(path.read_text())["schema"])
+        read_artifact(path, kind, version)
+    assert read_artifact(res / "audit.json", "audit")["ok"] is True
+    # every candidate's patches re-applied alone to the clean source, every verdict recomputed
+    assert verify_bundle(res / "publish", clean_source=res / "src" / "baseline") == []
+    manifest = json.loads((res / "publish" / "MANIFEST.json").read_text())
+    assert {c: s["patches"] for c, s in manifest["source"]["candidates"].items()} == {
+        "int8": ["patches/int8-kv.patch"], "grow": ["patches/kv-grow.patch"]}
+
+    plan = read_artifact(res / "plan.json", "plan")
+    assert (plan["baseline"], plan["candidates"], plan["order"]) == ("baseline", ["int8", "grow"], "williams")
+    order = [[v["arm"] for v in plan["visits"] if v["round"] == r] for r in range(1, 7)]
+    assert order == [["baseline", "int8", "grow"], ["int8", "grow", "baseline"], ["grow", "baseline", "int8"],
+                     ["grow", "int8", "baseline"], ["baseline", "grow", "int8"], ["int8", "baseline", "grow"]]
+    # matches_baseline: each candidate against the baseline's output of the same round
+    for v in plan["visits"]:
+        if v["arm"] != "baseline":
+            body = read_artifact(res / "validate" / f"{v['id']}.json", "validate")
+            own = res / "private" / "outputs" / f"r{v['round']:02d}-baseline-400.json"
+            assert body["inputs"]["baseline_output.400"] == sha256_file(own), v["id"]
+
+    summary = read_artifact(res / "stats" / "summary.json", "summary")
+    # the order is candidates' (an artifact's keys are written sorted)
+    assert summary["candidates"] == ["int8", "grow"] and sorted(summary["comparisons"]) == ["grow", "int8"]
+    assert summary["params"]["family_size"] == 2 * 2 * 1  # candidates x primary metrics x lengths
+    ranks = sorted(p["family_rank"] for c in summary["comparisons"].values()
+                   for by in c["paired"].values() for p in by.values() if p["role"] == "primary")
+    assert ranks == [1, 2, 3, 4]
+    paired = pd.read_csv(res / "tables" / "paired.csv")
+    assert list(dict.fromkeys(paired["candidate"])) == ["int8", "grow"]
+    memory = pd.read_csv(res / "tables" / "memory.csv").set_index(["candidate", "metric"])
+    assert memory.loc[("int8", "kv_bytes"), "verdict"] == "smaller"  # int8 KV: 9/16 of the bytes
+    assert memory.loc[("grow", "kv_bytes"), "verdict"] == "equivalent"
+
+    readme = (res / "publish" / "README.md").read_text()
+    assert "# pairbench: `int8`, `grow` against `baseline`" in readme
+    assert "Holm's step-down procedure across the 4 primary comparisons (2 candidates" in readme
+    # one verdict table over both candidates, in the candidates' order
+    verdicts = [m.group(1, 2) for m in re.finditer(r"^\| `(\w+)` \| 400 \| `(\w+)` \| \*\*", readme, re.M)]
+    assert verdicts == [("int8", "decode_tok_s"), ("int8", "prefill_tok_s"), ("grow", "decode_tok_s"),
+                        ("grow", "prefill_tok_s")]
+    landing = (res / "report" / "landing.rst").read_text()
+    assert "``int8``" in landing and "``grow``" in landing

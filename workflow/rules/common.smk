@@ -51,14 +51,17 @@ ADAPTIVE = pb_plan.adaptive(CFG)  # None: fixed rounds
 
 
 def crosscheck_arms(cfg):
-    """[baseline, candidate] when both engine profiles name a cross-check tool and
-    crosscheck.rounds > 0, else [] (no cross-check job)."""
+    """[baseline, candidate]: the baseline and the first candidate (config order) whose engine
+    profiles both name a cross-check tool, when crosscheck.rounds > 0; else [] (no cross-check job).
+    One candidate only: the tool is an independent sanity check of the harness, not a second
+    verdict per candidate, and each further arm would add its rounds of the tool to the run."""
     from pairbench.measure.crosscheck import has_crosscheck
 
-    if cfg["crosscheck"]["rounds"] < 1:
+    base = pb_config.baseline_arm(cfg)
+    if cfg["crosscheck"]["rounds"] < 1 or not has_crosscheck(cfg["arms"][base]):
         return []
-    pair = [pb_config.baseline_arm(cfg), pb_config.candidate_arm(cfg)]
-    return pair if all(has_crosscheck(cfg["arms"][a]) for a in pair) else []
+    cand = next((c for c in pb_config.candidate_arms(cfg) if has_crosscheck(cfg["arms"][c])), None)
+    return [base, cand] if cand else []
 
 
 CROSSCHECK = crosscheck_arms(CFG)

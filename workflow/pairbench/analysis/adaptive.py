@@ -2,11 +2,11 @@
 
 After ``min`` rounds, and after every further block of k rounds (one per arm, counterbalanced),
 the pipeline asks :func:`decide` whether to measure another block. It stops when every primary
-comparison (primary metrics × lengths) has an interval whose half-width, as a ratio, is at most
-``target_halfwidth``, or when ``max`` rounds were run.
+comparison of every candidate (candidates × primary metrics × lengths) has an interval whose
+half-width, as a ratio, is at most ``target_halfwidth``, or when ``max`` rounds were run.
 
 The width is taken at one fixed level, the widest the multiplicity procedure can assign (α/m for
-Holm's m comparisons, :func:`pairbench.analysis.verdicts.width_level`), never at the level Holm
+Holm's m comparisons over every candidate, :func:`pairbench.analysis.verdicts.width_level`), never at the level Holm
 finally assigns (that depends on where the intervals lie). The width of a Hodges–Lehmann interval
 does not move when the data shift, and under identical arms it is the same for the data and their
 mirror image, so stopping cannot favour either claim; tests/pairbench/test_stats_simulation.py
@@ -26,28 +26,38 @@ import pandas as pd
 from pairbench.analysis import signrank, stats as pb_stats, verdicts as pb_verdicts
 
 
-def widths(df: pd.DataFrame, *, baseline: str, candidate: str, metrics, alpha: float, multiplicity: str) -> dict:
-    """``{"width_level", "comparisons": [{length, metric, n_pairs, half_width}]}`` at the fixed level."""
-    d = pb_stats.paired_differences(df, baseline=baseline, candidate=candidate, metrics=metrics)
-    level = pb_verdicts.width_level(len(d), alpha, multiplicity)
+def widths(df: pd.DataFrame, *, baseline: str, candidates: list[str], metrics, alpha: float,
+           multiplicity: str) -> dict:
+    """``{"width_level", "comparisons": [{candidate, length, metric, n_pairs, half_width}]}`` at the
+    fixed level of the family over every candidate."""
+    d = {c: pb_stats.paired_differences(df, baseline=baseline, candidate=c, metrics=metrics) for c in candidates}
+    level = pb_verdicts.width_level(sum(len(v) for v in d.values()), alpha, multiplicity)
     rows = []
-    for (length, metric), diffs in sorted(d.items(), key=lambda kv: (int(kv[0][0]), kv[0][1])):
-        w = signrank.walsh(diffs)
-        low, high = signrank.interval(w, diffs.size, level)
-        half = (math.exp(high) - math.exp(low)) / 2 if math.isfinite(low) else None
-        rows.append({"length": int(length), "metric": metric, "n_pairs": int(diffs.size), "half_width": half})
+    for cand in candidates:
+        for (length, metric), diffs in sorted(d[cand].items(), key=lambda kv: (int(kv[0][0]), kv[0][1])):
+            w = signrank.walsh(diffs)
+            low, high = signrank.interval(w, diffs.size, level)
+            half = (math.exp(high) - math.exp(low)) / 2 if math.isfinite(low) else None
+            rows.append({"candidate": cand, "length": int(length), "metric": metric, "n_pairs": int(diffs.size),
+                         "half_width": half})
     return {"width_level": level, "comparisons": rows}
 
 
-def decide(df: pd.DataFrame, *, baseline: str, candidate: str, metrics, alpha: float, multiplicity: str,
+def decide(df: pd.DataFrame, *, baseline: str, candidates: list[str], metrics, alpha: float, multiplicity: str,
            rounds_done: int, adaptive: dict) -> dict:
-    """Whether to measure another block: ``{"decision": "continue"|"stop", "reason", ...}``."""
+    """Whether to measure another block: ``{"decision": "continue"|"stop", "reason", ...}``; it stops
+    only when every candidate's primary intervals reached the target (or at ``max``)."""
     target, block, most = adaptive["target_halfwidth"], adaptive["block"], adaptive["max"]
-    w = widths(df, baseline=baseline, candidate=candidate, metrics=metrics, alpha=alpha, multiplicity=multiplicity)
+    w = widths(df, baseline=baseline, candidates=list(candidates), metrics=metrics, alpha=alpha,
+               multiplicity=multiplicity)
     halves = [c["half_width"] for c in w["comparisons"]]
     reached = bool(halves) and all(h is not None and h <= target for h in halves)
     widest = None if not halves or any(h is None for h in halves) else max(halves)
     widest_text = "unbounded" if widest is None else f"±{widest:.2%}"
+    if len(candidates) > 1 and halves:
+        # which candidate holds the run back (the first unbounded one, else the widest)
+        row = max(w["comparisons"], key=lambda c: math.inf if c["half_width"] is None else c["half_width"])
+        widest_text += f" ({row['candidate']}: {row['metric']} at {row['length']})"
     if reached:
         decision = "stop"
         reason = (f"stopped after {rounds_done} rounds: every primary interval reached the target ±{target:.2%} "

@@ -1,7 +1,9 @@
 """Do the engine's own benchmark and pairbench agree? The cross-check comparison, computed once.
 
-Inputs: ``stats/summary.json`` (pairbench's paired comparison) and ``crosscheck/<arm>.json`` for the
-baseline and the candidate (:mod:`pairbench.measure.crosscheck`). For every planned length, two rows:
+Inputs: ``stats/summary.json`` (pairbench's paired comparisons) and ``crosscheck/<arm>.json``
+(:mod:`pairbench.measure.crosscheck`) for the baseline and one candidate: the first candidate whose
+engine names the tool (``common.smk: crosscheck_arms``); the others are not cross-checked. For
+every planned length, two rows:
 
 - **prefill**: llama-bench's ``pp<length>`` against pairbench's ``engine_prefill_tok_s`` (the
   server's own prompt timing, the closest thing to what llama-bench times), else ``prefill_tok_s``;
@@ -53,11 +55,13 @@ def classify(ratio: float | None, noise: float) -> str | None:
 
 
 def compare(summary: dict, baseline: dict, candidate: dict, *, output_tokens: int) -> dict:
-    """The ``crosscheck_summary`` body (without ``inputs``) from the summary and both arms' cross-checks."""
+    """The ``crosscheck_summary`` body (without ``inputs``) from the summary and the cross-checks of
+    the baseline and one candidate (``candidate["arm"]``, compared with its own pair body)."""
+    pair = summary["comparisons"][candidate["arm"]]
     noise = float(summary["params"]["noise"])
     rows = []
-    for length in sorted(int(n) for n in summary["paired"]):
-        cells = summary["paired"][str(length)]
+    for length in sorted(int(n) for n in pair["paired"]):
+        cells = pair["paired"][str(length)]
         for quantity, (kind, metrics) in PAIRS.items():
             metric = next((m for m in metrics if m in cells), None)
             b = _tool_test(baseline["tests"], kind, length, output_tokens)
@@ -85,7 +89,7 @@ def compare(summary: dict, baseline: dict, candidate: dict, *, output_tokens: in
                 "size_gap": None if ratio is None or not hl else ratio / hl - 1,
             })
     counts = {k: sum(1 for r in rows if r["direction"] == k) for k in ("agree", "disagree", "undecided")}
-    return {"baseline": summary["baseline"], "candidate": summary["candidate"], "tool": baseline["tool"],
+    return {"baseline": summary["baseline"], "candidate": candidate["arm"], "tool": baseline["tool"],
             "noise": noise, "rounds": baseline["rounds"], "rows": rows,
             "direction_counts": counts,
             "size_within_ci": sum(1 for r in rows if r["size"] == "within CI")}

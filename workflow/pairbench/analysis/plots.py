@@ -20,8 +20,7 @@ import pandas as pd  # noqa: E402
 
 from pairbench.analysis.stats import METRICS, StatsInputError, as_bool  # noqa: E402
 
-VERDICT_COLOURS = {"faster": "tab:green", "slower": "tab:red", "equivalent": "tab:blue",
-                   "inconclusive": "tab:orange", None: "tab:gray"}  # None: a secondary metric, not tested
+CANDIDATE_COLOURS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown")
 ARM_STYLES = ("o-", "s--", "^-.", "d:")
 
 
@@ -41,48 +40,56 @@ def _save(fig: plt.Figure, path: str | os.PathLike) -> None:
 
 
 def plot_ratios(summary: dict, path: str | os.PathLike) -> None:
-    """One panel per length × metric: per-round ratios candidate/baseline, the Hodges–Lehmann
-    estimate with its CI band, the ±noise band around 1, and the verdict in the title."""
-    paired = summary.get("paired") or {}
-    lengths = sorted(paired, key=int)
-    metrics = [m for m, v in (summary.get("metrics") or {}).items() if v.get("role") != "memory"]
+    """One panel per length × metric, every candidate side by side (one colour and x offset each):
+    its per-round ratios candidate/baseline and, right of the rounds, its Hodges–Lehmann estimate
+    with the interval at the level it was judged at; the ±noise band around 1; the verdicts in the title."""
+    cands = list(summary.get("candidates") or [])
+    pairs = {c: summary["comparisons"][c] for c in cands}
+    first = pairs[cands[0]] if cands else {}
+    lengths = sorted(first.get("paired") or {}, key=int)
+    metrics = [m for m, v in (first.get("metrics") or {}).items() if v.get("role") != "memory"]
     if not lengths or not metrics:
-        raise StatsInputError("summary has no paired results to plot (no lengths or metrics)")
+        raise StatsInputError("summary has no paired results to plot (no candidates, lengths or metrics)")
     noise = summary["params"]["noise"]
+    colours = {c: CANDIDATE_COLOURS[i % len(CANDIDATE_COLOURS)] for i, c in enumerate(cands)}
+    width = 0.6 / len(cands)
+    offsets = {c: (i - (len(cands) - 1) / 2) * width for i, c in enumerate(cands)}
     fig, axes = plt.subplots(len(metrics), len(lengths), squeeze=False, sharex=True,
-                             figsize=(3.6 * len(lengths) + 0.6, 2.5 * len(metrics) + 0.8))
+                             figsize=(3.6 * len(lengths) + 0.6, 2.5 * len(metrics) + 1.0))
     for col, length in enumerate(lengths):
         for row, metric in enumerate(metrics):
             ax = axes[row][col]
-            p = paired[length].get(metric)
-            if p is None:
+            cells = {c: pairs[c]["paired"].get(length, {}).get(metric) for c in cands}
+            cells = {c: p for c, p in cells.items() if p is not None}
+            if not cells:
                 ax.set_axis_off()
                 continue
             ax.axhspan(1 - noise, 1 + noise, color="0.88", lw=0, label=f"1 ± noise ({noise:g})")
             ax.axhline(1.0, color="black", lw=0.8, ls=":")
-            colour = VERDICT_COLOURS[p["verdict"]]
-            if p["ci_low"] is not None and p["ci_high"] is not None:
-                ax.axhspan(p["ci_low"], p["ci_high"], color=colour, alpha=0.22, lw=0,
-                           label="HL interval (its level in the title)")
-            if p["hl_ratio"] is not None:
-                ax.axhline(p["hl_ratio"], color=colour, lw=1.6, label="HL estimate")
-            rounds = [q["round"] for q in p["pairs"] if q["valid"]]
-            ratios = [q["ratio"] for q in p["pairs"] if q["valid"]]
-            ax.plot(rounds, ratios, "o", color="black", ms=4, label="per-round ratio")
+            last = max((q["round"] for p in cells.values() for q in p["pairs"]), default=0)
+            for cand, p in cells.items():
+                valid = [q for q in p["pairs"] if q["valid"]]
+                ax.plot([q["round"] + offsets[cand] for q in valid], [q["ratio"] for q in valid], "o",
+                        color=colours[cand], ms=3.5, label=f"{cand}: per-round ratio")
+                if p["hl_ratio"] is not None:
+                    lo = p["hl_ratio"] - p["ci_low"] if p["ci_low"] is not None else 0.0
+                    hi = p["ci_high"] - p["hl_ratio"] if p["ci_high"] is not None else 0.0
+                    ax.errorbar([last + 1.5 + offsets[cand]], [p["hl_ratio"]], yerr=[[lo], [hi]], fmt="D",
+                                color=colours[cand], ms=5, capsize=3, label=f"{cand}: HL estimate, interval")
             ax.grid(axis="y", alpha=0.3)
-            better = "higher" if p["higher_is_better"] else "lower"
-            verdict = p["verdict"] or "shown, not tested"
-            ax.set_title(f"{metric} @ {length} tok: {verdict} ({p['ci_level']:.1%})", fontsize=9, color=colour)
+            better = "higher" if next(iter(cells.values()))["higher_is_better"] else "lower"
+            verdicts = "; ".join(f"{c} {p['verdict'] or 'not tested'}" for c, p in cells.items())
+            ax.set_title(f"{metric} @ {length} tok: {verdicts}", fontsize=8)
             if col == 0:
                 ax.set_ylabel(f"candidate / baseline\n({better} is faster)", fontsize=8)
             if row == len(metrics) - 1:
-                ax.set_xlabel("round", fontsize=8)
+                ax.set_xlabel("round (right: estimate and interval)", fontsize=8)
             ax.tick_params(labelsize=7)
     handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=4, fontsize=8, frameon=False,
+    fig.legend(handles, labels, loc="lower center", ncol=min(4, len(labels)), fontsize=7, frameon=False,
                bbox_to_anchor=(0.5, 0.0))
-    fig.suptitle(f"Paired ratios {summary['candidate']} / {summary['baseline']} by round", fontsize=11)
-    fig.tight_layout(rect=(0, 0.05, 1, 1))
+    fig.suptitle(f"Paired ratios against {summary['baseline']}, by round: {', '.join(cands)}", fontsize=11)
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
     _save(fig, path)
 
 

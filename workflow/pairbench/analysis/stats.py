@@ -1,4 +1,5 @@
-"""Comparing two arms: descriptive statistics, paired comparisons, verdicts and disclosures.
+"""Comparing arms: descriptive statistics, paired comparisons, verdicts and disclosures, for one or
+several candidates against one baseline (:func:`summarize_all`; :func:`summarize` is one pair).
 
 This is the *comparing* module of pairbench (measuring lives in ``measure``, reporting in ``publish``;
 the split is pyperf's). It reads one row per steady request (``tables/measurements.csv``, see
@@ -12,8 +13,8 @@ explains every method and rule; the short version:
   (``repeat`` column; one request per visit without it). Pairs are matched by round.
 - Primary metrics (``metrics``: one per question, see :data:`QUESTIONS`) are tested: the
   Hodges–Lehmann interval of log(candidate/baseline) that inverts the exact Wilcoxon signed-rank
-  test (:mod:`~pairbench.analysis.signrank`), at the level Holm assigns across primary metrics ×
-  lengths (:mod:`~pairbench.analysis.verdicts`), and a verdict read from it: faster / slower /
+  test (:mod:`~pairbench.analysis.signrank`), at the level Holm assigns across candidates × primary
+  metrics × lengths (:mod:`~pairbench.analysis.verdicts`), and a verdict read from it: faster / slower /
   equivalent / inconclusive. Secondary metrics are shown with their unadjusted interval, never
   tested. Memory metrics (``memory``) are compared per length: an exact ratio when constant across
   rounds, otherwise tested like speed (smaller / larger / equivalent / inconclusive).
@@ -24,6 +25,7 @@ explains every method and rule; the short version:
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any, Iterable
 
 import numpy as np
@@ -47,7 +49,7 @@ VISIT_SUMMARY = "median"  # of a visit's repeats: the paired unit
 __all__ = [
     "METRICS", "DEFAULT_METRICS", "DEFAULT_SECONDARY", "DEFAULT_MEMORY", "QUESTIONS", "SPEED_METRICS",
     "MEMORY_METRICS", "VERDICTS", "paired_differences",
-    "MEMORY_VERDICTS", "StatsInputError", "summarize", "as_bool", "check_metric_lists",
+    "MEMORY_VERDICTS", "StatsInputError", "summarize", "summarize_all", "as_bool", "check_metric_lists",
     "default_trim", "trimmed_mean", "hodges_lehmann", "robust_z", "min_attainable_wilcoxon_p",
 ]
 
@@ -340,25 +342,9 @@ def _per_arm(sel: pd.DataFrame, arms: tuple[str, str], lengths: list[int], shown
     return arms_out, slow
 
 
-def summarize(df: pd.DataFrame, *, baseline: str, candidate: str,
-              metrics: Iterable[str] = DEFAULT_METRICS, trim: int | None = None,
-              alpha: float = 0.05, noise: float = 0.01, seed: int = 0,
-              secondary: Iterable[str] | None = None, memory: Iterable[str] | None = None,
-              multiplicity: str = "holm", n_resamples: int | None = None) -> dict:
-    """Summarise a measurements table into the JSON-able body of ``stats/summary.json``.
-
-    *metrics* are the primary (tested) metrics, at most one per question; *secondary* are shown
-    with an unadjusted interval and never tested (default: the speed metrics of
-    :data:`DEFAULT_SECONDARY` not already primary and present in the table); *memory* are compared
-    per length (default: :data:`DEFAULT_MEMORY` where present). *noise* is the practical threshold
-    of every verdict. *multiplicity* is ``holm`` (default), ``bonferroni`` or ``none``. *seed* is
-    recorded (the exact interval draws no random numbers); *n_resamples* is accepted for callers
-    written for the bootstrap this replaced and ignored.
-
-    The caller adds ``schema`` and ``inputs``. Raises :class:`StatsInputError` (naming the key,
-    column, arm or rows) for input that cannot be summarised; a statistic that cannot be computed is
-    never an exception but an ``inconclusive`` verdict with its reason.
-    """
+def _options(df: Any, metrics: Iterable[str], secondary: Iterable[str] | None, memory: Iterable[str] | None,
+             trim: int | None, alpha: float, noise: float, multiplicity: str) -> dict:
+    """The checked statistics options: ``{"metrics", "secondary", "memory", "explicit_memory"}``."""
     if trim is not None and (not isinstance(trim, (int, np.integer)) or trim < 0):
         raise StatsInputError(f"stats.trim: must be a non-negative integer or null, got {trim!r}")
     if not isinstance(alpha, (int, float)) or not 0 < alpha < 1:
@@ -375,10 +361,16 @@ def summarize(df: pd.DataFrame, *, baseline: str, candidate: str,
         m for m in DEFAULT_SECONDARY if m not in metrics and m in columns)
     memory = tuple(memory) if explicit_memory else tuple(m for m in DEFAULT_MEMORY if m in columns)
     metrics, secondary, memory = check_metric_lists(metrics, secondary, memory)
+    return {"metrics": metrics, "secondary": secondary, "memory": memory, "explicit_memory": explicit_memory}
+
+
+def _prepare(df: pd.DataFrame, baseline: str, candidate: str, opts: dict, trim: int | None) -> dict:
+    """One pair's checked table, per-arm statistics, paired data and its two families (untested yet)."""
+    metrics, secondary, memory = opts["metrics"], opts["secondary"], opts["memory"]
     shown = (*metrics, *secondary)
     df = _check_input(df, baseline, candidate, shown, memory)
     missing_memory = [m for m in memory if m not in df.columns]
-    if missing_memory and explicit_memory:
+    if missing_memory and opts["explicit_memory"]:
         raise StatsInputError(f"stats.memory: measurements table lacks column(s): {', '.join(missing_memory)}")
 
     sel = df[df["selected"] & df["arm"].isin([baseline, candidate])]
@@ -401,8 +393,21 @@ def summarize(df: pd.DataFrame, *, baseline: str, candidate: str,
     memory_family = [pb_verdicts.Comparison(key, pair_data[key]["d"], False, pb_verdicts.MEMORY_WORDS)
                      for key, (exact, _, cells) in exact_memory.items()
                      if not exact and all(c.size for c in cells)]
-    assigned = {**pb_verdicts.levels(family, alpha, noise, multiplicity),
-                **pb_verdicts.levels(memory_family, alpha, noise, multiplicity)}
+    return {"df": df, "sel": sel, "lengths": lengths, "arms_out": arms_out, "slow": slow,
+            "pair_data": pair_data, "exact_memory": exact_memory, "family": family,
+            "memory_family": memory_family}
+
+
+def _pair_body(parts: dict, assigned: dict, *, baseline: str, candidate: str, opts: dict, trim: int | None,
+               alpha: float, noise: float, seed: int, multiplicity: str, family_size: int,
+               memory_family_size: int, others: list[str] | None = None) -> dict:
+    """One candidate's comparison with the baseline, its tested comparisons judged at the *assigned*
+    levels (``{(length, metric): {"level", "rank", "claim_p"}}``) of a family of *family_size*."""
+    metrics, secondary, memory = opts["metrics"], opts["secondary"], opts["memory"]
+    shown = (*metrics, *secondary)
+    df, sel, lengths = parts["df"], parts["sel"], parts["lengths"]
+    arms_out, slow, pair_data = parts["arms_out"], parts["slow"], parts["pair_data"]
+    exact_memory = parts["exact_memory"]
 
     def compare(key: tuple[str, str], comp: pb_verdicts.Comparison | None, level: float, tested: bool) -> dict:
         length, metric = key
@@ -427,7 +432,7 @@ def summarize(df: pd.DataFrame, *, baseline: str, candidate: str,
         out["trimmed_mean_change"] = _change(bd["trimmed_mean"], cd["trimmed_mean"])
         return out
 
-    by_key = {c.key: c for c in (*family, *memory_family)}
+    by_key = {c.key: c for c in (*parts["family"], *parts["memory_family"])}
     paired_out: dict[str, dict] = {}
     disagreements: list[dict] = []
     for length in lengths:
@@ -474,7 +479,7 @@ def summarize(df: pd.DataFrame, *, baseline: str, candidate: str,
 
     excluded, retries = _excluded(df), _retries(df)
     unpaired, dropped = _unpaired_and_dropped(pair_data, lengths, shown[0], baseline, candidate)
-    other_arms = sorted(set(df["arm"]) - {baseline, candidate})
+    other_arms = sorted(set(df["arm"]) - {baseline, candidate}) if others is None else list(others)
     repeats = sel.groupby(["arm", "length", "round"]).size()
 
     return {
@@ -486,9 +491,9 @@ def summarize(df: pd.DataFrame, *, baseline: str, candidate: str,
         "lengths": lengths,
         "params": {"alpha": float(alpha), "noise": float(noise), "seed": int(seed),
                    "trim": None if trim is None else int(trim), "ci_level": 1.0 - float(alpha),
-                   "slow_z": SLOW_Z, "multiplicity": multiplicity, "family_size": len(family),
-                   "memory_family_size": len(memory_family),
-                   "width_level": pb_verdicts.width_level(len(family), alpha, multiplicity),
+                   "slow_z": SLOW_Z, "multiplicity": multiplicity, "family_size": family_size,
+                   "memory_family_size": memory_family_size,
+                   "width_level": pb_verdicts.width_level(family_size, alpha, multiplicity),
                    "primary": list(metrics), "secondary": list(secondary), "memory": list(memory),
                    "visit_summary": VISIT_SUMMARY,
                    "ci_method": "Hodges-Lehmann interval of log(candidate/baseline) inverting the exact "
@@ -513,3 +518,81 @@ def summarize(df: pd.DataFrame, *, baseline: str, candidate: str,
             "other_arms": other_arms,
         },
     }
+
+
+def summarize(df: pd.DataFrame, *, baseline: str, candidate: str,
+              metrics: Iterable[str] = DEFAULT_METRICS, trim: int | None = None,
+              alpha: float = 0.05, noise: float = 0.01, seed: int = 0,
+              secondary: Iterable[str] | None = None, memory: Iterable[str] | None = None,
+              multiplicity: str = "holm", n_resamples: int | None = None) -> dict:
+    """One candidate against the baseline: the pair body that ``stats/summary.json`` holds per
+    candidate under ``comparisons`` (:func:`summarize_all`, whose one-candidate case this is), with
+    its own family (primary metrics × lengths).
+
+    *metrics* are the primary (tested) metrics, at most one per question; *secondary* are shown
+    with an unadjusted interval and never tested (default: the speed metrics of
+    :data:`DEFAULT_SECONDARY` not already primary and present in the table); *memory* are compared
+    per length (default: :data:`DEFAULT_MEMORY` where present). *noise* is the practical threshold
+    of every verdict. *multiplicity* is ``holm`` (default), ``bonferroni`` or ``none``. *seed* is
+    recorded (the exact interval draws no random numbers); *n_resamples* is accepted for callers
+    written for the bootstrap this replaced and ignored.
+
+    Raises :class:`StatsInputError` (naming the key,
+    column, arm or rows) for input that cannot be summarised; a statistic that cannot be computed is
+    never an exception but an ``inconclusive`` verdict with its reason.
+    """
+    opts = _options(df, metrics, secondary, memory, trim, alpha, noise, multiplicity)
+    parts = _prepare(df, baseline, candidate, opts, trim)
+    assigned = {**pb_verdicts.levels(parts["family"], alpha, noise, multiplicity),
+                **pb_verdicts.levels(parts["memory_family"], alpha, noise, multiplicity)}
+    return _pair_body(parts, assigned, baseline=baseline, candidate=candidate, opts=opts, trim=trim, alpha=alpha,
+                      noise=noise, seed=seed, multiplicity=multiplicity, family_size=len(parts["family"]),
+                      memory_family_size=len(parts["memory_family"]))
+
+
+def _across(families: dict[str, list], alpha: float, noise: float, method: str) -> dict[str, dict]:
+    """Levels assigned over one family spanning every candidate: ``{candidate: {key: level entry}}``."""
+    keyed = [replace(c, key=(cand, *c.key)) for cand, comps in families.items() for c in comps]
+    assigned = pb_verdicts.levels(keyed, alpha, noise, method)
+    return {cand: {k[1:]: v for k, v in assigned.items() if k[0] == cand} for cand in families}
+
+
+def summarize_all(df: pd.DataFrame, *, baseline: str, candidates: Iterable[str],
+                  metrics: Iterable[str] = DEFAULT_METRICS, trim: int | None = None,
+                  alpha: float = 0.05, noise: float = 0.01, seed: int = 0,
+                  secondary: Iterable[str] | None = None, memory: Iterable[str] | None = None,
+                  multiplicity: str = "holm", n_resamples: int | None = None) -> dict:
+    """Every candidate against the baseline: the body of ``stats/summary.json`` (the caller adds
+    ``schema``, ``run`` and ``inputs``): ``{"baseline", "candidates", "comparisons": {candidate: the
+    pair body of :func:`summarize`}, "params"}``.
+
+    One multiplicity family spans every candidate × primary metric × length (and one for the tested
+    memory comparisons of every candidate), so the family-wise error of every claim of the run, over
+    all its candidates, is at most *alpha*; each pair body records the levels and ranks its
+    comparisons were given in that family, and its ``params.family_size`` is the whole family's.
+    """
+    candidates = list(candidates)
+    if not candidates:
+        raise StatsInputError("candidates: no candidate arm to compare with the baseline")
+    dup = next((c for i, c in enumerate(candidates) if c in candidates[:i]), None)
+    if dup is not None:
+        raise StatsInputError(f"candidates: arm {dup!r} is listed twice")
+    opts = _options(df, metrics, secondary, memory, trim, alpha, noise, multiplicity)
+    parts = {c: _prepare(df, baseline, c, opts, trim) for c in candidates}
+    speed = _across({c: p["family"] for c, p in parts.items()}, alpha, noise, multiplicity)
+    mem = _across({c: p["memory_family"] for c, p in parts.items()}, alpha, noise, multiplicity)
+    m = sum(len(p["family"]) for p in parts.values())
+    m_memory = sum(len(p["memory_family"]) for p in parts.values())
+    others = sorted(set(parts[candidates[0]]["df"]["arm"]) - {baseline, *candidates})
+    comparisons = {c: _pair_body(parts[c], {**speed[c], **mem[c]}, baseline=baseline, candidate=c, opts=opts,
+                                 trim=trim, alpha=alpha, noise=noise, seed=seed, multiplicity=multiplicity,
+                                 family_size=m, memory_family_size=m_memory, others=others)
+                   for c in candidates}
+    return {"baseline": baseline, "candidates": candidates, "comparisons": comparisons,
+            "params": {"alpha": float(alpha), "noise": float(noise), "seed": int(seed),
+                       "trim": None if trim is None else int(trim), "multiplicity": multiplicity,
+                       "family": "candidates × primary metrics × lengths",
+                       "family_size": m, "memory_family_size": m_memory,
+                       "width_level": pb_verdicts.width_level(m, alpha, multiplicity),
+                       "primary": list(opts["metrics"]), "secondary": list(opts["secondary"]),
+                       "memory": list(opts["memory"])}}

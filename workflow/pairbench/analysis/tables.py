@@ -117,30 +117,49 @@ def timing_agreement(df: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-PAIRED_COLUMNS = ["length", "metric", "role", "n_pairs", "n_dropped_pairs", "median_ratio", "hl_ratio", "ci_low",
-                  "ci_high", "ci_level", "half_width", "detectable_change", "rounds_needed", "p_value",
+PAIRED_COLUMNS = ["candidate", "length", "metric", "role", "n_pairs", "n_dropped_pairs", "median_ratio", "hl_ratio",
+                  "ci_low", "ci_high", "ci_level", "half_width", "detectable_change", "rounds_needed", "p_value",
                   "min_attainable_p", "claim_p", "family_rank", "median_change", "trimmed_mean_change",
                   "higher_is_better", "verdict"]
-MEMORY_COLUMNS = ["length", "metric", "baseline", "candidate", "n_baseline", "n_candidate", "exact", "ratio",
-                  "ci_low", "ci_high", "ci_level", "verdict"]
-SUMMARY_COLUMNS = ["arm", "length", "metric", "n", "n_visits", "median", "min", "max", "trimmed_mean", "trim_per_end",
-                   "n_missing", "n_outliers"]
+MEMORY_COLUMNS = ["candidate", "length", "metric", "baseline_value", "candidate_value", "n_baseline", "n_candidate", "exact",
+                  "ratio", "ci_low", "ci_high", "ci_level", "verdict"]
+SUMMARY_COLUMNS = ["candidate", "arm", "length", "metric", "n", "n_visits", "median", "min", "max", "trimmed_mean",
+                   "trim_per_end", "n_missing", "n_outliers"]
+RATIOS_COLUMNS = ["candidate", "length", "metric", "round", "baseline_value", "candidate_value", "ratio", "valid"]
 
 
 def summary_tables(summary: dict) -> dict[str, pd.DataFrame]:
-    """Flat tables for ``tables/*.csv``: numeric columns plus the allowlisted categorical columns
-    ``arm``, ``length``, ``metric``, ``role`` and ``verdict`` (no free text, so they are safe to publish).
+    """Flat tables for ``tables/*.csv``, one block of rows per candidate (``candidate`` the arm
+    compared with the baseline, in the summary's order): numeric columns plus the allowlisted
+    categorical columns ``candidate``, ``arm``, ``length``, ``metric``, ``role`` and ``verdict`` (no
+    free text, so they are safe to publish).
 
-    - ``summary``: one row per arm × length × metric (requests; ``n_visits`` the rounds they span);
-    - ``paired``: one row per length × metric (primary and secondary; ``verdict`` empty for secondary);
-    - ``ratios``: one row per length × metric × round (the per-round paired ratios of visit summaries);
-    - ``memory``: one row per length × memory metric (exact ratio, or the tested interval).
+    - ``summary``: one row per candidate × arm × length × metric (requests; ``n_visits`` the rounds
+      they span); the baseline's rows repeat under each candidate (the same figures);
+    - ``paired``: one row per candidate × length × metric (primary and secondary; ``verdict`` empty
+      for secondary);
+    - ``ratios``: one row per candidate × length × metric × round (per-round paired ratios of visit
+      summaries; ``baseline_value`` and ``candidate_value`` the two visit summaries);
+    - ``memory``: one row per candidate × length × memory metric (exact ratio, or the tested interval;
+      ``baseline_value`` and ``candidate_value`` the two medians).
     """
+    frames = [_pair_tables(cand, summary["comparisons"][cand]) for cand in summary["candidates"]]
+    out = {name: pd.concat([f[name] for f in frames], ignore_index=True) if frames else
+           pd.DataFrame(columns=cols)
+           for name, cols in (("summary", SUMMARY_COLUMNS), ("paired", PAIRED_COLUMNS),
+                              ("ratios", RATIOS_COLUMNS), ("memory", MEMORY_COLUMNS))}
+    out["paired"]["rounds_needed"] = out["paired"]["rounds_needed"].astype("Int64")
+    out["paired"]["family_rank"] = out["paired"]["family_rank"].astype("Int64")
+    return out
+
+
+def _pair_tables(cand: str, pair: dict) -> dict[str, pd.DataFrame]:
+    """The four tables' rows of one candidate's pair body."""
     # explicit orders (lengths numeric, metrics as the params list them): a summary read back from
     # JSON has its keys sorted as text, and these tables must not depend on where it came from
-    lengths = [str(n) for n in summary["lengths"]]
-    prm = summary["params"]
-    order = [*prm.get("primary", []), *prm.get("secondary", []), *prm.get("memory", [])] or list(summary["metrics"])
+    lengths = [str(n) for n in pair["lengths"]]
+    prm = pair["params"]
+    order = [*prm.get("primary", []), *prm.get("secondary", []), *prm.get("memory", [])] or list(pair["metrics"])
 
     def ordered(table: dict):
         for length in lengths:
@@ -149,30 +168,26 @@ def summary_tables(summary: dict) -> dict[str, pd.DataFrame]:
                 yield length, metric, by_metric[metric]
 
     rows = []
-    for arm in (summary["baseline"], summary["candidate"]):
-        for length, metric, d in ordered(summary["arms"].get(arm, {})):
-            rows.append({"arm": arm, "length": int(length), "metric": metric,
-                         **{k: d[k] for k in SUMMARY_COLUMNS[3:]}})
+    for arm in (pair["baseline"], pair["candidate"]):
+        for length, metric, d in ordered(pair["arms"].get(arm, {})):
+            rows.append({"candidate": cand, "arm": arm, "length": int(length), "metric": metric,
+                         **{k: d[k] for k in SUMMARY_COLUMNS[4:]}})
     paired, ratios, memory = [], [], []
-    for length, metric, p in ordered(summary["paired"]):
-        paired.append({"length": int(length), "metric": metric, **{k: p[k] for k in PAIRED_COLUMNS[2:]}})
-        for pair in p["pairs"]:
-            ratios.append({"length": int(length), "metric": metric, "round": pair["round"],
-                           "baseline": pair["baseline"], "candidate": pair["candidate"],
-                           "ratio": pair["ratio"], "valid": pair["valid"]})
-    for length, metric, m in ordered(summary.get("memory", {})):
+    for length, metric, p in ordered(pair["paired"]):
+        paired.append({"candidate": cand, "length": int(length), "metric": metric,
+                       **{k: p[k] for k in PAIRED_COLUMNS[3:]}})
+        for q in p["pairs"]:
+            ratios.append({"candidate": cand, "length": int(length), "metric": metric, "round": q["round"],
+                           "baseline_value": q["baseline"], "candidate_value": q["candidate"],
+                           "ratio": q["ratio"], "valid": q["valid"]})
+    for length, metric, m in ordered(pair.get("memory", {})):
         t = m["test"] or {}
-        memory.append({"length": int(length), "metric": metric,
-                       **{k: m[k] for k in ("baseline", "candidate", "n_baseline", "n_candidate", "exact", "ratio")},
+        memory.append({"candidate": cand, "length": int(length), "metric": metric, "baseline_value": m["baseline"],
+                       "candidate_value": m["candidate"],
+                       **{k: m[k] for k in ("n_baseline", "n_candidate", "exact", "ratio")},
                        "ci_low": t.get("ci_low"), "ci_high": t.get("ci_high"), "ci_level": t.get("ci_level"),
                        "verdict": m["verdict"]})
-    paired_df = pd.DataFrame(paired, columns=PAIRED_COLUMNS)
-    paired_df["rounds_needed"] = paired_df["rounds_needed"].astype("Int64")
-    paired_df["family_rank"] = paired_df["family_rank"].astype("Int64")
-    return {
-        "summary": pd.DataFrame(rows, columns=SUMMARY_COLUMNS),
-        "paired": paired_df,
-        "ratios": pd.DataFrame(ratios, columns=["length", "metric", "round", "baseline", "candidate",
-                                                "ratio", "valid"]),
-        "memory": pd.DataFrame(memory, columns=MEMORY_COLUMNS),
-    }
+    return {"summary": pd.DataFrame(rows, columns=SUMMARY_COLUMNS),
+            "paired": pd.DataFrame(paired, columns=PAIRED_COLUMNS),
+            "ratios": pd.DataFrame(ratios, columns=RATIOS_COLUMNS),
+            "memory": pd.DataFrame(memory, columns=MEMORY_COLUMNS)}

@@ -73,6 +73,7 @@ def normalized(config: dict) -> dict:
         cfg["server"]["pin"] = cfg["server"]["pin"] == "true"
     cfg.setdefault("baseline", None)
     cfg.setdefault("candidate", None)
+    cfg.setdefault("candidates", None)
     return cfg
 
 
@@ -85,11 +86,38 @@ def baseline_arm(config: dict) -> str:
     return config.get("baseline") or arm_names(config)[0]
 
 
-def candidate_arm(config: dict) -> str:
+def candidate_arms(config: dict) -> list[str]:
+    """The arms compared with the baseline, in order: ``candidates``, or ``[candidate]`` (its
+    one-element shorthand), or every other arm in config order."""
+    if config.get("candidates"):
+        return list(config["candidates"])
     if config.get("candidate"):
-        return config["candidate"]
+        return [config["candidate"]]
     base = baseline_arm(config)
-    return next(a for a in arm_names(config) if a != base)
+    return [a for a in arm_names(config) if a != base]
+
+
+def check_arm_roles(cfg: dict) -> None:
+    """``baseline``, ``candidate`` and ``candidates`` name arms, once each, none the baseline."""
+    arms = arm_names(cfg)
+    if cfg.get("baseline") is not None and cfg["baseline"] not in cfg["arms"]:
+        raise ConfigError(f"baseline: {cfg['baseline']!r} is not one of the arms ({', '.join(arms)})")
+    if cfg.get("candidate") is not None and cfg.get("candidates") is not None:
+        raise ConfigError("candidates: give either candidates (a list) or candidate (one arm), not both")
+    if cfg.get("candidates") is not None:
+        named = [(f"candidates[{i}]", name) for i, name in enumerate(cfg["candidates"])]
+    else:
+        named = [("candidate", cfg["candidate"])] if cfg.get("candidate") is not None else []
+    base = baseline_arm(cfg)
+    seen: set[str] = set()
+    for where, name in named:
+        if name not in cfg["arms"]:
+            raise ConfigError(f"{where}: {name!r} is not one of the arms ({', '.join(arms)})")
+        if name == base:
+            raise ConfigError(f"{where}: {name!r} is the baseline; a candidate must differ from it")
+        if name in seen:
+            raise ConfigError(f"{where}: {name!r} is listed twice")
+        seen.add(name)
 
 
 def resolve_model(model: str, root: Path) -> dict:
@@ -206,11 +234,7 @@ def check_config(config: dict, root: Path) -> None:
     arms = arm_names(cfg)
     if len(arms) < 2:
         raise ConfigError(f"arms: a paired benchmark needs at least two arms, got {len(arms)} ({', '.join(arms) or 'none'})")
-    for key in ("baseline", "candidate"):
-        if cfg.get(key) is not None and cfg[key] not in cfg["arms"]:
-            raise ConfigError(f"{key}: {cfg[key]!r} is not one of the arms ({', '.join(arms)})")
-    if baseline_arm(cfg) == candidate_arm(cfg):
-        raise ConfigError(f"candidate: the candidate arm must differ from the baseline ({baseline_arm(cfg)!r})")
+    check_arm_roles(cfg)
     for name, arm in cfg["arms"].items():
         from pairbench.engines.profiles import EngineError, load_profile
 
@@ -250,13 +274,16 @@ def check_config(config: dict, root: Path) -> None:
         raise ConfigError(str(exc)) from None
     rounds = cfg["rounds"]
     if isinstance(rounds, dict):
-        k = len(arms)
+        from pairbench.core.plan import block_length
+
+        block = block_length(len(arms), cfg["order"])
         if rounds["max"] < rounds["min"]:
             raise ConfigError(f"rounds.max: {rounds['max']} is less than rounds.min ({rounds['min']})")
         for key in ("min", "max"):
-            if rounds[key] % k:
-                raise ConfigError(f"rounds.{key}: {rounds[key]} is not a multiple of the {k} arms (a block of "
-                                  f"{k} rounds visits each arm first once, so every block is counterbalanced)")
+            if rounds[key] % block:
+                raise ConfigError(f"rounds.{key}: {rounds[key]} is not a multiple of {block}, the counterbalanced "
+                                  f"block of order {cfg['order']!r} with {len(arms)} arms (every block of rounds "
+                                  f"measured must be a whole counterbalanced block)")
     least = rounds["min"] if isinstance(rounds, dict) else rounds
     trim = cfg["stats"]["trim"]
     if trim is not None and 2 * trim >= least:

@@ -8,12 +8,17 @@ rounds the order is counterbalanced so drift (thermal, background load) cannot f
 
 - ``abba``: round r runs the arms rotated by r-1 — with two arms AB, BA, AB, BA … (ABBA);
 - ``random``: seeded and balanced — within each block of k rounds (k arms) every arm goes first
-  exactly once, the block's order drawn from ``random.Random(seed)``.
+  exactly once, the block's order drawn from ``random.Random(seed)``;
+- ``williams``: a Williams design (Williams 1949), balanced for first-order carryover: over one
+  block every arm takes every position once, and every ordered pair of arms is adjacent (one
+  directly after the other) equally often. For even k a block is k rounds; for odd k no k-round
+  square does it, so the block is the k rounds and their mirror images, 2k rounds. With two arms
+  it is AB, BA: abba.
 
 Adaptive rounds (``rounds: {min, max, target_halfwidth}``): the plan holds every visit up to
-``max``; the pipeline measures ``min`` rounds, then one block of k rounds at a time (a block is
-counterbalanced under either order, since ``min`` and ``max`` are multiples of k) until the
-statistics' stopping rule says stop (:mod:`pairbench.analysis.adaptive`) or ``max`` is reached.
+``max``; the pipeline measures ``min`` rounds, then one block (:func:`block_length` rounds) at a
+time — always a whole counterbalanced block, since ``min`` and ``max`` are multiples of it — until
+the statistics' stopping rule says stop (:mod:`pairbench.analysis.adaptive`) or ``max`` is reached.
 """
 
 from __future__ import annotations
@@ -22,12 +27,42 @@ import hashlib
 import json
 import random
 
-from pairbench.core.config import arm_names, baseline_arm, candidate_arm, normalized, resolve_model, serve_context
+from pairbench.core.config import arm_names, baseline_arm, candidate_arms, normalized, resolve_model, serve_context
+
+ORDERS = ("abba", "random", "williams")
+
+
+def williams_rows(k: int) -> list[list[int]]:
+    """The rows (arm indices) of one Williams block for k arms: k rows for even k, 2k for odd k.
+
+    The first row interleaves from both ends, 0, 1, k-1, 2, k-2, …, so its successive differences
+    mod k are all distinct; every other row adds r mod k, which keeps each arm once per position and
+    each ordered pair adjacent once. For odd k the mirrored rows make up the pairs the square misses.
+    """
+    first, lo, hi = [0], 1, k - 1
+    while len(first) < k:
+        first.append(lo)
+        lo += 1
+        if len(first) < k:
+            first.append(hi)
+            hi -= 1
+    rows = [[(a + r) % k for a in first] for r in range(k)]
+    return rows if k % 2 == 0 else rows + [row[::-1] for row in rows]
+
+
+def block_length(k: int, order: str) -> int:
+    """Rounds in one counterbalanced block of *order* with k arms."""
+    if order not in ORDERS:
+        raise ValueError(f"order: unknown visit order {order!r} ({', '.join(ORDERS)})")
+    return 2 * k if order == "williams" and k % 2 else k
 
 
 def round_orders(arms: list[str], rounds: int, order: str, seed: int) -> list[list[str]]:
     """The arm order within each round (index 0 = round 1)."""
     k = len(arms)
+    if order == "williams":
+        rows = williams_rows(k)
+        return [[arms[i] for i in rows[r % len(rows)]] for r in range(rounds)]
     if order == "abba":
         return [arms[(r % k):] + arms[:(r % k)] for r in range(rounds)]
     if order == "random":
@@ -40,7 +75,7 @@ def round_orders(arms: list[str], rounds: int, order: str, seed: int) -> list[li
             rng.shuffle(shifts)
             out += [base[s:] + base[:s] for s in shifts]
         return out[:rounds]
-    raise ValueError(f"order: unknown visit order {order!r} (abba or random)")
+    raise ValueError(f"order: unknown visit order {order!r} ({', '.join(ORDERS)})")
 
 
 def rounds_bounds(config: dict) -> tuple[int, int, float | None]:
@@ -56,7 +91,8 @@ def adaptive(config: dict) -> dict | None:
     lo, hi, target = rounds_bounds(config)
     if target is None:
         return None
-    return {"min": lo, "max": hi, "block": len(arm_names(config)), "target_halfwidth": target}
+    cfg = normalized(config)
+    return {"min": lo, "max": hi, "block": block_length(len(arm_names(cfg)), cfg["order"]), "target_halfwidth": target}
 
 
 def visit_id(round_: int, arm: str) -> str:
@@ -117,7 +153,7 @@ def make_plan(config: dict, root) -> dict:
                         "build": a["build"], "launch": a["launch"]} for name, a in cfg["arms"].items()},
         "allow_external": bool(cfg["allow_external"]),
         "baseline": baseline_arm(cfg),
-        "candidate": candidate_arm(cfg),
+        "candidates": candidate_arms(cfg),
         "lengths": list(cfg["lengths"]),
         "output_tokens": cfg["output_tokens"],
         "rounds": rounds_bounds(cfg)[1],

@@ -212,6 +212,7 @@ def build_bundle(
     clean_source: str | os.PathLike | None = None,
     patched_files: Mapping[str, str] | None = None,
     patch_roots: Iterable[str] = (),
+    patch_sets: Mapping[str, tuple[list[str], Mapping[str, str]]] | None = None,
 ) -> dict:
     """Build the bundle at *out_dir* from *files* (bundle path -> source path or bytes).
 
@@ -223,6 +224,9 @@ def build_bundle(
     - *clean_source*: when given, the stripped patches must apply to it in order, and the files named
       in *patched_files* (source-relative path -> sha256 from the measured source) must hash equal
       afterwards. *patched_files* is recorded in MANIFEST.json for ``verify`` either way.
+    - *patch_sets*: with several patched candidates, candidate -> (its patch names, in order, keys of
+      *patches*; its *patched_files*): each set is checked alone against *clean_source* and recorded
+      under ``MANIFEST.source.candidates`` (*patches* then holds every candidate's, once each).
     - A ``README.md`` line holding ``<!-- pairbench:leak-gate -->`` gets the gate's report line.
 
     Returns ``{"bundle", "files", "detectors", "findings", "report_line", "excluded",
@@ -268,15 +272,20 @@ def build_bundle(
         prepared[rel], entries[rel] = text.encode("utf-8"), {"schema": None}
         patch_order.append(rel)
 
+    rel_of = {name: patch_order[i] for i, name in enumerate(patches or {})}
+    sets = {cand: ([rel_of[n] for n in names], dict(sorted(files.items())))
+            for cand, (names, files) in (patch_sets or {}).items()}
     if clean_source is not None:
-        with tempfile.TemporaryDirectory(prefix="pairbench-apply-") as tmp:
-            try:
-                tree = apply_patches(clean_source, [(rel, prepared[rel]) for rel in patch_order], tmp)
-            except PatchError as exc:
-                raise PublishError(f"stripped patch no longer applies: {exc}") from None
-            problems = patched_file_problems(tree, patched_files or {})
-            if problems:
-                raise PublishError("patched source differs from the measured one:\n" + "\n".join(problems))
+        for cand, (rels, files) in (sets or {None: (patch_order, patched_files or {})}).items():
+            who = f"candidate {cand}: " if cand else ""
+            with tempfile.TemporaryDirectory(prefix="pairbench-apply-") as tmp:
+                try:
+                    tree = apply_patches(clean_source, [(rel, prepared[rel]) for rel in rels], tmp)
+                except PatchError as exc:
+                    raise PublishError(f"{who}stripped patch no longer applies: {exc}") from None
+                problems = patched_file_problems(tree, files)
+                if problems:
+                    raise PublishError(f"{who}patched source differs from the measured one:\n" + "\n".join(problems))
 
     # The report line: N detectors, M files (everything prepared + MANIFEST.json), 0 findings, since
     # any finding aborts the publication below.
@@ -301,7 +310,9 @@ def build_bundle(
             "pairbench_version": __version__,
             "files": [{"path": rel, "sha256": sha256_bytes(prepared[rel]), "size_bytes": len(prepared[rel]), **entries[rel]}
                       for rel in sorted(prepared)],
-            "source": {"patches": patch_order, "patched_files": dict(sorted((patched_files or {}).items()))},
+            "source": {"patches": patch_order, "patched_files": dict(sorted((patched_files or {}).items())),
+                       **({"candidates": {c: {"patches": r, "patched_files": f} for c, (r, f) in sets.items()}}
+                          if sets else {})},
         }
         write_artifact(tmp_bundle / MANIFEST, "manifest", manifest)
         # mkdtemp/mkstemp make 0700/0600; a bundle is meant to be shared: directories 0755, files 0644.

@@ -27,8 +27,9 @@ def _num(x, spec: str = ".3f") -> str:
 
 
 def verdict_rows(paired: pd.DataFrame) -> list[list[str]]:
-    """[length, metric, estimate, interval (level), verdict] per tested row of tables/paired.csv
-    (secondary metrics, shown but never tested, are left to the Summary category)."""
+    """[candidate, length, metric, estimate, interval (level), verdict] per tested row of
+    tables/paired.csv, every candidate in one table (secondary metrics, shown but never tested,
+    are left to the Summary category)."""
     rows = []
     for _, r in paired.iterrows():
         if "role" in paired.columns and r["role"] != "primary":
@@ -36,7 +37,8 @@ def verdict_rows(paired: pd.DataFrame) -> list[list[str]]:
         lo, hi = _num(r.get("ci_low")), _num(r.get("ci_high"))
         level = _num(100 * float(r["ci_level"]), ".1f") if r.get("ci_level") == r.get("ci_level") else "n/a"
         ci = "unbounded" if "n/a" in (lo, hi) else f"[{lo}, {hi}] ({level}%)"
-        rows.append([str(int(r["length"])), f"``{r['metric']}``", _num(r.get("hl_ratio")), ci, str(r["verdict"])])
+        rows.append([f"``{r['candidate']}``", str(int(r["length"])), f"``{r['metric']}``", _num(r.get("hl_ratio")), ci,
+                     str(r["verdict"])])
     return rows
 
 
@@ -86,8 +88,9 @@ def landing_rst(paired_csv: str | Path, measurements_csv: str | Path) -> str:
     verdicts = verdict_rows(paired)
     if verdicts:
         parts.append(_list_table(
-            "Verdicts: candidate / baseline, Hodges-Lehmann estimate and its interval (Holm-adjusted level)",
-            ["length", "metric", "ratio", "interval", "verdict"], verdicts, "pairbench-verdicts"))
+            "Verdicts: each candidate / baseline, Hodges-Lehmann estimate and its interval (level adjusted "
+            "across every candidate's comparisons)",
+            ["candidate", "length", "metric", "ratio", "interval", "verdict"], verdicts, "pairbench-verdicts"))
     else:
         parts.append("**No verdicts**: no input length and metric had paired samples "
                      "(see tables/summary.csv and the excluded rows in stats/summary.json).\n")

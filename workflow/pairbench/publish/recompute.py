@@ -3,7 +3,8 @@
 A bundle holds ``tables/measurements.csv`` (one row per steady request, ``selected`` saying which
 entered the statistics) and ``stats_params.json`` (the parameters the statistics used and the run
 facts the report states). From those two alone :func:`recompute_problems` runs
-:func:`pairbench.analysis.stats.summarize` again and checks, cell by cell, that
+:func:`pairbench.analysis.stats.summarize_all` again, every candidate in one multiplicity family as
+the statistics stage ran it, and checks, cell by cell, that
 
 - ``tables/paired.csv``, ``tables/summary.csv``, ``tables/ratios.csv`` and ``tables/memory.csv``
   hold the same numbers (relative tolerance 1e-9; CSV text round-trips floats exactly) and the same
@@ -31,8 +32,8 @@ from pairbench.publish.statistics import statistics_section
 
 PARAMS = "stats_params.json"
 TABLES = ("summary", "paired", "ratios", "memory")
-KEYS = {"summary": ["arm", "length", "metric"], "paired": ["length", "metric"],
-        "ratios": ["length", "metric", "round"], "memory": ["length", "metric"]}
+KEYS = {"summary": ["candidate", "arm", "length", "metric"], "paired": ["candidate", "length", "metric"],
+        "ratios": ["candidate", "length", "metric", "round"], "memory": ["candidate", "length", "metric"]}
 REL_TOL = 1e-9
 
 
@@ -83,10 +84,11 @@ def recompute(root: Path) -> tuple[dict, dict]:
     params = json.loads((root / PARAMS).read_text())
     validate("stats_params", params, where=PARAMS)
     df = pd.read_csv(root / "tables" / "measurements.csv")
-    summary = pb_stats.summarize(df, baseline=params["baseline"], candidate=params["candidate"],
-                                 metrics=params["metrics"], secondary=params["secondary"], memory=params["memory"],
-                                 multiplicity=params["multiplicity"], trim=params["trim"], alpha=params["alpha"],
-                                 noise=params["noise"], seed=params["seed"])
+    summary = pb_stats.summarize_all(df, baseline=params["baseline"], candidates=params["candidates"],
+                                     metrics=params["metrics"], secondary=params["secondary"],
+                                     memory=params["memory"], multiplicity=params["multiplicity"],
+                                     trim=params["trim"], alpha=params["alpha"], noise=params["noise"],
+                                     seed=params["seed"])
     summary["run"] = params["run"]
     return params, summary
 

@@ -44,7 +44,7 @@ def compared_section(plan: dict, sources: dict, builds: dict, measures: list[dic
     for arm in plan["arms"]:
         s, b = sources[arm], builds[arm]
         patches = ", ".join(f"`{p['path'].split('/')[-1]}`" for p in s["patches"]) or "none"
-        role = "baseline" if arm == plan["baseline"] else ("candidate" if arm == plan["candidate"] else "other")
+        role = "baseline" if arm == plan["baseline"] else ("candidate" if arm in plan["candidates"] else "other")
         src = s["source"]
         if isinstance(src, dict):  # a git tag: the repository's name only, never its path or URL
             where = f"`{src['git'].rstrip('/').split('/')[-1].removesuffix('.git')}` @ {s['version']}"
@@ -317,7 +317,7 @@ def render(*, plan: dict, sources: dict, builds: dict, fixtures: dict, warmups: 
            validations: dict, df: pd.DataFrame, agreement: pd.DataFrame, summary: dict,
            files: list[str], crosscheck: dict | None = None) -> str:
     """The whole README.md report."""
-    title = f"# pairbench: `{plan['candidate']}` against `{plan['baseline']}`"
+    title = f"# pairbench: {', '.join(f'`{c}`' for c in plan['candidates'])} against `{plan['baseline']}`"
     lines = [title, "", f"Leak gate: {LEAK_GATE_MARKER}", ""]
     lines += compared_section(plan, sources, builds, measures)
     lines += build_section(plan, builds)

@@ -41,8 +41,8 @@ def _interval(p: dict) -> str:
             f"half-width ±{_pct(p['half_width'])}")
 
 
-def verdict_sentence(summary: dict, length: str, metric: str, p: dict) -> str:
-    """One line per tested comparison, the verdict first."""
+def verdict_sentence(summary: dict, length: str, metric: str, p: dict, candidate: str = "the candidate") -> str:
+    """One line per tested comparison, the verdict first (*summary*: a pair body or the whole summary)."""
     noise = summary["params"]["noise"]
     label = METRICS[metric]["label"]
     what = f"{label} (`{metric}`) at {length} tokens"
@@ -52,7 +52,8 @@ def verdict_sentence(summary: dict, length: str, metric: str, p: dict) -> str:
     if v in ("faster", "slower"):
         change = p["hl_ratio"] - 1.0
         direction = "higher" if change > 0 else "lower"
-        return (f"- **{v}**: {what} is {abs(change) * 100:.1f}% {direction} for the candidate: {est}; "
+        who = candidate if candidate == "the candidate" else f"`{candidate}`"
+        return (f"- **{v}**: {what} is {abs(change) * 100:.1f}% {direction} for {who}: {est}; "
                 f"the interval lies wholly beyond 1 ± {noise:g}.")
     if v == "equivalent":
         return f"- **equivalent**: {what}: no change larger than {noise:.1%}: {est}."
@@ -69,11 +70,13 @@ def verdict_sentence(summary: dict, length: str, metric: str, p: dict) -> str:
 
 
 def memory_sentence(summary: dict, length: str, metric: str, m: dict) -> str:
+    """One line per memory comparison of a pair body (*summary*)."""
     label = METRICS[metric]["label"]
     what = f"{label} (`{metric}`) at {length} tokens"
     if m["ratio"] is None:
         return f"- {what}: {m['reason']}."
-    nums = f"candidate {_bytes(m['candidate'])} against baseline {_bytes(m['baseline'])}"
+    nums = (f"`{summary['candidate']}` {_bytes(m['candidate'])} against `{summary['baseline']}` "
+            f"{_bytes(m['baseline'])}")
     if m["exact"]:
         return (f"- **{m['verdict']}**: {what}: {nums}, exactly {m['ratio']:.4f}× "
                 f"({m['ratio'] - 1:+.1%}); the same in every selected record of each arm, so no test.")
@@ -94,18 +97,38 @@ def _ordered(summary: dict, section: str, roles: tuple[str, ...]) -> list[tuple[
     return [(n, m, table[n][m]) for n in _lengths(summary) if n in table for m in names if m in table[n]]
 
 
+def _pairs(summary: dict) -> list[tuple[str, dict]]:
+    """(candidate, pair body) in the summary's order."""
+    return [(c, summary["comparisons"][c]) for c in summary["candidates"]]
+
+
 def _family_line(summary: dict) -> str:
     prm = summary["params"]
     m, method = prm["family_size"], prm["multiplicity"]
-    tested = [p for _, _, p in _ordered(summary, "paired", ("primary",))]
+    tested = [p for _, pair in _pairs(summary) for _, _, p in _ordered(pair, "paired", ("primary",))]
     if method == "none" or m <= 1:
         return (f"Multiplicity: not corrected ({'one comparison' if m == 1 else 'stats.multiplicity: none'}); "
                 f"each of the {m} tested comparisons is at level {1 - prm['alpha']:.0%}.")
     levels = sorted({round(p["ci_level"], 6) for p in tested})
     name = "Holm's step-down procedure" if method == "holm" else "Bonferroni"
-    return (f"Multiplicity: {name} across the {m} primary comparisons (primary metrics × lengths), "
+    k = len(summary["candidates"])
+    span = (f"{k} candidates × primary metrics × lengths, one family" if k > 1 else "primary metrics × lengths")
+    return (f"Multiplicity: {name} across the {m} primary comparisons ({span}), "
             f"family-wise error ≤ {prm['alpha']:g}; each interval is stated at the level it was judged at "
             f"({', '.join(f'{lv:.2%}' for lv in levels)}).")
+
+
+def verdict_table(summary: dict) -> list[str]:
+    """One markdown table of every candidate's tested comparisons, the verdict first."""
+    out = ["| candidate | length | metric | verdict | ratio | interval (level) | pairs |",
+           "|---|---:|---|---|---:|---|---:|"]
+    for cand, pair in _pairs(summary):
+        for length, metric, p in _ordered(pair, "paired", ("primary",)):
+            ci = ("unbounded" if p["ci_low"] is None else
+                  f"{_fmt(p['ci_low'], '.4f')}–{_fmt(p['ci_high'], '.4f')} ({p['ci_level']:.2%})")
+            out.append(f"| `{cand}` | {length} | `{metric}` | **{p['verdict']}** | {_fmt(p['hl_ratio'], '.4f')} | "
+                       f"{ci} | {p['n_pairs']} |")
+    return out
 
 
 def run_lines(summary: dict) -> list[str]:
@@ -155,14 +178,17 @@ def run_lines(summary: dict) -> list[str]:
 
 def statistics_section(summary: dict) -> str:
     """The statistics section of the report, in plain language, followed by the disclosures."""
-    base, cand = summary["baseline"], summary["candidate"]
+    base, cands = summary["baseline"], summary["candidates"]
+    pairs = _pairs(summary)
+    first = pairs[0][1]
     prm = summary["params"]
-    counts = summary["counts"]
+    many = len(cands) > 1
     out = ["## Statistics", ""]
-    rep = counts.get("max_repeats", 1)
+    rep = max(pair["counts"].get("max_repeats", 1) for _, pair in pairs)
     unit = ("a visit's median over its repeats (at most " f"{rep} per length)") if rep > 1 else "a visit's one request"
+    who = (f"Candidates {', '.join(f'`{c}`' for c in cands)}, each" if many else f"Candidate `{cands[0]}`")
     out.append(
-        f"Candidate `{cand}` against baseline `{base}`, paired by round; the paired unit is {unit}. "
+        f"{who} against baseline `{base}`, paired by round; the paired unit is {unit}. "
         f"Ratios are candidate/baseline; for throughput (tok/s) higher is faster, for times (ms) lower is "
         f"faster. The estimate is the Hodges–Lehmann estimate of the log ratios, back-transformed; its "
         f"interval inverts the exact Wilcoxon signed-rank test, so the two cannot disagree. Verdicts, with "
@@ -178,67 +204,93 @@ def statistics_section(summary: dict) -> str:
         out += ["### The run", "", *runl, ""]
     out.append("### Verdicts")
     out.append("")
-    primary = _ordered(summary, "paired", ("primary",))
-    for length, metric, p in primary:
-        out.append(verdict_sentence(summary, length, metric, p))
-    if not primary:
-        out.append("No comparison had paired samples.")
-    out.append("")
-    secondary = _ordered(summary, "paired", ("secondary",))
-    if secondary:
-        out.append("Shown, not tested (each also answered by a primary metric above, or a sum of them):")
-        out.append("")
-        for length, metric, p in secondary:
-            out.append(f"- {METRICS[metric]['label']} (`{metric}`) at {length} tokens: ratio "
-                       f"{_fmt(p['hl_ratio'], '.4f')} ({_interval(p)}).")
-        out.append("")
-    mem = _ordered(summary, "memory", ("memory",))
+    if any(_ordered(pair, "paired", ("primary",)) for _, pair in pairs):
+        out += [*verdict_table(summary), ""]
+    else:
+        out += ["No comparison had paired samples.", ""]
+    for cand, pair in pairs:
+        primary = _ordered(pair, "paired", ("primary",))
+        if many and primary:
+            out += [f"#### `{cand}`", ""]
+        for length, metric, p in primary:
+            out.append(verdict_sentence(summary, length, metric, p, cand))
+        if primary:
+            out.append("")
+    for cand, pair in pairs:
+        secondary = _ordered(pair, "paired", ("secondary",))
+        if secondary:
+            whose = f" (`{cand}`)" if many else ""
+            out.append(f"Shown, not tested{whose} (each also answered by a primary metric above, or a sum of them):")
+            out.append("")
+            for length, metric, p in secondary:
+                out.append(f"- {METRICS[metric]['label']} (`{metric}`) at {length} tokens: ratio "
+                           f"{_fmt(p['hl_ratio'], '.4f')} ({_interval(p)}).")
+            out.append("")
+    mem = [(pair, e) for _, pair in pairs for e in _ordered(pair, "memory", ("memory",))]
     if mem:
         out.append("### Memory")
         out.append("")
-        for length, metric, e in mem:
-            out.append(memory_sentence(summary, length, metric, e))
+        for pair, (length, metric, e) in mem:
+            out.append(memory_sentence(pair, length, metric, e))
         out.append("")
     out.append("### Per arm")
     out.append("")
     out.append("| arm | length | metric | n | median | min | max | trimmed mean (drop/end) |")
     out.append("|---|---:|---|---:|---:|---:|---:|---:|")
     order = [*prm["primary"], *prm["secondary"], *prm["memory"]]
-    for arm in (base, cand):
-        for length in _lengths(summary):
-            by_metric = summary["arms"][arm].get(length, {})
+    for arm, pair in ((base, first), *((c, p) for c, p in pairs)):
+        for length in _lengths(pair):
+            by_metric = pair["arms"][arm].get(length, {})
             for metric in (m for m in order if m in by_metric):
                 d = by_metric[metric]
                 out.append(f"| {arm} | {length} | {metric} | {d['n']} | {_fmt(d['median'])} | "
                            f"{_fmt(d['min'])} | {_fmt(d['max'])} | {_fmt(d['trimmed_mean'])} "
                            f"({d['trim_per_end']}) |")
     out.append("")
-    out.append("### Disclosures")
-    out.append("")
-    disc = summary["disclosures"]
-    if disc["slow_samples"]:
-        out.append(f"Outlying samples (|robust z| > {prm['slow_z']:g}, z from the median absolute "
+    out += disclosure_lines(summary)
+    return "\n".join(out) + "\n"
+
+
+def disclosure_lines(summary: dict) -> list[str]:
+    """The disclosures: what every pair shares (rows, exclusions, retries: the one table) once; slow
+    samples once per arm; what is a pair's own (disagreements, unpaired cells, dropped pairs) per
+    candidate."""
+    pairs = _pairs(summary)
+    first = pairs[0][1]
+    prm = summary["params"]
+    slow_z = first["params"]["slow_z"]
+    many = len(pairs) > 1
+    out = ["### Disclosures", ""]
+    slow = list({tuple(sorted(s.items())): s for _, pair in pairs for s in pair["disclosures"]["slow_samples"]}.values())
+    if slow:
+        out.append(f"Outlying samples (|robust z| > {slow_z:g}, z from the median absolute "
                    f"deviation), flagged and **retained** in every statistic above:")
-        for s in disc["slow_samples"]:
+        for s in slow:
             out.append(f"- {s['side']} sample: `{s['arm']}` {s['metric']} at {s['length']} tokens, "
                        f"round {s['round']}: {_fmt(s['value'])} (z={s['robust_z']:+.1f})")
     else:
-        out.append(f"No outlying samples (|robust z| > {prm['slow_z']:g}).")
+        out.append(f"No outlying samples (|robust z| > {slow_z:g}).")
     out.append("")
-    if disc["median_trimmed_disagreements"]:
+    disagreements = [(c, d) for c, pair in pairs for d in pair["disclosures"]["median_trimmed_disagreements"]]
+    if disagreements:
         out.append("The full-N median and the trimmed mean tell different stories here (sign, or "
                    f"more than {prm['noise'] * 100:g} percentage points apart); read the per-round ratios:")
-        for d in disc["median_trimmed_disagreements"]:
-            out.append(f"- {d['metric']} at {d['length']} tokens: median change "
+        for c, d in disagreements:
+            whose = f"`{c}`: " if many else ""
+            out.append(f"- {whose}{d['metric']} at {d['length']} tokens: median change "
                        f"{_change_pct(d['median_change'])} against trimmed-mean change "
                        f"{_change_pct(d['trimmed_mean_change'])}"
                        + (" (opposite signs)" if d["sign_differs"] else ""))
     else:
         out.append("The full-N medians and trimmed means agree everywhere.")
     out.append("")
+    counts = first["counts"]
+    unpaired = sum(pair["counts"]["unpaired"] for _, pair in pairs)
+    dropped = sum(pair["counts"].get("dropped_pairs", 0) for _, pair in pairs)
     out.append(f"Records: {counts['rows']} steady rows, {counts['selected']} selected, "
                f"{counts['excluded']} excluded, {counts['retries']} retries, "
-               f"{counts['unpaired']} unpaired, {counts.get('dropped_pairs', 0)} pairs dropped.")
+               f"{unpaired} unpaired, {dropped} pairs dropped.")
+    disc = first["disclosures"]
     for e in disc["excluded"]:
         att = f", attempt {e['attempt']}" if e["attempt"] is not None else ""
         out.append(f"- excluded: `{e['arm']}` round {e['round']}, {e['length']} tokens{att}: "
@@ -251,13 +303,16 @@ def statistics_section(summary: dict) -> str:
         if r["attempt"] > 1:
             what.append(f"attempt {r['attempt']} after an engine fault")
         out.append(f"- retry: `{r['arm']}` round {r['round']}, {r['length']} tokens, {' and '.join(what)} ({state})")
-    for u in disc["unpaired"]:
-        out.append(f"- unpaired (partial visit): `{u['arm']}` round {u['round']}, {u['length']} "
-                   f"tokens has no partner in the other arm; it counts in the per-arm figures only")
-    for d in disc.get("dropped_pairs", []):
-        out.append(f"- pair dropped: round {d['round']}, {d['length']} tokens: the `{d['arm']}` cell was "
-                   "re-measured by a validation retry after every visit, not next to its partner; it counts "
-                   "in the per-arm figures only")
+    for c, pair in pairs:
+        partner = f"`{c}` against `{summary['baseline']}`" if many else "the other arm"
+        for u in pair["disclosures"]["unpaired"]:
+            out.append(f"- unpaired (partial visit): `{u['arm']}` round {u['round']}, {u['length']} "
+                       f"tokens has no partner in {partner}; it counts in the per-arm figures only")
+        for d in pair["disclosures"].get("dropped_pairs", []):
+            whose = f" of `{c}`" if many else ""
+            out.append(f"- pair dropped{whose}: round {d['round']}, {d['length']} tokens: the `{d['arm']}` cell was "
+                       "re-measured by a validation retry after every visit, not next to its partner; it counts "
+                       "in the per-arm figures only")
     if disc["other_arms"]:
         out.append(f"- rows of other arms ignored: {', '.join(disc['other_arms'])}")
-    return "\n".join(out) + "\n"
+    return out

@@ -248,6 +248,11 @@ def _content_problems(rel: str, path: Path, entry: Mapping[str, Any]) -> list[st
 
 
 def _source_problems(root: Path, source: Mapping[str, Any], clean_source: str | os.PathLike) -> list[str]:
+    """The bundled patches re-applied to *clean_source*: every candidate's set alone when the
+    manifest has several (``source.candidates``), else the one set."""
+    if "candidates" in source:
+        return [f"candidate {cand}: {p}" for cand, sub in source["candidates"].items()
+                for p in _source_problems(root, sub, clean_source)]
     patches = [(rel, (root / rel).read_bytes()) for rel in source["patches"] if (root / rel).is_file()]
     missing = [rel for rel in source["patches"] if not (root / rel).is_file()]
     if missing:

@@ -26,7 +26,7 @@ def read_validations(paths: list[str]) -> dict[tuple[str, int], dict]:
 
 
 def stats_params(stats: dict, gates: dict | None = None) -> dict:
-    """The keyword arguments of :func:`pairbench.analysis.stats.summarize` from the config's
+    """The keyword arguments of :func:`pairbench.analysis.stats.summarize_all` from the config's
     ``stats`` section (the bundle records them, and ``verify`` recomputes with them)."""
     return {k: stats[k] for k in ("metrics", "secondary", "memory", "multiplicity", "trim", "alpha", "noise")}
 
@@ -47,8 +47,8 @@ def stats_stage(*, summary: str, measurements: str, summary_csv: str, paired_csv
                                       allow_unproven_cold_cache=gates["allow_unproven_cold_cache"])
     atomic_write_text(measurements, df.to_csv(index=False))
     df = pd.read_csv(measurements)
-    body = pb_stats.summarize(df, baseline=plan_body["baseline"], candidate=plan_body["candidate"],
-                              seed=plan_body["seed"], **stats_params(stats))
+    body = pb_stats.summarize_all(df, baseline=plan_body["baseline"], candidates=plan_body["candidates"],
+                                  seed=plan_body["seed"], **stats_params(stats))
     decisions = [read_artifact(p, "adapt") for p in (adapt or [])]
     body["run"] = pb_runfacts.run_facts(plan_body, measure_bodies, df, gates, adaptive=stop_facts(plan_body, decisions))
     body["inputs"] = {"plan": sha256_file(plan), **{f"adapt.r{d['rounds']:02d}": sha256_file(p)
@@ -89,7 +89,7 @@ def adapt_stage(*, adapt: str, plan: str, measures: list[str], validations: list
     df = pb_tables.measurements_frame(measure_bodies, read_validations(validations),
                                       allow_unproven_cold_cache=gates["allow_unproven_cold_cache"])
     rounds_done = max(m["visit"]["round"] for m in measure_bodies)
-    body = pb_adaptive.decide(df, baseline=plan_body["baseline"], candidate=plan_body["candidate"],
+    body = pb_adaptive.decide(df, baseline=plan_body["baseline"], candidates=plan_body["candidates"],
                               metrics=stats["metrics"], alpha=stats["alpha"], multiplicity=stats["multiplicity"],
                               rounds_done=rounds_done, adaptive=plan_body["adaptive"])
     body["inputs"] = {"plan": sha256_file(plan), **{f"measure.{m['visit']['id']}": sha256_file(p)
@@ -106,10 +106,12 @@ def plots_stage(*, ratios: str, drift: str, summary: str, measurements: str) -> 
 
 
 def crosscheck_compare_stage(*, comparison: str, summary: str, plan: str, crosschecks: list[str]) -> None:
-    """The engine's own benchmark against pairbench's verdicts (pairbench.analysis.crosscheck)."""
+    """The engine's own benchmark against pairbench's verdicts (pairbench.analysis.crosscheck), for
+    the one candidate the rule cross-checks (common.smk: crosscheck_arms): the arm beside the baseline."""
     plan_body = read_artifact(plan, "plan")
     by_arm = {b["arm"]: (b, p) for b, p in ((read_artifact(p, "crosscheck"), p) for p in crosschecks)}
-    base, cand = plan_body["baseline"], plan_body["candidate"]
+    base = plan_body["baseline"]
+    cand = next(a for a in by_arm if a != base)
     body = pb_crosscheck.compare(read_artifact(summary, "summary"), by_arm[base][0], by_arm[cand][0],
                                  output_tokens=plan_body["output_tokens"])
     body["inputs"] = {"summary": sha256_file(summary),

@@ -40,10 +40,20 @@ def stats_params(summary: dict) -> dict:
     """The ``stats_params.json`` body: what ``verify`` needs to recompute every verdict from
     ``tables/measurements.csv`` (the summarize keywords, and the run facts the report states)."""
     prm = summary["params"]
-    return {"baseline": summary["baseline"], "candidate": summary["candidate"], "metrics": prm["primary"],
+    return {"baseline": summary["baseline"], "candidates": summary["candidates"], "metrics": prm["primary"],
             "secondary": prm["secondary"], "memory": prm["memory"], "multiplicity": prm["multiplicity"],
             "trim": prm["trim"], "alpha": prm["alpha"], "noise": prm["noise"], "seed": prm["seed"],
             "run": summary["run"]}
+
+
+def _patched_files(res_dir: str, cand: str, base_src: dict, cand_src: dict) -> dict:
+    """Source-relative path -> sha256 of each file the candidate's patches changed, as measured."""
+    tree = Path(res_dir) / "src" / cand
+    # the embedded engine's tree is src/<arm>/engine/ (patches name engine/...); a git tag's is
+    # src/<arm>/ itself (patches name the repository's own paths)
+    prefix = "engine/" if isinstance(base_src["source"], str) else ""
+    return {f"{prefix}{rel}": sha256_file(tree / prefix / rel)
+            for rel in cand_src["patched"]["changed"] if (tree / prefix / rel).is_file()}
 
 
 def _by(paths: list[str], kind: str, key: str) -> dict:
@@ -97,18 +107,19 @@ def publish_stage(*, bundle: str, private_dir: str, res_dir: str, root: str, pla
     # stats/summary.json itself is not bundled: its free-text fields (reasons, method names) fail
     # publish's field check. Its numbers are in tables/*.csv, its words in README.md, and what
     # recomputes both (the parameters and run facts) in stats_params.json: `pairbench verify` does.
-    cand = plan_body["candidate"]
-    patches = {Path(p["path"]).name: str(Path(root) / p["path"]) for p in source_bodies[cand]["patches"]}
     base_src = source_bodies[plan_body["baseline"]]
-    clean_source, patched = None, None
-    if patches and not base_src["patches"] and base_src["source"] == source_bodies[cand]["source"]:
+    patches, sets = {}, {}
+    for cand in plan_body["candidates"]:
+        own = {Path(p["path"]).name: str(Path(root) / p["path"]) for p in source_bodies[cand]["patches"]}
+        patches.update(own)
+        sets[cand] = (list(own), _patched_files(res_dir, cand, base_src, source_bodies[cand]))
+    patched = {cand: files for cand, (names, files) in sets.items() if names}
+    clean_source = None
+    if patched and not base_src["patches"] and all(source_bodies[c]["source"] == base_src["source"] for c in patched):
         clean_source = Path(res_dir) / "src" / plan_body["baseline"]
-        tree = Path(res_dir) / "src" / cand
-        # the embedded engine's tree is src/<arm>/engine/ (patches name engine/...); a git tag's is
-        # src/<arm>/ itself (patches name the repository's own paths)
-        prefix = "engine/" if isinstance(base_src["source"], str) else ""
-        patched = {f"{prefix}{rel}": sha256_file(tree / prefix / rel)
-                   for rel in source_bodies[cand]["patched"]["changed"] if (tree / prefix / rel).is_file()}
+    # one patched candidate: the manifest's one set, as for two arms; several: one set per candidate
+    one = next(iter(patched.values())) if len(patched) == 1 else None
+    patch_sets = {c: sets[c] for c in patched} if len(patched) > 1 else None
     bdir = (build_bodies[plan_body["baseline"]].get("toolchain") or {}).get("build_dir")
     listing = [*files, *(f"patches/{n}" for n in patches), "README.md"]
     files["README.md"] = report.render(
@@ -121,8 +132,8 @@ def publish_stage(*, bundle: str, private_dir: str, res_dir: str, root: str, pla
         if clean_source is not None and bdir:  # re-applying the patches needs the source, not the objects
             clean_source = _without_build_dir(clean_source, bdir, Path(tmp) / "src")
         result = pb_bundle.build_bundle(bundle, files, identifiers=identifiers, private_dir=Path(private_dir) / "publish",
-                                        patches=patches, clean_source=clean_source, patched_files=patched,
-                                        patch_roots=[str(Path(root).resolve())])
+                                        patches=patches, clean_source=clean_source, patched_files=one,
+                                        patch_roots=[str(Path(root).resolve())], patch_sets=patch_sets)
     log.info("published %s: %s (excluded by the allowlist: %s)", bundle, result["report_line"],
              ", ".join(result["excluded"]) or "nothing")
 
