@@ -18,13 +18,14 @@ from pairbench.validate import retries as pb_retries
 from pairbench.core.artifacts import read_artifact
 
 
-def own_config(config, config_settings):
+def own_config(config, config_settings, module):
     """With --configfile, that file (plus any --config) IS the config: config/config.yaml is dropped.
 
     Snakemake would otherwise deep-merge the two, so a test or A/A config naming other arms would
-    silently inherit the default arms and their patches.
+    silently inherit the default arms and their patches. A study's comparison (a module, its own
+    config: workflow/rules/study.smk) is left as the study made it.
     """
-    if config_settings.configfiles:
+    if config_settings.configfiles and module is None:
         config.clear()
         config.update(config_settings.overwrite_config)
     return config
@@ -38,7 +39,7 @@ def validate_config(config, schema):
     return pb_config.normalized(config)
 
 
-CFG = validate_config(own_config(config, workflow.config_settings), "../schemas/config.schema.yaml")
+CFG = validate_config(own_config(config, workflow.config_settings, workflow.modifier.namespace), "../schemas/config.schema.yaml")
 ROOT = Path(workflow.basedir)
 RES = f"results/{CFG['label']}"
 LOGS = f"logs/{CFG['label']}"
@@ -62,6 +63,19 @@ def crosscheck_arms(cfg):
 
 
 CROSSCHECK = crosscheck_arms(CFG)
+# The measuring jobs of this comparison (warmups, visits, validations, validation retries, adaptive
+# decisions) are one Snakemake job group: a cluster executor runs the group as one job on one node,
+# one visit at a time (the visits are chained). docs/cluster.md says what a checkpoint may split.
+MEASURE_GROUP = f"measure_{CFG['label']}"
+
+
+def measure_resources(arms):
+    """Resources of a measuring job that launches *arms* (config `resources`, docs/cluster.md)."""
+    return pb_config.job_resources(CFG, "measure", arms)
+
+
+def other_resources():
+    return pb_config.job_resources(CFG, "other", [])
 
 
 wildcard_constraints:

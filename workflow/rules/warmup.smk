@@ -15,6 +15,9 @@ rule warmup:
         arm_config=lambda wc: CFG["arms"][wc.arm],
         server=CFG["server"],
         root=str(ROOT),
+    group: MEASURE_GROUP
+    resources:
+        **measure_resources(ARMS),
     log:
         job=f"{LOGS}/warmup/{{arm}}.log",
         server=f"{RES}/private/logs/warmup/{{arm}}.log",
