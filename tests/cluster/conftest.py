@@ -3,7 +3,9 @@
 Debian's ``slurm-wlm`` (22.05) and ``munge`` (``./install.sh --slurm``), run as root: a private
 munged (its own socket), slurmctld and slurmd with a slurm.conf written here (one node, this host,
 one partition; no slurmdbd, so Snakemake's executor asks ``squeue`` and MinJobAge keeps finished
-jobs listed). The cluster is stopped and its processes are gone after the tests.
+jobs listed). The config goes to /etc/slurm/ (the executor's job steps drop SLURM_CONF, so ``srun``
+inside a job reads the default path); a config already there is moved aside and put back. The
+cluster is stopped and its processes are gone after the tests.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from pathlib import Path
 import pytest
 
 DAEMONS = ("munged", "slurmctld", "slurmd")
+ETC = Path("/etc/slurm")
+MARK = "# written by pairbench's tests/cluster/conftest.py\n"
 
 
 def _skip_or_fail(reason: str):
@@ -55,7 +59,7 @@ class Cluster:
 
 
 def slurm_conf(root: Path, node: str, cpus: int, mem_mb: int) -> str:
-    return textwrap.dedent(f"""\
+    return MARK + textwrap.dedent(f"""\
         ClusterName=pairbench-test
         SlurmctldHost={node}
         SlurmUser=root
@@ -110,9 +114,9 @@ def slurm_cluster(tmp_path_factory):
         (root / sub).mkdir()
     node = socket.gethostname()
     mem_mb = int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**20 * 0.9)
-    (root / "slurm.conf").write_text(slurm_conf(root, node, os.cpu_count() or 1, mem_mb))
-    (root / "cgroup.conf").write_text("CgroupPlugin=cgroup/v1\n")
-    env = {**os.environ, "SLURM_CONF": str(root / "slurm.conf")}
+    conf = {"slurm.conf": slurm_conf(root, node, os.cpu_count() or 1, mem_mb), "cgroup.conf": MARK + "CgroupPlugin=cgroup/v1\n"}
+    _install(conf, root / "saved")
+    env = {**os.environ, "SLURM_CONF": str(ETC / "slurm.conf")}
     cluster = Cluster(root, node, env)
     os.chmod(root / "munge", 0o700)
     subprocess.run(["/usr/sbin/munged", "--force", f"--socket={root}/munge/munge.socket",
@@ -120,8 +124,8 @@ def slurm_cluster(tmp_path_factory):
                     f"--seed-file={root}/munge/munged.seed", "--key-file=/etc/munge/munge.key"],
                    check=True, env=env)
     try:
-        subprocess.run(["/usr/sbin/slurmctld", "-f", str(root / "slurm.conf")], check=True, env=env)
-        subprocess.run(["/usr/sbin/slurmd", "-f", str(root / "slurm.conf")], check=True, env=env)
+        subprocess.run(["/usr/sbin/slurmctld"], check=True, env=env)
+        subprocess.run(["/usr/sbin/slurmd"], check=True, env=env)
         _wait(lambda: cluster.run("sinfo", "--noheader", "--format=%t", check=False).stdout.strip() == "idle",
               60, f"node {node} to be idle (logs in {root})")
         yield cluster
@@ -130,6 +134,25 @@ def slurm_cluster(tmp_path_factory):
         cluster.run("scontrol", "shutdown", check=False)
         for pidfile in ("slurmd.pid", "slurmctld.pid", "munge/munged.pid"):
             _stop(root / pidfile)
+        _restore(conf, root / "saved")
+
+
+def _install(conf: dict[str, str], saved: Path) -> None:
+    """Write *conf* into /etc/slurm/, moving a site's own files (not an earlier run's) to *saved* first."""
+    ETC.mkdir(exist_ok=True)
+    saved.mkdir()
+    for name, text in conf.items():
+        path = ETC / name
+        if path.is_file() and not path.read_text().startswith(MARK):
+            shutil.move(path, saved / name)
+        path.write_text(text)
+
+
+def _restore(conf: dict[str, str], saved: Path) -> None:
+    for name in conf:
+        (ETC / name).unlink(missing_ok=True)
+        if (saved / name).is_file():
+            shutil.move(saved / name, ETC / name)
 
 
 def _stop(pidfile: Path) -> None:

@@ -74,6 +74,15 @@ def measure_resources(arms):
     return pb_config.job_resources(CFG, "measure", arms)
 
 
+def group_member_resources():
+    """Resources of a job in the measuring group that launches no server (a validation, an adaptive
+    decision): where and how long, but no CPUs, memory or GPUs of its own. Snakemake sums what the
+    jobs of one layer of a group ask for, and every visit's validation is in one layer; the group's
+    allocation is sized by its visits (one per layer), which these then share."""
+    job = measure_resources([])
+    return {k: v for k, v in job.items() if k not in ("cpus_per_task", "mem_mb", "gpu")}
+
+
 def other_resources():
     return pb_config.job_resources(CFG, "other", [])
 

@@ -45,7 +45,7 @@ checkpoint adapt:
         gates=CFG["gates"],
     group: MEASURE_GROUP
     resources:
-        **measure_resources(ARMS),
+        **group_member_resources(),
     log:
         f"{LOGS}/adapt/r{{rounds}}.log",
     conda:

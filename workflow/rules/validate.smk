@@ -21,7 +21,7 @@ checkpoint validate:
         **validation_params(),
     group: MEASURE_GROUP
     resources:
-        **measure_resources(ARMS),
+        **group_member_resources(),
     log:
         f"{LOGS}/validate/{{visit}}.log",
     conda:
@@ -44,7 +44,7 @@ checkpoint validate_retry:
         **validation_params(),
     group: MEASURE_GROUP
     resources:
-        **measure_resources(ARMS),
+        **group_member_resources(),
     log:
         f"{LOGS}/validate/{{visit}}.retry{{n}}.log",
     conda:
