@@ -15,6 +15,8 @@ if "study" in config:
         default_target: True
         input:
             f"results/{STUDY['name']}/index.md",
+            # every comparison's every artifact (its own `all`), so deleting one redoes it
+            *(item for m in MODULES.values() for item in getattr(rules, f"{m}_all").input),
 
 else:
 

@@ -46,7 +46,7 @@ class Cluster:
     env: dict
 
     def run(self, *cmd: str, check: bool = True) -> subprocess.CompletedProcess:
-        proc = subprocess.run(cmd, env=self.env, capture_output=True, text=True, timeout=60)
+        proc = subprocess.run(cmd, env=self.env, capture_output=True, text=True, timeout=60, check=False)
         if check and proc.returncode:
             raise AssertionError(f"{' '.join(cmd)} failed ({proc.returncode}): {proc.stderr}")
         return proc

@@ -15,9 +15,9 @@ import re
 
 import pytest
 import yaml
-
 from pairbench.core.artifacts import read_artifact
 from pairbench.publish.verify import verify_bundle
+
 from tests.workflow.test_pipeline import copy_repo, snakemake
 
 pytestmark = pytest.mark.slow
@@ -28,7 +28,7 @@ TWO = {"study": {**ONE["study"], "comparisons": {"tiny-a": None, "tiny-b": {"ove
 
 def job_counts(out: str) -> dict[str, int]:
     """A dry run's 'Job stats' table as {rule: count}."""
-    m = re.search(r"Job stats:\njob\s+count\n[-\s]+\n(.*?)\n\n", out, re.S)
+    m = re.search(r"Job stats:\njob\s+count\n[-\s]+\n(.*?)\n\n", out, re.DOTALL)
     assert m, out[-3000:]
     return {name: int(n) for name, n in (line.split() for line in m.group(1).splitlines()) if name != "total"}
 

@@ -63,10 +63,14 @@ def crosscheck_arms(cfg):
 
 
 CROSSCHECK = crosscheck_arms(CFG)
-# The measuring jobs of this comparison (warmups, visits, validations, validation retries, adaptive
-# decisions) are one Snakemake job group: a cluster executor runs the group as one job on one node,
-# one visit at a time (the visits are chained). docs/cluster.md says what a checkpoint may split.
-MEASURE_GROUP = f"measure_{CFG['label']}"
+# The measuring jobs of this comparison (visits, validations, validation retries, adaptive decisions,
+# the cross-check) are one Snakemake job group when a cluster executor runs them: the group is one
+# job on one node, one visit at a time (the visits are chained). Snakemake rejects a group that a
+# path through jobs outside it leads back into, and the ordering chain of visits is such a path as
+# soon as a finished visit lies between two that rerun (a visit deleted and redone); so a local run,
+# which needs no group, has none. docs/cluster.md says what a checkpoint may split, and how to redo
+# one visit of a finished chain on a cluster. No warmups: every visit takes them as inputs.
+MEASURE_GROUP = None if workflow.local_exec else f"measure_{CFG['label']}"
 
 
 def measure_resources(arms):

@@ -32,8 +32,7 @@ for comparison_name, comparison_config in COMPARISONS.items():
         snakefile: "../../Snakefile"
         config: comparison_config
 
-    # its own `all` is left out: the study's is the default target
-    use rule * from study_module exclude all as study_prefix*
+    use rule * from study_module as study_prefix*
 
 
 rule study_index:

@@ -15,7 +15,8 @@ rule warmup:
         arm_config=lambda wc: CFG["arms"][wc.arm],
         server=CFG["server"],
         root=str(ROOT),
-    group: MEASURE_GROUP
+    # Not in the measuring group (common.smk: MEASURE_GROUP): every visit takes every warmup as an
+    # input, so a finished visit outside the group would lead back into it.
     resources:
         **measure_resources(ARMS),
     log:
