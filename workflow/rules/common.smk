@@ -63,6 +63,13 @@ def crosscheck_arms(cfg):
 
 
 CROSSCHECK = crosscheck_arms(CFG)
+def on_cluster(workflow):
+    """Whether a cluster executor runs this workflow. Read while the Snakefile is parsed, before
+    Snakemake has chosen its executor: only a non-local executor keeps --jobs as cluster nodes (a
+    local run turns it into --cores), and a job on a node runs in remote mode."""
+    return workflow.resource_settings.nodes is not None or workflow.remote_exec
+
+
 # The measuring jobs of this comparison (visits, validations, validation retries, adaptive decisions,
 # the cross-check) are one Snakemake job group when a cluster executor runs them: the group is one
 # job on one node, one visit at a time (the visits are chained). Snakemake rejects a group that a
@@ -70,7 +77,7 @@ CROSSCHECK = crosscheck_arms(CFG)
 # soon as a finished visit lies between two that rerun (a visit deleted and redone); so a local run,
 # which needs no group, has none. docs/cluster.md says what a checkpoint may split, and how to redo
 # one visit of a finished chain on a cluster. No warmups: every visit takes them as inputs.
-MEASURE_GROUP = None if workflow.local_exec else f"measure_{CFG['label']}"
+MEASURE_GROUP = f"measure_{CFG['label']}" if on_cluster(workflow) else None
 
 
 def measure_resources(arms):
