@@ -10,6 +10,7 @@ cluster is stopped and its processes are gone after the tests.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -19,9 +20,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
 import pytest
 
 DAEMONS = ("munged", "slurmctld", "slurmd")
+# what the cluster runs: its daemons and the per-job slurmstepd, stopped at teardown if still alive
+PROCESSES = {*DAEMONS, "slurmstepd"}
 ETC = Path("/etc/slurm")
 MARK = "# written by pairbench's tests/cluster/conftest.py\n"
 
@@ -118,6 +122,7 @@ def slurm_cluster(tmp_path_factory):
     _install(conf, root / "saved")
     env = {**os.environ, "SLURM_CONF": str(ETC / "slurm.conf")}
     cluster = Cluster(root, node, env)
+    before = {p.pid for p in _cluster_processes()}
     os.chmod(root / "munge", 0o700)
     subprocess.run(["/usr/sbin/munged", "--force", f"--socket={root}/munge/munge.socket",
                     f"--pid-file={root}/munge/munged.pid", f"--log-file={root}/munge/munged.log",
@@ -132,9 +137,24 @@ def slurm_cluster(tmp_path_factory):
     finally:
         cluster.run("scancel", "--full", f"--nodelist={node}", check=False)
         cluster.run("scontrol", "shutdown", check=False)
-        for pidfile in ("slurmd.pid", "slurmctld.pid", "munge/munged.pid"):
-            _stop(root / pidfile)
+        _stop([p for p in _cluster_processes() if p.pid not in before])
         _restore(conf, root / "saved")
+
+
+def _cluster_processes() -> list[psutil.Process]:
+    return [p for p in psutil.process_iter(["name"]) if p.info["name"] in PROCESSES]
+
+
+def _stop(procs: list[psutil.Process]) -> None:
+    """SIGTERM *procs* (the cluster's, started by this fixture), then SIGKILL what is left after 20 s."""
+    for p in procs:
+        with contextlib.suppress(psutil.Error):
+            p.terminate()
+    _, alive = psutil.wait_procs(procs, timeout=20)
+    for p in alive:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    psutil.wait_procs(alive, timeout=10)
 
 
 def _install(conf: dict[str, str], saved: Path) -> None:
@@ -153,16 +173,3 @@ def _restore(conf: dict[str, str], saved: Path) -> None:
         (ETC / name).unlink(missing_ok=True)
         if (saved / name).is_file():
             shutil.move(saved / name, ETC / name)
-
-
-def _stop(pidfile: Path) -> None:
-    """SIGTERM the daemon whose pid *pidfile* holds (if it still runs), and wait for it to exit."""
-    try:
-        pid = int(pidfile.read_text())
-    except (OSError, ValueError):
-        return
-    try:
-        os.kill(pid, 15)
-    except ProcessLookupError:
-        return
-    _wait(lambda: not Path(f"/proc/{pid}").exists(), 30, f"pid {pid} ({pidfile.name}) to exit")
