@@ -277,3 +277,16 @@ def test_visits_on_two_nodes_fail_naming_both_nodes_and_their_visits(run):
         "measure/r02-baseline.json",
         "the visits ran on 2 nodes (node-0123abcd: r01-baseline; node-99999999: r02-baseline), so their pairs "
         "also compare the nodes; the real names are the 'node' of each visit's private/outputs/*.json")]
+
+
+def test_a_bundle_being_built_beside_provenance_is_not_recorded(run):
+    """The publish job builds its bundle in .publish.building-*/ and renames it; a cluster runs
+    provenance at the same time, and the audit (after publish) must not miss those files."""
+    building = run / ".publish.building-abc123"
+    building.mkdir()
+    (building / "README.md").write_text("# report in progress\n")
+    provenance.write_provenance(run, run / "provenance.json", "c" * 64, run / "plan.json", HERE)
+    building.rename(run / "publish")
+    recorded = [a["path"] for a in json.loads((run / "provenance.json").read_text())["artifacts"]]
+    assert not [p for p in recorded if "publish" in p]
+    assert audit.audit_run(run).ok
