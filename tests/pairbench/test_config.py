@@ -144,3 +144,19 @@ def test_not_a_gguf_file(tmp_path):
     bad.write_bytes(b"GGML" + b"\0" * 20)
     with pytest.raises(pb_config.ConfigError, match=r"^model: .* is not a GGUF file"):
         pb_config.gguf_context(bad)
+
+
+def test_resources_become_the_slurm_executors_resources():
+    cfg = pb_config.normalized(base_config(resources={"partition": "gpu", "measure": {"cpus": 8},
+                                                      "gpus": {"candidate": 2}}))
+    assert pb_config.job_resources(cfg, "measure", ["baseline", "candidate"]) == {
+        "cpus_per_task": 8, "mem_mb": 4096, "runtime": 30, "slurm_partition": "gpu", "gpu": 2}
+    assert pb_config.job_resources(cfg, "other", []) == {"cpus_per_task": 1, "mem_mb": 2048, "runtime": 30,
+                                                         "slurm_partition": "gpu"}
+
+
+def test_resource_errors_name_the_key():
+    assert schema_message(base_config(resources={"measure": {"cpus": 0}})) == \
+        "config key 'resources.measure.cpus': 0 is less than the minimum of 1"
+    with pytest.raises(pb_config.ConfigError, match=r"^resources\.gpus\.cand: not one of the arms"):
+        pb_config.check_config(base_config(resources={"gpus": {"cand": 1}}), REPO)
