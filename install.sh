@@ -4,6 +4,9 @@
 #        ./install.sh --llama-cpp  also what a llama.cpp arm needs (config/llama-cpp.yaml): Debian's
 #                                  ccache, cmake and g++, and the tagged llama.cpp repository made
 #                                  from the llama-cpp-python sdist (python -m pairbench llama-tree)
+#        ./install.sh --slurm      also Debian's slurm-wlm and munge: a Slurm to run a study on
+#                                  (docs/cluster.md) and the real-Slurm test (tests/cluster/); the
+#                                  executor plugin itself comes with requirements.txt
 #        ./install.sh --test       all of that, plus what the test suite needs beyond it: Debian's
 #                                  chromium (the HTML-report browser test) and llama-cpp-python (the
 #                                  real-engine integration test), built from source once and cached
@@ -11,11 +14,13 @@ set -euo pipefail
 cd "$(dirname "$0")"
 with_test=0
 with_llama=0
+with_slurm=0
 case "${1:-}" in
   "") ;;
   --llama-cpp) with_llama=1 ;;
-  --test) with_test=1; with_llama=1 ;;
-  *) echo "install.sh: unknown option ${1} (use --llama-cpp, --test or nothing)" >&2; exit 2 ;;
+  --slurm) with_slurm=1 ;;
+  --test) with_test=1; with_llama=1; with_slurm=1 ;;
+  *) echo "install.sh: unknown option ${1} (use --llama-cpp, --slurm, --test or nothing)" >&2; exit 2 ;;
 esac
 python3 -m pip install -q -r requirements.txt
 python3 -m pip install -q --no-deps -e .
@@ -50,6 +55,11 @@ if [ "$with_llama" = 1 ]; then
   for tool in ccache cmake g++; do command -v "$tool" >/dev/null 2>&1 || apt_missing+=("$tool"); done
 fi
 if [ "$with_test" = 1 ] && ! command -v chromium >/dev/null 2>&1; then apt_missing+=(chromium); fi
+if [ "$with_slurm" = 1 ]; then
+  # slurmctld and slurmd live in /usr/sbin, which a non-root PATH may lack
+  [ -x /usr/sbin/slurmctld ] && [ -x /usr/sbin/slurmd ] || apt_missing+=(slurm-wlm)
+  [ -x /usr/sbin/munged ] || apt_missing+=(munge)
+fi
 if [ "${#apt_missing[@]}" -gt 0 ]; then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${apt_missing[@]}" >/dev/null
 fi

@@ -181,3 +181,19 @@ def test_candidates_default_and_shorthand(over, want):
 
 def test_an_empty_candidates_list_is_a_schema_error():
     assert schema_message(base_config(arms=THREE, candidates=[])).startswith("config key 'candidates'")
+
+
+def test_resources_become_the_slurm_executors_resources():
+    cfg = pb_config.normalized(base_config(resources={"partition": "gpu", "measure": {"cpus": 8},
+                                                      "gpus": {"candidate": 2}}))
+    assert pb_config.job_resources(cfg, "measure", ["baseline", "candidate"]) == {
+        "cpus_per_task": 8, "mem_mb": 4096, "runtime": 30, "slurm_partition": "gpu", "gpu": 2}
+    assert pb_config.job_resources(cfg, "other", []) == {"cpus_per_task": 1, "mem_mb": 2048, "runtime": 30,
+                                                         "slurm_partition": "gpu"}
+
+
+def test_resource_errors_name_the_key():
+    assert schema_message(base_config(resources={"measure": {"cpus": 0}})) == \
+        "config key 'resources.measure.cpus': 0 is less than the minimum of 1"
+    with pytest.raises(pb_config.ConfigError, match=r"^resources\.gpus\.cand: not one of the arms"):
+        pb_config.check_config(base_config(resources={"gpus": {"cand": 1}}), REPO)

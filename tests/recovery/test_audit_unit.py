@@ -254,3 +254,39 @@ def test_the_audit_rule_fails_and_its_record_survives_in_the_log(tmp_path):
     assert kept["ok"] is False
     assert [(f["path"], f["check"]) for f in kept["findings"]] == [("tables/summary.csv", "provenance")]
     assert "FAIL tables/summary.csv: [provenance]" in (work / "logs" / "demo" / "audit.log").read_text()
+
+
+def _visits_on(run, nodes):
+    """Rewrite the run's two visits as having run on *nodes* (pseudonyms), then re-record provenance."""
+    for rel, node in zip(("measure/r01-baseline.json", "measure/r02-baseline.json"), nodes):
+        body = json.loads((run / rel).read_text())
+        body.pop("schema")
+        artifacts.write_artifact(run / rel, "demo_measure", {**body, "host": {"node": node}})
+    provenance.write_provenance(run, run / "provenance.json", "c" * 64, run / "plan.json", HERE)
+
+
+def test_visits_on_one_node_pass_the_placement_check(run):
+    _visits_on(run, ["node-0123abcd", "node-0123abcd"])
+    assert "placement" not in {f.check for f in audit.audit_run(run).findings}
+
+
+def test_visits_on_two_nodes_fail_naming_both_nodes_and_their_visits(run):
+    _visits_on(run, ["node-0123abcd", "node-99999999"])
+    found = [f for f in audit.audit_run(run).findings if f.check == "placement"]
+    assert [(f.path, f.message) for f in found] == [(
+        "measure/r02-baseline.json",
+        "the visits ran on 2 nodes (node-0123abcd: r01-baseline; node-99999999: r02-baseline), so their pairs "
+        "also compare the nodes; the real names are the 'node' of each visit's private/outputs/*.json")]
+
+
+def test_a_bundle_being_built_beside_provenance_is_not_recorded(run):
+    """The publish job builds its bundle in .publish.building-*/ and renames it; a cluster runs
+    provenance at the same time, and the audit (after publish) must not miss those files."""
+    building = run / ".publish.building-abc123"
+    building.mkdir()
+    (building / "README.md").write_text("# report in progress\n")
+    provenance.write_provenance(run, run / "provenance.json", "c" * 64, run / "plan.json", HERE)
+    building.rename(run / "publish")
+    recorded = [a["path"] for a in json.loads((run / "provenance.json").read_text())["artifacts"]]
+    assert not [p for p in recorded if "publish" in p]
+    assert audit.audit_run(run).ok

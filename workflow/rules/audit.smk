@@ -19,6 +19,8 @@ rule landing:
         measurements=f"{RES}/tables/measurements.csv",
     output:
         landing=f"{RES}/report/landing.rst",
+    resources:
+        **other_resources(),
     log:
         f"{LOGS}/landing.log",
     conda:
@@ -50,6 +52,8 @@ rule provenance:
         run_dir=lambda wc, output: str(Path(output.provenance).parent),
         root=str(ROOT),
         config_sha256=pb_plan.full_config_sha256(CFG),
+    resources:
+        **other_resources(),
     log:
         f"{LOGS}/provenance.log",
     conda:
@@ -67,6 +71,8 @@ rule audit:
         audit=report(f"{RES}/audit.json", caption="../report/audit.rst", category="4 Audit"),
     params:
         run_dir=lambda wc, output: str(Path(output.audit).parent),
+    resources:
+        **other_resources(),
     log:
         job=f"{LOGS}/audit.log",
         # the audit record, ok or not: Snakemake deletes a failed job's outputs but keeps its logs

@@ -14,6 +14,8 @@ rule build:
         model=CFG["model"],
         cache_dir="resources/cache/converted",
         root=lambda wildcards: str(ROOT),  # a function: the checkout root, not a file prefix
+    resources:
+        **other_resources(),
     log:
         job=f"{LOGS}/build/{{arm}}.log",
         steps=f"{LOGS}/build/{{arm}}.steps.log",

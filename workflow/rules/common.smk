@@ -18,13 +18,14 @@ from pairbench.validate import retries as pb_retries
 from pairbench.core.artifacts import read_artifact
 
 
-def own_config(config, config_settings):
+def own_config(config, config_settings, module):
     """With --configfile, that file (plus any --config) IS the config: config/config.yaml is dropped.
 
     Snakemake would otherwise deep-merge the two, so a test or A/A config naming other arms would
-    silently inherit the default arms and their patches.
+    silently inherit the default arms and their patches. A study's comparison (a module, its own
+    config: workflow/rules/study.smk) is left as the study made it.
     """
-    if config_settings.configfiles:
+    if config_settings.configfiles and module is None:
         config.clear()
         config.update(config_settings.overwrite_config)
     return config
@@ -38,7 +39,7 @@ def validate_config(config, schema):
     return pb_config.normalized(config)
 
 
-CFG = validate_config(own_config(config, workflow.config_settings), "../schemas/config.schema.yaml")
+CFG = validate_config(own_config(config, workflow.config_settings, workflow.modifier.namespace), "../schemas/config.schema.yaml")
 ROOT = Path(workflow.basedir)
 RES = f"results/{CFG['label']}"
 LOGS = f"logs/{CFG['label']}"
@@ -65,6 +66,39 @@ def crosscheck_arms(cfg):
 
 
 CROSSCHECK = crosscheck_arms(CFG)
+def on_cluster(workflow):
+    """Whether a cluster executor runs this workflow. Read while the Snakefile is parsed, before
+    Snakemake has chosen its executor: only a non-local executor keeps --jobs as cluster nodes (a
+    local run turns it into --cores), and a job on a node runs in remote mode."""
+    return workflow.resource_settings.nodes is not None or workflow.remote_exec
+
+
+# The measuring jobs of this comparison (visits, validations, validation retries, adaptive decisions,
+# the cross-check) are one Snakemake job group when a cluster executor runs them: the group is one
+# job on one node, one visit at a time (the visits are chained). Snakemake rejects a group that a
+# path through jobs outside it leads back into, and the ordering chain of visits is such a path as
+# soon as a finished visit lies between two that rerun (a visit deleted and redone); so a local run,
+# which needs no group, has none. docs/cluster.md says what a checkpoint may split, and how to redo
+# one visit of a finished chain on a cluster. No warmups: every visit takes them as inputs.
+MEASURE_GROUP = f"measure_{CFG['label']}" if on_cluster(workflow) else None
+
+
+def measure_resources(arms):
+    """Resources of a measuring job that launches *arms* (config `resources`, docs/cluster.md)."""
+    return pb_config.job_resources(CFG, "measure", arms)
+
+
+def group_member_resources():
+    """Resources of a job in the measuring group that launches no server (a validation, an adaptive
+    decision): where and how long, but no CPUs, memory or GPUs of its own. Snakemake sums what the
+    jobs of one layer of a group ask for, and every visit's validation is in one layer; the group's
+    allocation is sized by its visits (one per layer), which these then share."""
+    job = measure_resources([])
+    return {k: v for k, v in job.items() if k not in ("cpus_per_task", "mem_mb", "gpu")}
+
+
+def other_resources():
+    return pb_config.job_resources(CFG, "other", [])
 
 
 wildcard_constraints:

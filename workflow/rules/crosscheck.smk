@@ -19,6 +19,9 @@ rule crosscheck:
         arm_configs={a: CFG["arms"][a] for a in CROSSCHECK},
         rounds=CFG["crosscheck"]["rounds"],
         root=str(ROOT),
+    group: MEASURE_GROUP
+    resources:
+        **measure_resources(ARMS),
     log:
         job=f"{LOGS}/crosscheck/crosscheck.log",
         tool=f"{LOGS}/crosscheck/tool.log",
@@ -35,6 +38,8 @@ rule crosscheck_compare:
         crosschecks=expand(f"{RES}/crosscheck/{{arm}}.json", arm=CROSSCHECK),
     output:
         comparison=f"{RES}/stats/crosscheck.json",
+    resources:
+        **other_resources(),
     log:
         f"{LOGS}/crosscheck/compare.log",
     conda:

@@ -17,6 +17,8 @@ rule fixtures:
         server=CFG["server"],
         arm_configs=CFG["arms"],
         root=str(ROOT),
+    resources:
+        **other_resources(),
     log:
         job=f"{LOGS}/fixtures.log",
         server=f"{RES}/private/logs/fixtures.log",

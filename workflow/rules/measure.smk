@@ -16,10 +16,12 @@ rule measure:
     params:
         **visit_params(),
     resources:
+        **measure_resources(ARMS),
         # Snakemake's attempt number (1 = first), recorded in the artifact; see `retries` below.
         attempt=lambda wc, attempt: attempt,
     # An engine fault fails the visit; Snakemake re-attempts it this many times (config `retries`).
     retries: CFG["retries"]
+    group: MEASURE_GROUP
     log:
         job=f"{LOGS}/measure/{{visit}}.log",
         server=f"{RES}/private/logs/measure/{{visit}}.log",

@@ -8,6 +8,8 @@ rule plan:
         # Only the measurement config: a stats/validate/retries change must not re-plan (re-measure).
         config=pb_plan.measurement_config(CFG),
         root=str(ROOT),
+    resources:
+        **other_resources(),
     log:
         f"{LOGS}/plan.log",
     conda:

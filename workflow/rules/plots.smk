@@ -8,6 +8,8 @@ rule plots:
     output:
         ratios=report(f"{RES}/plots/ratios.png", caption="../report/plots.rst", category="3 Plots"),
         drift=report(f"{RES}/plots/drift.png", caption="../report/drift.rst", category="3 Plots"),
+    resources:
+        **other_resources(),
     log:
         f"{LOGS}/plots.log",
     conda:

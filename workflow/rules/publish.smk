@@ -33,6 +33,8 @@ rule publish:
         private_dir=lambda wc, output: str(Path(output.manifest).parent.parent / "private"),
         res_dir=lambda wc, output: str(Path(output.manifest).parent.parent),
         root=str(ROOT),
+    resources:
+        **other_resources(),
     log:
         f"{LOGS}/publish.log",
     conda:

@@ -13,6 +13,8 @@ rule source:
         arm=lambda wc: wc.arm,
         arm_config=lambda wc: CFG["arms"][wc.arm],
         root=str(ROOT),
+    resources:
+        **other_resources(),
     log:
         f"{LOGS}/source/{{arm}}.log",
     conda:

@@ -19,6 +19,9 @@ checkpoint validate:
         validate=f"{RES}/validate/{{visit}}.json",
     params:
         **validation_params(),
+    group: MEASURE_GROUP
+    resources:
+        **group_member_resources(),
     log:
         f"{LOGS}/validate/{{visit}}.log",
     conda:
@@ -39,6 +42,9 @@ checkpoint validate_retry:
         validate=f"{RES}/validate/{{visit}}.retry{{n}}.json",
     params:
         **validation_params(),
+    group: MEASURE_GROUP
+    resources:
+        **group_member_resources(),
     log:
         f"{LOGS}/validate/{{visit}}.retry{{n}}.log",
     conda:
@@ -59,6 +65,8 @@ rule retire:
     params:
         chain=lambda wc: {v: len(validation_chain(v)) - 1 for v in run_visit_ids()},
         res_dir=lambda wc, output: str(Path(output.retired).parent.parent),
+    resources:
+        **other_resources(),
     log:
         f"{LOGS}/retire.log",
     conda:

@@ -15,6 +15,10 @@ rule warmup:
         arm_config=lambda wc: CFG["arms"][wc.arm],
         server=CFG["server"],
         root=str(ROOT),
+    # Not in the measuring group (common.smk: MEASURE_GROUP): every visit takes every warmup as an
+    # input, so a finished visit outside the group would lead back into it.
+    resources:
+        **measure_resources(ARMS),
     log:
         job=f"{LOGS}/warmup/{{arm}}.log",
         server=f"{RES}/private/logs/warmup/{{arm}}.log",

@@ -36,6 +36,11 @@ STATS_DEFAULTS = {
     "noise": 0.01,
 }
 GATES_DEFAULTS = {"allow_unproven_cold_cache": False}
+# What each job asks of a scheduler (docs/cluster.md); `measure` is per measuring job, `other` per
+# other job. Keep in step with the schema's defaults.
+JOB_RESOURCES_DEFAULTS = {"measure": {"cpus": 2, "mem_mb": 4096, "runtime_min": 30},
+                          "other": {"cpus": 1, "mem_mb": 2048, "runtime_min": 30}}
+RESOURCES_DEFAULTS = {"partition": None, "account": None, "extra": None, "gpus": {}}
 # Headroom above the longest prompt + output for the server's KV cache (the first-request
 # diagnostic and the smoke request are short, so they always fit).
 CONTEXT_MARGIN = 16
@@ -67,6 +72,7 @@ def normalized(config: dict) -> dict:
     cfg["stats"] = {**copy.deepcopy(STATS_DEFAULTS), **(cfg.get("stats") or {})}
     cfg["crosscheck"] = {**CROSSCHECK_DEFAULTS, **(cfg.get("crosscheck") or {})}
     cfg["gates"] = {**GATES_DEFAULTS, **(cfg.get("gates") or {})}
+    cfg["resources"] = _resources(cfg.get("resources") or {})
     cfg.setdefault("order", "abba")
     cfg.setdefault("repeats", 1)
     if cfg["server"]["pin"] in ("true", "false"):
@@ -75,6 +81,24 @@ def normalized(config: dict) -> dict:
     cfg.setdefault("candidate", None)
     cfg.setdefault("candidates", None)
     return cfg
+
+
+def _resources(given: dict) -> dict:
+    res = {**copy.deepcopy(RESOURCES_DEFAULTS), **given}
+    for kind, defaults in JOB_RESOURCES_DEFAULTS.items():
+        res[kind] = {**defaults, **(given.get(kind) or {})}
+    return res
+
+
+def job_resources(config: dict, kind: str, arms: list[str]) -> dict:
+    """The Snakemake resources of one job of *kind* (``measure`` or ``other``) that launches *arms*
+    (the Slurm executor's names: docs/cluster.md); a key left null is left out."""
+    res = config["resources"]
+    job = res[kind]
+    out = {"cpus_per_task": job["cpus"], "mem_mb": job["mem_mb"], "runtime": job["runtime_min"],
+           "slurm_partition": res["partition"], "slurm_account": res["account"], "slurm_extra": res["extra"],
+           "gpu": max((res["gpus"].get(a, 0) for a in arms), default=0) or None}
+    return {k: v for k, v in out.items() if v is not None}
 
 
 def arm_names(config: dict) -> list[str]:
@@ -254,6 +278,9 @@ def check_config(config: dict, root: Path) -> None:
         for i, patch in enumerate(arm["patches"]):
             if not (root / patch).is_file():
                 raise ConfigError(f"arms.{name}.patches[{i}]: patch file {patch} does not exist")
+    for name in cfg["resources"]["gpus"]:
+        if name not in cfg["arms"]:
+            raise ConfigError(f"resources.gpus.{name}: not one of the arms ({', '.join(arms)})")
     external_engines = sorted({a["engine"] for a in cfg["arms"].values() if a["engine"] != ARM_DEFAULTS["engine"]})
     if external_engines and resolve_model(cfg["model"], root)["kind"] == "named":
         raise ConfigError(f"model: engine(s) {', '.join(external_engines)} need a .gguf model file, "

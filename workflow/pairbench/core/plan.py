@@ -120,8 +120,8 @@ def round_salt(seed: int, round_: int) -> str:
 
 # Config sections that do not shape the measurement. They reach their own stages as params, so
 # changing one reruns that stage and what follows (Snakemake's params trigger), never the plan and
-# so never a visit.
-NOT_PLANNED = ("stats", "validate", "retries", "crosscheck", "gates")
+# so never a visit. `resources` is where a job runs, not what it measures (docs/cluster.md).
+NOT_PLANNED = ("stats", "validate", "retries", "crosscheck", "gates", "resources")
 
 
 def measurement_config(config: dict) -> dict:

@@ -13,6 +13,9 @@
    and schema id, and no covered file is missing from it (``unrecorded``).
 4. **manifest**: the hashes inside artifacts that pin other files still match: ``source/<arm>.json``
    over the exported tree ``src/<arm>/engine/``, ``publish/MANIFEST.json`` over ``publish/``.
+5. **placement**: every visit (``measure/*.json``, validation retries included) ran on one node, by
+   the pseudonym it records (``host.node``, pairbench.measure.node): pairs measured on two machines
+   compare the machines too (docs/cluster.md). Artifacts from before nodes were recorded are skipped.
 
 Any failed check is a *finding* that names the culprit file; one finding fails the audit (exit 1).
 A temporary file left by a killed job is a *warning*: it is never mistaken for an artifact.
@@ -220,7 +223,8 @@ def audit_run(run_dir: str | Path, extra_files: Iterable[str | Path] = ()) -> Au
         except ArtifactError as exc:
             result.add("private/retired.json", "schema", str(exc))
 
-    # 1 + 2 + 4: schema, inputs, manifests.
+    # 1 + 2 + 4: schema, inputs, manifests; and the node each visit ran on, for 5.
+    nodes: dict[str, str] = {}
     for rel in sorted(sha_of):
         if not rel.endswith(".json") or rel.startswith(RETIRED_PREFIX):
             continue
@@ -243,12 +247,16 @@ def audit_run(run_dir: str | Path, extra_files: Iterable[str | Path] = ()) -> Au
             result.add(rel, "schema", str(exc).replace(str(path), rel))
             continue
         result.counts["artifacts"] += 1
+        if rel.startswith("measure/") and (data.get("host") or {}).get("node"):
+            nodes[rel] = data["host"]["node"]
         _check_inputs(result, rel, data, by_sha, recorded, path_of_recorded_sha, sha_of)
         if parse_schema_id(data["schema"])[0] == "source" and rel.startswith("source/"):
             _check_source_tree(result, rel, data, run_dir)
         root = _manifest_root(run_dir, rel, data)
         if root is not None:
             _check_manifest(result, rel, data, root, run_dir, sha_of)
+
+    check_placement(result, nodes)
 
     # 3: provenance hashes, both ways.
     if recorded:
@@ -265,6 +273,22 @@ def audit_run(run_dir: str | Path, extra_files: Iterable[str | Path] = ()) -> Au
             if rel not in recorded:
                 result.add(rel, "unrecorded", "file is not recorded in provenance.json (added after the run?)")
     return result
+
+
+def check_placement(result: AuditResult, nodes: dict[str, str]) -> None:
+    """One finding if the visits (*nodes*: visit artifact -> node pseudonym) ran on more than one node,
+    naming each node and its visits; it is filed under the first visit off the first visit's node."""
+    by_node: dict[str, list[str]] = defaultdict(list)
+    for rel in sorted(nodes):
+        by_node[nodes[rel]].append(rel)
+    if len(by_node) < 2:
+        return
+    first = nodes[min(nodes)]
+    culprit = min(rel for rel, node in nodes.items() if node != first)
+    named = "; ".join(f"{node}: {', '.join(Path(r).stem for r in rels)}" for node, rels in by_node.items())
+    result.add(culprit, "placement",
+               f"the visits ran on {len(by_node)} nodes ({named}), so their pairs also compare the nodes; "
+               "the real names are the 'node' of each visit's private/outputs/*.json")
 
 
 def _check_inputs(result, rel, data, by_sha, recorded, path_of_recorded_sha, sha_of) -> None:

@@ -12,6 +12,8 @@ the package: importing torch just to read its version costs seconds.
 
 from __future__ import annotations
 
+import fnmatch
+
 import importlib.metadata
 import json
 import platform
@@ -31,6 +33,8 @@ EXCLUDED: dict[str, str] = {
     "source/<arm>.json, which the audit re-checks",
     "publish/": "the sanitized bundle is made after provenance and may include it; publish/MANIFEST.json "
     "records every bundled file's sha256, which the audit re-checks",
+    ".publish.building-*/": "the bundle while the publish job builds it (pairbench.publish.bundle), renamed "
+    "to publish/ when done; provenance may run at the same time (a cluster runs them side by side)",
     "provenance.json": "this file itself",
     "audit.json": "written by the audit, after provenance",
 }
@@ -46,7 +50,9 @@ def is_temporary(rel: str) -> bool:
 
 
 def is_excluded(rel: str) -> bool:
-    return any(rel == p or (p.endswith("/") and rel.startswith(p)) for p in EXCLUDED)
+    """Whether *rel* is one of :data:`EXCLUDED`: a file, or under a top-level folder (a glob)."""
+    top = rel.split("/", 1)[0] + "/"
+    return any(rel == p or (p.endswith("/") and "/" in rel and fnmatch.fnmatchcase(top, p)) for p in EXCLUDED)
 
 
 def covered_files(run_dir: Path) -> list[str]:

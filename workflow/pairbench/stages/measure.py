@@ -14,6 +14,7 @@ from pairbench.arms.build import model_arg
 from pairbench.integrity import recovery
 from pairbench.measure import crosscheck as pb_crosscheck
 from pairbench.measure import fixtures as pb_fixtures
+from pairbench.measure import node as pb_node
 from pairbench.measure import visit as pb_visit
 from pairbench.validate import retries
 
@@ -141,6 +142,10 @@ def _measure(plan: dict, plan_path: str, build_path: str, fixture_paths: list[st
             visit=visit, engine=engine, plan=plan, prompts=prompts, fixtures=fixtures, server_cfg=server_cfg,
             server_log=Path(server_log), inputs=inputs, attempt=attempt,
             pid_path=Path(pid_path) if pid_path else None, lengths=lengths)
+    # where it ran: the pseudonym is public, the real name goes only into the private outputs
+    host = pb_node.hostname()
+    body["host"]["node"] = pb_node.pseudonym(host, pb_node.run_secret(prompt_paths))
+    outputs = {n: {**texts, "node": host} for n, texts in outputs.items()}
     for rec in body["records"]:
         if not rec["ok"]:
             log.warning("%s length %d flagged: %s", visit["id"], rec["length"], "; ".join(rec["flags"]))

@@ -1,0 +1,16 @@
+"""pairbench.measure.node: the pseudonym a visit publishes for the node it ran on."""
+
+import re
+
+from pairbench.measure.node import pseudonym
+
+
+def test_one_node_reads_the_same_within_a_run_and_differently_across_runs():
+    assert pseudonym("gpu-node-017", b"run one") == pseudonym("gpu-node-017", b"run one")
+    assert pseudonym("gpu-node-017", b"run one") != pseudonym("gpu-node-018", b"run one")
+    assert pseudonym("gpu-node-017", b"run one") != pseudonym("gpu-node-017", b"run two")
+
+
+def test_the_pseudonym_is_a_fixed_shape_whatever_the_host_name():
+    name = pseudonym("gpu-node-017.cluster.example.org", b"secret")
+    assert re.fullmatch(r"node-[0-9a-f]{8}", name)
