@@ -184,10 +184,15 @@ def test_an_empty_candidates_list_is_a_schema_error():
 
 
 def test_resources_become_the_slurm_executors_resources():
-    cfg = pb_config.normalized(base_config(resources={"partition": "gpu", "measure": {"cpus": 8},
-                                                      "gpus": {"candidate": 2}}))
+    from snakemake.utils import validate
+
+    # through the schema first, as the workflow does: it fills defaults before normalized() runs,
+    # so a partial `measure` must still get measure's defaults, not a generic job's
+    cfg = base_config(resources={"partition": "gpu", "measure": {"cpus": 8}, "gpus": {"candidate": 2}})
+    validate(cfg, str(REPO / "workflow/schemas/config.schema.yaml"))
+    cfg = pb_config.normalized(cfg)
     assert pb_config.job_resources(cfg, "measure", ["baseline", "candidate"]) == {
-        "cpus_per_task": 8, "mem_mb": 4096, "runtime": 30, "slurm_partition": "gpu", "gpu": 2}
+        "cpus_per_task": 8, "mem_mb": 4096, "runtime": 5, "slurm_partition": "gpu", "gpu": 2}
     assert pb_config.job_resources(cfg, "other", []) == {"cpus_per_task": 1, "mem_mb": 2048, "runtime": 30,
                                                          "slurm_partition": "gpu"}
 

@@ -73,28 +73,22 @@ def on_cluster(workflow):
     return workflow.resource_settings.nodes is not None or workflow.remote_exec
 
 
-# The measuring jobs of this comparison (visits, validations, validation retries, adaptive decisions,
-# the cross-check) are one Snakemake job group when a cluster executor runs them: the group is one
-# job on one node, one visit at a time (the visits are chained). Snakemake rejects a group that a
-# path through jobs outside it leads back into, and the ordering chain of visits is such a path as
-# soon as a finished visit lies between two that rerun (a visit deleted and redone); so a local run,
-# which needs no group, has none. docs/cluster.md says what a checkpoint may split, and how to redo
-# one visit of a finished chain on a cluster. No warmups: every visit takes them as inputs.
+# The visits of this comparison are one Snakemake job group when a cluster executor runs them: the
+# group is one job on one node, one visit at a time (the visits are chained). Only the visits:
+# Snakemake rejects a group that a path through jobs outside it leads back into, and every job that
+# follows a visit (a validation and its checkpoint, a validation retry, an adaptive decision, the
+# cross-check) waits for validations; with those inside, a second comparison's group still in flight
+# when the first one's checkpoint updated the DAG was rejected ("depends on rule(s) ... from outside
+# the group"). A local run, which needs no group, has none: the ordering chain of visits leads back
+# into the group as soon as a finished visit lies between two that rerun (a visit deleted and redone).
+# docs/cluster.md says what a checkpoint may split, and how to redo one visit of a finished chain on
+# a cluster. No warmups: every visit takes them as inputs.
 MEASURE_GROUP = f"measure_{CFG['label']}" if on_cluster(workflow) else None
 
 
 def measure_resources(arms):
     """Resources of a measuring job that launches *arms* (config `resources`, docs/cluster.md)."""
     return pb_config.job_resources(CFG, "measure", arms)
-
-
-def group_member_resources():
-    """Resources of a job in the measuring group that launches no server (a validation, an adaptive
-    decision): where and how long, but no CPUs, memory or GPUs of its own. Snakemake sums what the
-    jobs of one layer of a group ask for, and every visit's validation is in one layer; the group's
-    allocation is sized by its visits (one per layer), which these then share."""
-    job = measure_resources([])
-    return {k: v for k, v in job.items() if k not in ("cpus_per_task", "mem_mb", "gpu")}
 
 
 def other_resources():

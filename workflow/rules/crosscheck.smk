@@ -19,7 +19,6 @@ rule crosscheck:
         arm_configs={a: CFG["arms"][a] for a in CROSSCHECK},
         rounds=CFG["crosscheck"]["rounds"],
         root=str(ROOT),
-    group: MEASURE_GROUP
     resources:
         **measure_resources(ARMS),
     log:

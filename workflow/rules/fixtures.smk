@@ -18,7 +18,7 @@ rule fixtures:
         arm_configs=CFG["arms"],
         root=str(ROOT),
     resources:
-        **other_resources(),
+        **measure_resources(ARMS),  # it launches every arm's server
     log:
         job=f"{LOGS}/fixtures.log",
         server=f"{RES}/private/logs/fixtures.log",

@@ -35,6 +35,8 @@ use rule measure as measure_retry with:
     # Validation retry N of one visit: a partial visit of the lengths whose previous measurement
     # (the visit, or retry N-1) was excluded for a kind in validate.retry_on (pairbench.validate.retries).
     # Only ever requested by the validation checkpoints (common.smk: validation_chain).
+    # Not in the measuring group: a retry waits for validations, which are outside it (common.smk).
+    group: None
     input:
         **visit_inputs(),
         previous_measure=lambda wc: measure_path(RES, wc.visit, int(wc.n) - 1),

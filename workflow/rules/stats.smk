@@ -43,9 +43,8 @@ checkpoint adapt:
         # only what the stopping rule reads: a change of noise, trim or the secondary lists re-decides nothing
         stats=lambda wc: {k: CFG["stats"][k] for k in ("metrics", "alpha", "multiplicity")},
         gates=CFG["gates"],
-    group: MEASURE_GROUP
     resources:
-        **group_member_resources(),
+        **other_resources(),
     log:
         f"{LOGS}/adapt/r{{rounds}}.log",
     conda:

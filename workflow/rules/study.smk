@@ -35,6 +35,11 @@ for comparison_name, comparison_config in COMPARISONS.items():
     use rule * from study_module as study_prefix*
 
 
+# A page from files already on the shared disk: written by the submitting host, no Slurm job (a
+# site that requires --account would reject a job without one).
+localrules: study_index
+
+
 rule study_index:
     input:
         # audit.json is each comparison's last artifact (it needs every other), so asking for it
@@ -49,8 +54,6 @@ rule study_index:
         study=STUDY["name"],
     log:
         f"logs/{STUDY['name']}/study_index.log",
-    resources:
-        runtime=5,
     conda:
         "../envs/pairbench.yaml"
     script:

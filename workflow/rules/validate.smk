@@ -19,9 +19,8 @@ checkpoint validate:
         validate=f"{RES}/validate/{{visit}}.json",
     params:
         **validation_params(),
-    group: MEASURE_GROUP
     resources:
-        **group_member_resources(),
+        **other_resources(),
     log:
         f"{LOGS}/validate/{{visit}}.log",
     conda:
@@ -42,9 +41,8 @@ checkpoint validate_retry:
         validate=f"{RES}/validate/{{visit}}.retry{{n}}.json",
     params:
         **validation_params(),
-    group: MEASURE_GROUP
     resources:
-        **group_member_resources(),
+        **other_resources(),
     log:
         f"{LOGS}/validate/{{visit}}.retry{{n}}.log",
     conda:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import tempfile
 import subprocess
 import sys
 import time
@@ -82,16 +83,19 @@ def build_arm(arm: str, arm_dir: str | Path, source: dict, model: dict, cache_di
             cached = True
         else:
             cached = False
-            tmp = cache_dir / f".{key}.partial"
-            if tmp.exists():
-                shutil.rmtree(tmp)
-            tmp.parent.mkdir(parents=True, exist_ok=True)
+            # A folder of our own: builds of two arms (or two comparisons of a study) with the same
+            # key may convert at once, and must not delete or rename each other's partial output.
+            cache_dir.mkdir(parents=True, exist_ok=True)
+            tmp = Path(tempfile.mkdtemp(prefix=f".{key}.partial-", dir=cache_dir))
             steps.append(_run("convert", [py, "-m", "engine", "convert", str(gguf.resolve()), str(tmp.resolve())],
                               arm_dir, log, arm))
             (tmp / ".complete").write_text(key + "\n")
-            if out.exists():
-                shutil.rmtree(out)
-            tmp.rename(out)
+            if (out / ".complete").is_file():
+                shutil.rmtree(tmp)  # another build finished the same conversion first: keep its copy
+            else:
+                if out.exists():
+                    shutil.rmtree(out)  # an incomplete leftover of a crashed build
+                tmp.rename(out)
         try:
             rel = out.resolve().relative_to(root.resolve()).as_posix()
         except ValueError:

@@ -38,7 +38,7 @@ STATS_DEFAULTS = {
 GATES_DEFAULTS = {"allow_unproven_cold_cache": False}
 # What each job asks of a scheduler (docs/cluster.md); `measure` is per measuring job, `other` per
 # other job. Keep in step with the schema's defaults.
-JOB_RESOURCES_DEFAULTS = {"measure": {"cpus": 2, "mem_mb": 4096, "runtime_min": 30},
+JOB_RESOURCES_DEFAULTS = {"measure": {"cpus": 2, "mem_mb": 4096, "runtime_min": 5},
                           "other": {"cpus": 1, "mem_mb": 2048, "runtime_min": 30}}
 RESOURCES_DEFAULTS = {"partition": None, "account": None, "extra": None, "gpus": {}}
 # Headroom above the longest prompt + output for the server's KV cache (the first-request
