@@ -1,5 +1,6 @@
 """Config checks: the schema (as snakemake.utils.validate applies it) and what the schema cannot say."""
 
+import shutil
 from pathlib import Path
 
 import jsonschema
@@ -202,3 +203,16 @@ def test_resource_errors_name_the_key():
         "config key 'resources.measure.cpus': 0 is less than the minimum of 1"
     with pytest.raises(pb_config.ConfigError, match=r"^resources\.gpus\.cand: not one of the arms"):
         pb_config.check_config(base_config(resources={"gpus": {"cand": 1}}), REPO)
+
+
+def test_two_arms_patches_of_one_file_name_but_other_content_are_an_error(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    (tmp_path / "a" / "fix.patch").write_text("one\n")
+    (tmp_path / "b" / "fix.patch").write_text("two\n")
+    shutil.copytree(REPO / "engine", tmp_path / "engine")
+    arms = {"base": {}, "x": {"patches": ["a/fix.patch"]}, "y": {"patches": ["b/fix.patch"]}}
+    with pytest.raises(pb_config.ConfigError, match=r"^arms\.y\.patches\[0\]: b/fix\.patch has the file name"):
+        pb_config.check_config(base_config(arms=arms), tmp_path)
+    (tmp_path / "b" / "fix.patch").write_text("one\n")  # the same patch twice is one file
+    pb_config.check_config(base_config(arms=arms), tmp_path)

@@ -278,6 +278,14 @@ def check_config(config: dict, root: Path) -> None:
         for i, patch in enumerate(arm["patches"]):
             if not (root / patch).is_file():
                 raise ConfigError(f"arms.{name}.patches[{i}]: patch file {patch} does not exist")
+    bundled: dict[str, str] = {}  # the bundle's patches/ holds one file per name, from every arm
+    for name, arm in cfg["arms"].items():
+        for i, patch in enumerate(arm["patches"]):
+            first = bundled.setdefault(Path(patch).name, patch)
+            if first != patch and (root / first).read_bytes() != (root / patch).read_bytes():
+                raise ConfigError(f"arms.{name}.patches[{i}]: {patch} has the file name of another arm's "
+                                  f"patch {first} but other content; the published bundle keeps one file "
+                                  "per name, so rename one")
     for name in cfg["resources"]["gpus"]:
         if name not in cfg["arms"]:
             raise ConfigError(f"resources.gpus.{name}: not one of the arms ({', '.join(arms)})")
