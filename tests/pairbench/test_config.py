@@ -6,7 +6,6 @@ from pathlib import Path
 import jsonschema
 import pytest
 import yaml
-
 from pairbench.core import config as pb_config
 
 REPO = Path(__file__).resolve().parents[2]

@@ -20,9 +20,9 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
-import tempfile
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
