@@ -9,11 +9,8 @@ from pairbench.core.artifacts import atomic_write_text, read_artifact
 
 
 def pair_bodies(summary: dict) -> list[dict]:
-    """The pair bodies of a ``stats/summary.json``: one per candidate when the run compares several
-    (``{candidates, comparisons: {<cand>: <pair body>}}``), else the summary itself is the one pair."""
-    if "comparisons" in summary:
-        return [summary["comparisons"][c] for c in summary["candidates"]]
-    return [summary]
+    """The pair bodies of a ``stats/summary.json``, one per candidate, in the run's candidate order."""
+    return [summary["comparisons"][c] for c in summary["candidates"]]
 
 
 def _ratio(p: dict) -> str:
