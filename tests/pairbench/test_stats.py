@@ -264,6 +264,8 @@ def test_one_candidate_run_is_the_pair_summary():
     run = stats.summarize_all(df, baseline="A", candidates=["B"], metrics=["decode_tok_s"])
     assert run["comparisons"]["B"] == stats.summarize(df, baseline="A", candidate="B", metrics=["decode_tok_s"])
     assert (run["baseline"], run["candidates"], run["params"]["family_size"]) == ("A", ["B"], 2)
+    # summarize is this run's one pair (it calls summarize_all), so the pair's family is its own
+    assert run["comparisons"]["B"]["params"]["family_size"] == 2
 
 
 def test_holm_family_spans_every_candidate():

@@ -67,11 +67,16 @@ def json_artifacts(res: Path) -> list[Path]:
                   if not p.relative_to(res).as_posix().startswith(("src/", *NOT_ARTIFACTS)))
 
 
+def finished_run(tmp_path_factory, folder: str, configfile: str) -> Path:
+    """A copy of the repository in which *configfile* has run to the end."""
+    work = copy_repo(tmp_path_factory.mktemp(folder))
+    snakemake(work, "--cores", "2", "--configfile", configfile)
+    return work
+
+
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
-    work = copy_repo(tmp_path_factory.mktemp("repo"))
-    snakemake(work, "--cores", "2", "--configfile", "tests/config/tiny.yaml")
-    return work
+    return finished_run(tmp_path_factory, "repo", "tests/config/tiny.yaml")
 
 
 def test_every_artifact_validates_and_the_bundle_verifies(tiny_run):
@@ -400,9 +405,7 @@ def test_adaptive_rounds_add_blocks_until_the_intervals_are_narrow_enough(scratc
 @pytest.fixture(scope="module")
 def tiny3_run(tmp_path_factory):
     """tests/config/tiny3.yaml: stock against two candidates (int8 KV, growing KV) in one run."""
-    work = copy_repo(tmp_path_factory.mktemp("repo3"))
-    snakemake(work, "--cores", "2", "--configfile", "tests/config/tiny3.yaml")
-    return work
+    return finished_run(tmp_path_factory, "repo3", "tests/config/tiny3.yaml")
 
 
 def test_three_arm_run_passes_the_audit_and_verifies(tiny3_run):

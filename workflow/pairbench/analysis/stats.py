@@ -400,7 +400,7 @@ def _prepare(df: pd.DataFrame, baseline: str, candidate: str, opts: dict, trim: 
 
 def _pair_body(parts: dict, assigned: dict, *, baseline: str, candidate: str, opts: dict, trim: int | None,
                alpha: float, noise: float, seed: int, multiplicity: str, family_size: int,
-               memory_family_size: int, others: list[str] | None = None) -> dict:
+               memory_family_size: int, others: list[str]) -> dict:
     """One candidate's comparison with the baseline, its tested comparisons judged at the *assigned*
     levels (``{(length, metric): {"level", "rank", "claim_p"}}``) of a family of *family_size*."""
     metrics, secondary, memory = opts["metrics"], opts["secondary"], opts["memory"]
@@ -479,7 +479,7 @@ def _pair_body(parts: dict, assigned: dict, *, baseline: str, candidate: str, op
 
     excluded, retries = _excluded(df), _retries(df)
     unpaired, dropped = _unpaired_and_dropped(pair_data, lengths, shown[0], baseline, candidate)
-    other_arms = sorted(set(df["arm"]) - {baseline, candidate}) if others is None else list(others)
+    other_arms = list(others)
     repeats = sel.groupby(["arm", "length", "round"]).size()
 
     return {
@@ -541,13 +541,9 @@ def summarize(df: pd.DataFrame, *, baseline: str, candidate: str,
     column, arm or rows) for input that cannot be summarised; a statistic that cannot be computed is
     never an exception but an ``inconclusive`` verdict with its reason.
     """
-    opts = _options(df, metrics, secondary, memory, trim, alpha, noise, multiplicity)
-    parts = _prepare(df, baseline, candidate, opts, trim)
-    assigned = {**pb_verdicts.levels(parts["family"], alpha, noise, multiplicity),
-                **pb_verdicts.levels(parts["memory_family"], alpha, noise, multiplicity)}
-    return _pair_body(parts, assigned, baseline=baseline, candidate=candidate, opts=opts, trim=trim, alpha=alpha,
-                      noise=noise, seed=seed, multiplicity=multiplicity, family_size=len(parts["family"]),
-                      memory_family_size=len(parts["memory_family"]))
+    return summarize_all(df, baseline=baseline, candidates=[candidate], metrics=metrics, trim=trim, alpha=alpha,
+                         noise=noise, seed=seed, secondary=secondary, memory=memory,
+                         multiplicity=multiplicity)["comparisons"][candidate]
 
 
 def _across(families: dict[str, list], alpha: float, noise: float, method: str) -> dict[str, dict]:
