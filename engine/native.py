@@ -33,7 +33,7 @@ import torch
 SOURCE = Path(__file__).resolve().parent / "csrc" / "kernels.cpp"
 FLAGS = ["-O3", "-std=c++17", "-fPIC", "-shared", "-pthread", "-fvisibility=hidden",
          "-mavx2", "-mfma", "-mf16c", "-fno-math-errno"]
-ABI_VERSION = 4
+ABI_VERSION = 5
 FORMATS = {"q4_1": 0, "q8_0": 1}
 #: bytes per block of 32 weights
 BLOCK_BYTES = {"q4_1": 20, "q8_0": 34}
@@ -118,6 +118,7 @@ def _bind(path: Path) -> ctypes.CDLL:
         "pb_set_threads": (None, [i32, i64]),
         "pb_get_threads": (i32, []),
         "pb_pool_stats": (None, [p]),
+        "pb_pool_test_stall": (None, [i64, i64]),
         "pb_linear": (i32, [i32, p, i64, i64, p, i64, p]),
         "pb_quantize_row": (None, [p, i64, p, p, p, p]),
         "pb_dequantize": (None, [i32, p, i64, p, i64, p]),
@@ -176,13 +177,22 @@ def set_threads(n: int) -> None:
 def pool_stats() -> dict:
     """The pool's counters since the last call: jobs; stalls (the caller waited > 50 us for a
     preempted helper); busy (windows in which the caller itself waited > 5 % of the time for a
-    core); alone (jobs the caller ran by itself in the backoff after either)."""
+    core); alone (jobs the caller ran by itself in a backoff, which follows when waits for helpers
+    pass 25 % of the recent jobs' wall time, or after two busy windows in a row)."""
     L = lib()
     if L is None:
         return {"jobs": 0, "stalls": 0, "busy": 0, "alone": 0}
     buf = (ctypes.c_uint64 * 4)()
     L.pb_pool_stats(buf)
     return {"jobs": buf[0], "stalls": buf[1], "busy": buf[2], "alone": buf[3]}
+
+
+def test_stall(every: int, sleep_us: int) -> None:
+    """Tests only: pool helpers sleep ``sleep_us`` inside every ``every``-th job (0: never), as a
+    helper preempted mid-chunk would; the pool's backoff policy is tested against it."""
+    L = lib()
+    if L is not None:
+        L.pb_pool_test_stall(int(every), int(sleep_us))
 
 
 def threads() -> int:
