@@ -19,8 +19,9 @@ def main(argv=None) -> int:
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     serve.add_argument("--decode-threads", type=int, default=1,
-                       help="intra-op threads for each decode step (default 1: faster than 2 on this "
-                            "project's 2-core machines, see docs/perf.md; 0 = same as --threads)")
+                       help="native pool threads for each decode step (default 1: with a streaming client "
+                            "on the same 2 cores, 2 measured slower and noisier in the default pipeline; "
+                            "alone on an idle machine 2 are ~1.36x, see docs/perf.md; 0 = same as --threads)")
     serve.add_argument("--max-context", type=int, default=None,
                        help="KV cache positions (default: the model's whole context, e.g. 8192 for SmolLM2)")
     serve.add_argument("--linear", choices=list(LINEAR_KINDS), default=DEFAULT_LINEAR,
