@@ -81,8 +81,11 @@ class Engine:
         from . import native
         from .weights import load
 
-        self.loaded = load(self.spec, self.requested_context, self.linear, self.kv)
+        loaded = load(self.spec, self.requested_context, self.linear, self.kv)
+        # before `loaded` is published: /health answers 200 from then on, and a request must not
+        # reach the pool while it is resized
         native.set_threads(self.decode_threads or torch.get_num_threads())
+        self.loaded = loaded
 
     @property
     def max_context(self) -> int:

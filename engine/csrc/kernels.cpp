@@ -18,9 +18,11 @@
 //    partial softmax states are merged at the end (flash-decoding, Dao et al. 2023);
 //  * a tiny work-sharing pool: the calling thread and (threads - 1) helpers claim fixed-size chunks
 //    from one atomic counter. There is no barrier to wait at: a helper that the OS has not scheduled
-//    simply claims nothing and the caller does the work, so a busy second core costs at most one
-//    chunk of waiting (the OpenMP barriers of multi-threaded ATen GEMVs stalled for whole time
-//    slices, docs/perf.md). Helpers spin for a short while after each job, then sleep.
+//    simply claims nothing and the caller does the work. A helper preempted in the middle of a chunk
+//    still makes the caller wait until it runs again; the pool then works alone for a while while
+//    that keeps costing more than the second core gives (Pool::run). (The OpenMP barriers of
+//    multi-threaded ATen GEMVs stalled for whole time slices at every op, docs/perf.md.) Helpers
+//    spin for a short while after each job, then sleep.
 #include <immintrin.h>
 
 #include <atomic>
@@ -97,6 +99,7 @@ struct Pool {
     workers.clear();
     stop = false;
     for (int i = 0; i < helpers; ++i) workers.emplace_back([this] { loop(); });
+    reset_policy();
   }
 
   bool claim(uint32_t g, int64_t* chunk) {
@@ -160,9 +163,9 @@ struct Pool {
   //    second core is worth. So the caller keeps decayed sums of its jobs' wall time and of their
   //    waits for helpers (about the last WINDOW_NS) and backs off only when the waits
   //    are over STALL_SHARE of the wall time, i.e. when two threads have become slower than one:
-  //    decode is memory-bound, and two threads measured 1.46x one on an idle AMD EPYC guest (1.6x
-  //    for llama.cpp's on an Intel one), so the jobs' wall time may grow by a third (waits 25 %
-  //    of it) before one thread would have been faster. A disturbed second core (2-thread tokens
+  //    two decode threads measured 1.36-1.46x one on an idle AMD EPYC guest (llama.cpp's 1.6x its
+  //    one on an Intel one), so the jobs' wall time may grow by a third (waits 25 % of it) before
+  //    one thread would have been faster. A disturbed second core (2-thread tokens
   //    at 11 ms instead of 9.6 ms, against 14 ms alone) keeps both threads;
   //  * when other processes want the cores, a spinning helper takes CPU time from the caller
   //    itself: the caller's own run-queue wait (/proc/thread-self/schedstat), checked every
@@ -176,11 +179,19 @@ struct Pool {
   int64_t stall_us = 50;
   static constexpr int CHECK_JOBS = 128;
   // The stall share is judged over about the last WINDOW_NS of two-thread jobs (sums decayed by
-  // exp(-age / WINDOW_NS)), and only once MIN_HISTORY_NS of jobs are in it: a new helper's first
-  // jobs wait milliseconds for it (on a VM, for the idle second vCPU to be scheduled again).
+  // exp(-age / WINDOW_NS)), and only once the current streak of two-thread work (no gap between
+  // jobs longer than WINDOW_NS) has lasted MIN_HISTORY_NS: a new helper's first jobs wait
+  // milliseconds for it (on a VM, for the idle second vCPU to be scheduled again).
   static constexpr double WINDOW_NS = 100e6, MIN_HISTORY_NS = 50e6, STALL_SHARE = 0.25;
   double ew_wall_ns = 0, ew_wait_ns = 0;
-  Clock::time_point last_end{};
+  Clock::time_point last_end{}, streak_start{};
+
+  void reset_policy() {  // a new pool (or a test's new stall pattern) starts with no history
+    ew_wall_ns = ew_wait_ns = 0;
+    last_end = streak_start = Clock::time_point{};
+    backoff = std::chrono::microseconds(0);
+    alone_until = Clock::time_point{};
+  }
   uint64_t n_jobs = 0, n_stalls = 0, n_alone = 0, n_busy = 0;
 
   void back_off() {
@@ -264,13 +275,17 @@ struct Pool {
     state.store(((uint64_t)gen << 32) | 0xffffffffull, std::memory_order_release);
     const Clock::time_point end = Clock::now();
     const double wait_ns = spins && !waking ? std::chrono::duration<double, std::nano>(end - t0).count() : 0.0;
+    const double gap_ns = std::chrono::duration<double, std::nano>(start - last_end).count();
+    // (a backoff in force keeps the streak: its history is what the backoff is about)
+    if (last_end == Clock::time_point{} || (gap_ns > WINDOW_NS && !backoff.count())) streak_start = start;
     const double keep = std::exp(-std::chrono::duration<double, std::nano>(end - last_end).count() / WINDOW_NS);
     last_end = end;
     ew_wall_ns = ew_wall_ns * keep + std::chrono::duration<double, std::nano>(end - start).count();
     ew_wait_ns = ew_wait_ns * keep + wait_ns;
-    if (wait_ns > 1e3 * (double)stall_us) {
-      ++n_stalls;
-      if (ew_wall_ns >= MIN_HISTORY_NS && ew_wait_ns > STALL_SHARE * ew_wall_ns) back_off();
+    if (wait_ns > 1e3 * (double)stall_us) ++n_stalls;
+    if (wait_ns > 0 && std::chrono::duration<double, std::nano>(end - streak_start).count() >= MIN_HISTORY_NS &&
+        ew_wait_ns > STALL_SHARE * ew_wall_ns) {
+      back_off();
     } else if (backoff.count() && end > alone_until + 4 * backoff) {
       backoff = std::chrono::microseconds(0);  // a quiet spell: forget the history
     }
@@ -687,6 +702,7 @@ PB_API void pb_pool_stats(uint64_t* out) {
 PB_API void pb_pool_test_stall(int64_t every, int64_t sleep_us) {
   pool().stall_every = every;
   pool().stall_sleep_us = sleep_us;
+  pool().reset_policy();
 }
 
 // y (m, n) = x (m, k) @ dequant(w (n, k)).T. w: n rows of k/32 blocks in format fmt.
