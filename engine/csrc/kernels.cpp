@@ -120,10 +120,12 @@ struct Pool {
     int64_t c;
     bool first = true;
     while (claim(g, &c)) {
-      const int64_t every = stall_every.load(std::memory_order_relaxed);
-      if (helper && first && every > 0 && g % every == 0)
-        std::this_thread::sleep_for(std::chrono::microseconds(stall_sleep_us.load(std::memory_order_relaxed)));
-      first = false;
+      if (helper && first) {
+        const int64_t every = stall_every.load(std::memory_order_relaxed);
+        if (every > 0 && g % every == 0)
+          std::this_thread::sleep_for(std::chrono::microseconds(stall_sleep_us.load(std::memory_order_relaxed)));
+        first = false;
+      }
       fn(ctx, c);
       done.fetch_add(1, std::memory_order_release);
     }
@@ -174,6 +176,7 @@ struct Pool {
   // recurs; the helpers go to sleep after spin_us), so a busy machine degrades to one thread
   // instead of to llama.cpp-style barrier stalls. On a quiet machine neither happens.
   using Clock = std::chrono::steady_clock;
+  static double ns(Clock::duration d) { return std::chrono::duration<double, std::nano>(d).count(); }
   Clock::time_point alone_until{};
   std::chrono::microseconds backoff{0};
   int64_t stall_us = 50;
@@ -224,7 +227,7 @@ struct Pool {
     w.last = now;
     if (++w.jobs < CHECK_JOBS) return;
     const int64_t wait = runqueue_wait_ns();
-    const double wall_ns = std::chrono::duration<double, std::nano>(now - w.t0).count();
+    const double wall_ns = ns(now - w.t0);
     int busy_run = 0;
     if (wait >= 0 && wall_ns > 0 && (double)(wait - w.wait0) > 0.05 * wall_ns) {
       ++n_busy;
@@ -274,17 +277,15 @@ struct Pool {
     // take a chunk number of this job against the next job's parameters.
     state.store(((uint64_t)gen << 32) | 0xffffffffull, std::memory_order_release);
     const Clock::time_point end = Clock::now();
-    const double wait_ns = spins && !waking ? std::chrono::duration<double, std::nano>(end - t0).count() : 0.0;
-    const double gap_ns = std::chrono::duration<double, std::nano>(start - last_end).count();
+    const double wait_ns = spins && !waking ? ns(end - t0) : 0.0;
     // (a backoff in force keeps the streak: its history is what the backoff is about)
-    if (last_end == Clock::time_point{} || (gap_ns > WINDOW_NS && !backoff.count())) streak_start = start;
-    const double keep = std::exp(-std::chrono::duration<double, std::nano>(end - last_end).count() / WINDOW_NS);
+    if (last_end == Clock::time_point{} || (ns(start - last_end) > WINDOW_NS && !backoff.count())) streak_start = start;
+    const double keep = std::exp(-ns(end - last_end) / WINDOW_NS);
     last_end = end;
-    ew_wall_ns = ew_wall_ns * keep + std::chrono::duration<double, std::nano>(end - start).count();
+    ew_wall_ns = ew_wall_ns * keep + ns(end - start);
     ew_wait_ns = ew_wait_ns * keep + wait_ns;
     if (wait_ns > 1e3 * (double)stall_us) ++n_stalls;
-    if (wait_ns > 0 && std::chrono::duration<double, std::nano>(end - streak_start).count() >= MIN_HISTORY_NS &&
-        ew_wait_ns > STALL_SHARE * ew_wall_ns) {
+    if (wait_ns > 0 && ns(end - streak_start) >= MIN_HISTORY_NS && ew_wait_ns > STALL_SHARE * ew_wall_ns) {
       back_off();
     } else if (backoff.count() && end > alone_until + 4 * backoff) {
       backoff = std::chrono::microseconds(0);  // a quiet spell: forget the history

@@ -43,7 +43,7 @@ def q4_matrix(n=1536, k=576, seed=0):
     return kernels.split_rows("q4_1", gguf_blocks), gguf_blocks
 
 
-def run_jobs(blocks, k, n, jobs, x):
+def run_jobs(blocks, n, jobs, x):
     """``jobs`` pool jobs of one matrix-vector product; its result, the same every time"""
     ref = None
     for _ in range(jobs):
@@ -66,11 +66,11 @@ def test_rare_long_stalls_keep_both_threads(two_threads):
     for _attempt in range(3):
         native.test_stall(0, 0)
         native.pool_stats()
-        run_jobs(blocks, 576, 1536, 2000, x)
+        run_jobs(blocks, 1536, 2000, x)
         if native.pool_stats()["alone"]:
             continue  # this machine's own stalls earned a backoff: no quiet second core to test with
         native.test_stall(1000, 1000)  # 1 ms inside one job in a thousand: an idle machine's worst
-        run_jobs(blocks, 576, 1536, 20000, x)
+        run_jobs(blocks, 1536, 20000, x)
         stats = native.pool_stats()
         assert stats["stalls"] >= 1, stats
         judged.append(stats)
@@ -86,7 +86,7 @@ def test_stalling_helper_makes_the_caller_work_alone(two_threads):
     x = torch.randn(1, 576)
     ref = F.linear(x, kernels.dequantize_ref("q4_1", gguf_blocks, 576))
     native.test_stall(1, 1000)  # every job: a helper that is never there when needed
-    y = run_jobs(blocks, 576, 1536, 2000, x)
+    y = run_jobs(blocks, 1536, 2000, x)
     stats = native.pool_stats()
     # most jobs ran alone; without the backoff every one would have waited >= 1 ms for the helper
     assert stats["alone"] > 1000, stats
@@ -100,7 +100,7 @@ def test_other_processes_on_both_cores_make_the_caller_work_alone(two_threads):
     hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(CPUS)]
     try:
         time.sleep(0.3)
-        run_jobs(blocks, 576, 1536, 4000, x)
+        run_jobs(blocks, 1536, 4000, x)
     finally:
         for h in hogs:
             h.kill()
