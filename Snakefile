@@ -36,13 +36,21 @@ else:
 
 
     rule all:
+        """Every artifact of the run, the audit last."""
         default_target: True
         input:
             # Every artifact is named here, not only the bundle: deleting one (a visit, say) and
             # running again then redoes it and what depends on it, instead of leaving it missing.
-            lambda wc: all_artifacts(CFG, RES, run_visit_ids(), LENGTHS),
-            lambda wc: chain_artifacts(0, retries_only=True) + chain_artifacts(1, retries_only=True),
-            f"{RES}/report/landing.rst",
-            f"{RES}/private/retired.json",
-            f"{RES}/provenance.json",
-            f"{RES}/audit.json",
+            rules.plan.output,
+            *(L.per_arm(stage, a) for stage in PER_ARM for a in arms(CFG)),
+            rules.fixtures.output.fixtures,
+            lambda wc: chain_artifacts(CFG, 0) + chain_artifacts(CFG, 1),
+            lambda wc: [path for _, path in adapt_decisions(CFG)],
+            rules.stats.output,
+            rules.plots.output,
+            rules.crosscheck_compare.output if crosscheck_arms(CFG) else [],
+            rules.publish.output,
+            rules.landing.output,
+            rules.retire.output,
+            rules.provenance.output,
+            rules.audit.output,

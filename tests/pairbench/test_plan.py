@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from pairbench.core import order as pb_order
 from pairbench.core import plan as pb_plan
 
 REPO = Path(__file__).resolve().parents[2]
@@ -18,17 +19,17 @@ def cfg(**over):
 
 
 def test_abba_alternates_who_goes_first():
-    assert pb_plan.round_orders(["A", "B"], 4, "abba", 0) == [["A", "B"], ["B", "A"], ["A", "B"], ["B", "A"]]
+    assert pb_order.round_orders(["A", "B"], 4, "abba", 0) == [["A", "B"], ["B", "A"], ["A", "B"], ["B", "A"]]
 
 
 @pytest.mark.parametrize("arms, rounds", [(["A", "B"], 10), (["A", "B", "C"], 9)])
 def test_random_order_is_balanced_and_seeded(arms, rounds):
-    orders = pb_plan.round_orders(arms, rounds, "random", seed=7)
-    assert orders == pb_plan.round_orders(arms, rounds, "random", seed=7)
+    orders = pb_order.round_orders(arms, rounds, "random", seed=7)
+    assert orders == pb_order.round_orders(arms, rounds, "random", seed=7)
     assert all(sorted(o) == sorted(arms) for o in orders)
     firsts = Counter(o[0] for o in orders)
     assert set(firsts.values()) == {rounds // len(arms)}
-    other = [pb_plan.round_orders(arms, rounds, "random", seed=s) for s in range(20)]
+    other = [pb_order.round_orders(arms, rounds, "random", seed=s) for s in range(20)]
     assert any(o != orders for o in other), "the seed must change the order"
 
 
@@ -53,7 +54,7 @@ def test_same_config_same_plan_and_hash():
 
 def williams_block(k: int) -> list[list[str]]:
     arms = [chr(ord("A") + i) for i in range(k)]
-    return pb_plan.round_orders(arms, pb_plan.block_length(k, "williams"), "williams", seed=0)
+    return pb_order.round_orders(arms, pb_order.block_length(k, "williams"), "williams", seed=0)
 
 
 @pytest.mark.parametrize("k, rows", [(2, 2), (3, 6), (4, 4), (5, 10), (6, 6)])
@@ -70,12 +71,12 @@ def test_williams_block_is_balanced_for_position_and_first_order_carryover(k, ro
 
 
 def test_williams_with_two_arms_is_abba():
-    assert pb_plan.round_orders(["A", "B"], 6, "williams", 0) == pb_plan.round_orders(["A", "B"], 6, "abba", 0)
+    assert pb_order.round_orders(["A", "B"], 6, "williams", 0) == pb_order.round_orders(["A", "B"], 6, "abba", 0)
 
 
 def test_williams_repeats_its_block_and_sets_the_adaptive_step():
     assert williams_block(3) == [list("ABC"), list("BCA"), list("CAB"), list("CBA"), list("ACB"), list("BAC")]
-    assert pb_plan.round_orders(list("ABC"), 8, "williams", 0)[6:] == [list("ABC"), list("BCA")]
+    assert pb_order.round_orders(list("ABC"), 8, "williams", 0)[6:] == [list("ABC"), list("BCA")]
     cfg = {"label": "t", "model": "tiny", "arms": {"a": {}, "b": {}, "c": {}}, "lengths": [400], "output_tokens": 8,
            "rounds": {"min": 6, "max": 12, "target_halfwidth": 0.02}, "seed": 0, "order": "williams"}
     assert pb_plan.adaptive(cfg)["block"] == 6

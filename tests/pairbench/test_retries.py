@@ -2,6 +2,7 @@
 
 import pytest
 
+from pairbench.core import naming
 from pairbench.validate import retries
 
 
@@ -53,11 +54,11 @@ def test_unknown_kind_is_named():
 
 def test_keys_and_labels_match_the_file_names():
     measure = {"visit": {"id": "r03-candidate"}, "retry": 2, "records": []}
-    assert retries.measure_key(measure) == ("r03-candidate", 2)
-    assert retries.validation_key({"round": 3, "arm": "candidate", "retry": 2}) == ("r03-candidate", 2)
-    assert retries.validation_key({"round": 3, "arm": "candidate"}) == ("r03-candidate", 0)
-    assert retries.label("r03-candidate", 0) == "r03-candidate"
-    assert retries.label("r03-candidate", 2) == "r03-candidate.retry2"
+    assert naming.measure_key(measure) == ("r03-candidate", 2)
+    assert naming.validation_key({"round": 3, "arm": "candidate", "retry": 2}) == ("r03-candidate", 2)
+    assert naming.validation_key({"round": 3, "arm": "candidate"}) == ("r03-candidate", 0)
+    assert naming.label("r03-candidate", 0) == "r03-candidate"
+    assert naming.label("r03-candidate", 2) == "r03-candidate.retry2"
     assert retries.kind_of(["fail"]) == "case failure" and retries.kind_of(["timeout"]) == "validator timeout"
 
 

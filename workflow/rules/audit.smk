@@ -14,15 +14,16 @@ report: "../report/workflow.rst"
 
 
 rule landing:
+    """The HTML report's landing page: the verdict table and the retries, as RST."""
     input:
-        paired=f"{RES}/tables/paired.csv",
-        measurements=f"{RES}/tables/measurements.csv",
+        paired=rules.stats.output.paired_csv,
+        measurements=rules.stats.output.measurements,
     output:
-        landing=f"{RES}/report/landing.rst",
+        landing=L.landing,
     resources:
-        **other_resources(),
+        **other_resources(CFG),
     log:
-        f"{LOGS}/landing.log",
+        L.log("landing.log"),
     conda:
         "../envs/pairbench.yaml"
     script:
@@ -30,32 +31,30 @@ rule landing:
 
 
 rule provenance:
+    """What produced the run: every artifact's sha256 and schema, the versions, the config hash."""
     input:
-        plan=f"{RES}/plan.json",
-        per_arm=expand(f"{RES}/{{stage}}/{{arm}}.json", stage=["source", "build", "warmup"], arm=ARMS),
-        fixtures=expand(f"{RES}/fixtures/{{length}}.json", length=LENGTHS),
-        per_visit=lambda wc: expand(f"{RES}/{{stage}}/{{visit}}.json", stage=["measure", "validate"],
-                                    visit=run_visit_ids()),
-        adapt=lambda wc: [path for _, path in adapt_decisions()],
-        retries=lambda wc: chain_artifacts(0, retries_only=True) + chain_artifacts(1, retries_only=True),
+        plan=L.plan,
+        per_arm=[L.per_arm(stage, a) for stage in PER_ARM for a in arms(CFG)],
+        fixtures=rules.fixtures.output.fixtures,
+        per_visit=lambda wc: chain_artifacts(CFG, 0) + chain_artifacts(CFG, 1),
+        adapt=lambda wc: [path for _, path in adapt_decisions(CFG)],
         stats=rules.stats.output,
         plots=rules.plots.output,
         landing=rules.landing.output,
         # the cross-check's artifacts, when the engines have a tool (common.smk: crosscheck_arms)
-        crosscheck=expand(f"{RES}/crosscheck/{{arm}}.json", arm=CROSSCHECK)
-        + ([f"{RES}/stats/crosscheck.json"] if CROSSCHECK else []),
+        crosscheck=[*rules.crosscheck.output.crosschecks, L.crosscheck_summary] if crosscheck_arms(CFG) else [],
         # retries no longer in the run are out of it before the folder is recorded
-        retired=f"{RES}/private/retired.json",
+        retired=rules.retire.output.retired,
     output:
-        provenance=report(f"{RES}/provenance.json", caption="../report/provenance.rst", category="4 Audit"),
+        provenance=report(L.provenance, caption="../report/provenance.rst", category="4 Audit"),
     params:
-        run_dir=lambda wc, output: str(Path(output.provenance).parent),
+        run_dir=L.res,
         root=str(ROOT),
         config_sha256=pb_plan.full_config_sha256(CFG),
     resources:
-        **other_resources(),
+        **other_resources(CFG),
     log:
-        f"{LOGS}/provenance.log",
+        L.log("provenance.log"),
     conda:
         "../envs/pairbench.yaml"
     script:
@@ -63,20 +62,21 @@ rule provenance:
 
 
 rule audit:
+    """Re-validate every artifact against its schema and walk the hash chain; any finding fails it."""
     input:
-        provenance=f"{RES}/provenance.json",
+        provenance=rules.provenance.output.provenance,
         # the bundle is checked too (publish/MANIFEST.json), so it must be finished first
-        publish=f"{RES}/publish/MANIFEST.json",
+        publish=rules.publish.output.manifest,
     output:
-        audit=report(f"{RES}/audit.json", caption="../report/audit.rst", category="4 Audit"),
+        audit=report(L.audit, caption="../report/audit.rst", category="4 Audit"),
     params:
-        run_dir=lambda wc, output: str(Path(output.audit).parent),
+        run_dir=L.res,
     resources:
-        **other_resources(),
+        **other_resources(CFG),
     log:
-        job=f"{LOGS}/audit.log",
+        job=L.log("audit.log"),
         # the audit record, ok or not: Snakemake deletes a failed job's outputs but keeps its logs
-        record=f"{LOGS}/audit.json",
+        record=L.log("audit.json"),
     conda:
         "../envs/pairbench.yaml"
     script:

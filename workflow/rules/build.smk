@@ -2,23 +2,24 @@
 
 
 rule build:
+    """Build the arm's exported tree (or check its installed engine) and read its native version."""
     input:
-        plan=f"{RES}/plan.json",
-        source=f"{RES}/source/{{arm}}.json",
+        plan=L.plan,
+        source=L.source("{arm}"),
         model_file=model_inputs(CFG, ROOT),
     output:
-        build=f"{RES}/build/{{arm}}.json",
+        build=L.build("{arm}"),
     params:
         arm=lambda wc: wc.arm,
-        arm_dir=f"{RES}/src/{{arm}}",
+        arm_dir=L.tree("{arm}"),
         model=CFG["model"],
         cache_dir="resources/cache/converted",
         root=lambda wildcards: str(ROOT),  # a function: the checkout root, not a file prefix
     resources:
-        **other_resources(),
+        **other_resources(CFG),
     log:
-        job=f"{LOGS}/build/{{arm}}.log",
-        steps=f"{LOGS}/build/{{arm}}.steps.log",
+        job=L.log("build/{arm}.log"),
+        steps=L.log("build/{arm}.steps.log"),
     conda:
         "../envs/pairbench.yaml"
     script:

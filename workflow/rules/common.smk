@@ -1,9 +1,13 @@
-"""Config validation, paths and input helpers shared by every stage.
+"""Config validation, the run layout and the input helpers shared by every stage.
 
-Helpers take ``config`` as an argument (never a hidden global). The config is validated here, at
-parse time, so an invalid one fails before any job runs, with an error that names the key.
+The config is validated here, at parse time, so an invalid one fails before any job runs, with an
+error that names the key. Three globals: ``CFG`` (the validated, normalized config), ``ROOT`` (this
+checkout) and ``L`` (the run layout, pairbench.core.layout: every path of results/<label>/). Every
+helper takes ``cfg`` and reads nothing else; the ones that read a checkpoint's result use
+Snakemake's ``checkpoints`` object, which only exists here.
 """
 
+import re
 import sys
 from pathlib import Path
 
@@ -12,10 +16,12 @@ sys.path.insert(0, str(Path(workflow.basedir) / "workflow"))
 
 from snakemake.utils import validate
 
+from pairbench.core import conditions as pb_conditions
 from pairbench.core import config as pb_config
 from pairbench.core import plan as pb_plan
-from pairbench.validate import retries as pb_retries
 from pairbench.core.artifacts import read_artifact
+from pairbench.core.layout import PER_ARM, Layout
+from pairbench.validate import retries as pb_retries
 
 
 def own_config(config, config_settings, module):
@@ -41,14 +47,25 @@ def validate_config(config, schema):
 
 CFG = validate_config(own_config(config, workflow.config_settings, workflow.modifier.namespace), "../schemas/config.schema.yaml")
 ROOT = Path(workflow.basedir)
-RES = f"results/{CFG['label']}"
-LOGS = f"logs/{CFG['label']}"
-ARMS = pb_config.arm_names(CFG)
-LENGTHS = [str(n) for n in CFG["lengths"]]
-VISITS = pb_plan.visits(CFG)  # every visit the plan holds (up to rounds.max when adaptive)
-VISIT_IDS = [v["id"] for v in VISITS]
-BASELINE = pb_config.baseline_arm(CFG)
-ADAPTIVE = pb_plan.adaptive(CFG)  # None: fixed rounds
+L = Layout(CFG["label"])
+
+
+def arms(cfg):
+    return pb_config.arm_names(cfg)
+
+
+def condition_ids(cfg):
+    """The run's conditions (pairbench.core.conditions), in plan order."""
+    return [c.id for c in pb_conditions.conditions(cfg)]
+
+
+def visits(cfg):
+    """Every visit the plan holds (up to rounds.max when adaptive), in run order."""
+    return pb_plan.visits(cfg)
+
+
+def visit_by_id(cfg, visit_id):
+    return next(v for v in visits(cfg) if v["id"] == visit_id)
 
 
 def crosscheck_arms(cfg):
@@ -65,7 +82,6 @@ def crosscheck_arms(cfg):
     return [base, cand] if cand else []
 
 
-CROSSCHECK = crosscheck_arms(CFG)
 def on_cluster(workflow):
     """Whether a cluster executor runs this workflow. Read while the Snakefile is parsed, before
     Snakemake has chosen its executor: only a non-local executor keeps --jobs as cluster nodes (a
@@ -73,32 +89,36 @@ def on_cluster(workflow):
     return workflow.resource_settings.nodes is not None or workflow.remote_exec
 
 
-# The visits of this comparison are one Snakemake job group when a cluster executor runs them: the
-# group is one job on one node, one visit at a time (the visits are chained). Only the visits:
-# Snakemake rejects a group that a path through jobs outside it leads back into, and every job that
-# follows a visit (a validation and its checkpoint, a validation retry, an adaptive decision, the
-# cross-check) waits for validations; with those inside, a second comparison's group still in flight
-# when the first one's checkpoint updated the DAG was rejected ("depends on rule(s) ... from outside
-# the group"). A local run, which needs no group, has none: the ordering chain of visits leads back
-# into the group as soon as a finished visit lies between two that rerun (a visit deleted and redone).
-# docs/cluster.md says what a checkpoint may split, and how to redo one visit of a finished chain on
-# a cluster. No warmups: every visit takes them as inputs.
-MEASURE_GROUP = f"measure_{CFG['label']}" if on_cluster(workflow) else None
+def measure_group(cfg):
+    """The measuring job group of this comparison on a cluster (None locally).
+
+    The visits are one Snakemake job group when a cluster executor runs them: the group is one job
+    on one node, one visit at a time (the visits are chained). Only the visits: Snakemake rejects a
+    group that a path through jobs outside it leads back into, and every job that follows a visit (a
+    validation and its checkpoint, a validation retry, an adaptive decision, the cross-check) waits
+    for validations; with those inside, a second comparison's group still in flight when the first
+    one's checkpoint updated the DAG was rejected ("depends on rule(s) ... from outside the group").
+    A local run, which needs no group, has none: the ordering chain of visits leads back into the
+    group as soon as a finished visit lies between two that rerun (a visit deleted and redone).
+    docs/cluster.md says what a checkpoint may split, and how to redo one visit of a finished chain
+    on a cluster. No warmups: every visit takes them as inputs.
+    """
+    return f"measure_{cfg['label']}" if on_cluster(workflow) else None
 
 
-def measure_resources(arms):
-    """Resources of a measuring job that launches *arms* (config `resources`, docs/cluster.md)."""
-    return pb_config.job_resources(CFG, "measure", arms)
+def measure_resources(cfg):
+    """Resources of a measuring job, which launches every arm (config `resources`, docs/cluster.md)."""
+    return pb_config.job_resources(cfg, "measure", arms(cfg))
 
 
-def other_resources():
-    return pb_config.job_resources(CFG, "other", [])
+def other_resources(cfg):
+    return pb_config.job_resources(cfg, "other", [])
 
 
 wildcard_constraints:
-    arm="|".join(ARMS),
-    length="|".join(LENGTHS),
-    visit="|".join(VISIT_IDS),
+    arm="|".join(arms(CFG)),
+    condition="|".join(re.escape(c) for c in condition_ids(CFG)),
+    visit="|".join(v["id"] for v in visits(CFG)),
     n="[1-9][0-9]*",
     rounds="[0-9]{2}",
 
@@ -122,11 +142,20 @@ def model_inputs(cfg, root):
     return [info["path"]] if info["kind"] == "gguf" else []
 
 
-def visit_by_id(visits, visit_id):
-    return next(v for v in visits if v["id"] == visit_id)
+def per_arm(cfg, stage):
+    """Every arm's artifact of a per-arm *stage* (source, build, warmup), in arm order."""
+    return [L.per_arm(stage, a) for a in arms(cfg)]
 
 
-def previous_visit(visits, visit_id, res):
+def fixtures(cfg):
+    return [L.fixture(c) for c in condition_ids(cfg)]
+
+
+def prompts(cfg):
+    return [L.prompts(c) for c in condition_ids(cfg)]
+
+
+def previous_visit(cfg, visit_id):
     """The previous visit's done-marker, as an ordering-only input.
 
     The previous visit must *finish* first, so no two visits ever overlap whatever --cores is; but
@@ -134,82 +163,62 @@ def previous_visit(visits, visit_id, res):
     than the measure artifact itself: Snakemake honours ``ancient`` only for files that exist, and
     "delete one visit's artifact, rerun" must redo that visit alone.
     """
-    v = visit_by_id(visits, visit_id)
-    if v["index"] == 1:
-        return []
-    return [ancient(visit_marker(res, visits[v["index"] - 2]["id"]))]
+    vs = visits(cfg)
+    v = visit_by_id(cfg, visit_id)
+    return [ancient(L.marker(vs[v["index"] - 2]["id"]))] if v["index"] > 1 else []
 
 
-def visit_marker(res, visit_id):
-    return f"{res}/private/order/{visit_id}.done"
-
-
-def previous_warmup(arms, arm, res):
+def previous_warmup(cfg, arm):
     """Warmups run one after another (ordering only), after the fixtures job's servers are gone."""
-    i = arms.index(arm)
-    return [ancient(f"{res}/warmup/{arms[i - 1]}.json")] if i else []
+    names = arms(cfg)
+    i = names.index(arm)
+    return [ancient(L.warmup(names[i - 1]))] if i else []
 
 
-def baseline_outputs(visits, visit_id, baseline, lengths, res):
+def baseline_outputs(cfg, visit_id):
     """The baseline arm's outputs in the same round (for the matches_baseline case)."""
-    v = visit_by_id(visits, visit_id)
-    if v["arm"] == baseline:
+    v = visit_by_id(cfg, visit_id)
+    base = pb_config.baseline_arm(cfg)
+    if v["arm"] == base:
         return []
-    return [f"{res}/private/outputs/r{v['round']:02d}-{baseline}-{n}.json" for n in lengths]
+    return [L.output(f"r{v['round']:02d}-{base}", c) for c in condition_ids(cfg)]
 
 
-def validation_inputs():
+def validation_inputs(cfg):
     """The inputs every validation takes, a visit's and a validation retry's alike."""
-    return dict(
-        fixtures=expand(f"{RES}/fixtures/{{length}}.json", length=LENGTHS),
-        baseline_outputs=lambda wc: baseline_outputs(VISITS, wc.visit, BASELINE, LENGTHS, RES),
-    )
+    return dict(fixtures=fixtures(cfg), baseline_outputs=lambda wc: baseline_outputs(cfg, wc.visit))
 
 
-def validation_params():
+def validation_params(cfg):
     """The params every validation takes (pairbench.stages.validate.validate_stage's keywords)."""
-    return dict(cases=CFG["validate"]["cases"], options=validate_options(CFG))
-
-
-def validate_options(cfg):
-    """The validation options handed to pairbench.validate.cases.run_cases."""
     v = cfg["validate"]
-    return {"min_agreement": v["agreement"], "timeout_s": v["timeout_s"]}
+    return dict(cases=v["cases"], options={"min_agreement": v["agreement"], "timeout_s": v["timeout_s"]})
 
 
-def visit_inputs():
+def visit_inputs(cfg):
     """The inputs every visit's job takes, the visit's own and a validation retry's alike."""
     return dict(
-        plan=f"{RES}/plan.json",
-        build=lambda wc: f"{RES}/build/{visit_by_id(VISITS, wc.visit)['arm']}.json",
-        warmups=expand(f"{RES}/warmup/{{arm}}.json", arm=ARMS),
-        fixtures=expand(f"{RES}/fixtures/{{length}}.json", length=LENGTHS),
-        prompts=expand(f"{RES}/private/prompts/{{length}}.json", length=LENGTHS),
+        plan=L.plan,
+        build=lambda wc: L.build(visit_by_id(cfg, wc.visit)["arm"]),
+        warmups=per_arm(cfg, "warmup"),
+        fixtures=fixtures(cfg),
+        prompts=prompts(cfg),
     )
 
 
-def visit_params():
+def visit_params(cfg):
     """The params every visit's job takes (pairbench.stages.measure.measure_stage's keywords)."""
     return dict(
-        visit=lambda wc: visit_by_id(VISITS, wc.visit),
-        arm_dir=lambda wc: f"{RES}/src/{visit_by_id(VISITS, wc.visit)['arm']}",
-        arm_config=lambda wc: CFG["arms"][visit_by_id(VISITS, wc.visit)["arm"]],
-        server=CFG["server"],
+        visit=lambda wc: visit_by_id(cfg, wc.visit),
+        arm_dir=lambda wc: L.tree(visit_by_id(cfg, wc.visit)["arm"]),
+        arm_config=lambda wc: cfg["arms"][visit_by_id(cfg, wc.visit)["arm"]],
+        server=cfg["server"],
         root=str(ROOT),
-        pid_file=f"{RES}/private/servers/measure.json",
+        pid_file=L.pid_file,
     )
 
 
-def measure_path(res, visit_id, n):
-    """The visit's own measure artifact (n = 0) or that of its validation retry n."""
-    return f"{res}/measure/{pb_retries.label(visit_id, n)}.json"
-
-
-def validate_path(res, visit_id, n):
-    return f"{res}/validate/{pb_retries.label(visit_id, n)}.json"
-
-
-def validation_chain(visit_id):
+def validation_chain(cfg, visit_id):
     """[(measure, validate), ...] of one visit: the visit itself, then each validation retry it earned.
 
     Retry n+1 is earned when retry n's validation excludes a record for a kind in validate.retry_on
@@ -217,99 +226,84 @@ def validation_chain(visit_id):
     it does, the checkpoint raises and Snakemake adds its job and asks again once it has run.
     """
     n = 0
-    chain = [(measure_path(RES, visit_id, 0), validate_path(RES, visit_id, 0))]
-    while n < CFG["validate"]["retries"]:
+    chain = [(L.measure(visit_id), L.validate(visit_id))]
+    while n < cfg["validate"]["retries"]:
         if n == 0:
             checkpoints.validate.get(visit=visit_id)
         else:
             checkpoints.validate_retry.get(visit=visit_id, n=str(n))
-        if not pb_retries.retry_reasons(read_artifact(chain[-1][1], "validate"), CFG["validate"]["retry_on"]):
+        if not pb_retries.retry_reasons(read_artifact(chain[-1][1], "validate"), cfg["validate"]["retry_on"]):
             break
         n += 1
-        chain.append((measure_path(RES, visit_id, n), validate_path(RES, visit_id, n)))
+        chain.append((L.measure(visit_id, n), L.validate(visit_id, n)))
     return chain
 
 
-def adapt_decisions():
+def adapt_decisions(cfg):
     """The adaptive-rounds decisions the run consulted, in order: [(rounds done, path)], [] for fixed
     rounds. Reading a decision needs it to exist: until it does, the checkpoint raises and Snakemake
     adds its job (after the visits it reads) and asks again."""
-    if ADAPTIVE is None:
+    a = pb_plan.adaptive(cfg)
+    if a is None:
         return []
-    out, r = [], ADAPTIVE["min"]
-    while r < ADAPTIVE["max"]:
+    out, r = [], a["min"]
+    while r < a["max"]:
         path = checkpoints.adapt.get(rounds=f"{r:02d}").output.adapt
         out.append((r, path))
         if read_artifact(path, "adapt")["decision"] == "stop":
             break
-        r += ADAPTIVE["block"]
+        r += a["block"]
     return out
 
 
-def run_rounds():
+def run_rounds(cfg):
     """Rounds this run measures: the plan's, or as far as the adaptive decisions went."""
-    if ADAPTIVE is None:
-        return pb_plan.rounds_bounds(CFG)[1]
-    decisions = adapt_decisions()
+    a = pb_plan.adaptive(cfg)
+    if a is None:
+        return pb_plan.rounds_bounds(cfg)[1]
+    decisions = adapt_decisions(cfg)
     if not decisions:
-        return ADAPTIVE["min"]  # min == max: nothing to decide
+        return a["min"]  # min == max: nothing to decide
     last_r, last = decisions[-1]
-    return last_r if read_artifact(last, "adapt")["decision"] == "stop" else last_r + ADAPTIVE["block"]
+    return last_r if read_artifact(last, "adapt")["decision"] == "stop" else last_r + a["block"]
 
 
-def run_visit_ids():
+def run_visit_ids(cfg):
     """The visits this run measures, in plan order."""
-    n = run_rounds()
-    return [v["id"] for v in VISITS if v["round"] <= n]
+    n = run_rounds(cfg)
+    return [v["id"] for v in visits(cfg) if v["round"] <= n]
 
 
-def segment_last_visit(visit_id):
+def segment_last_visit(cfg, visit_id):
     """The last visit of the stretch of rounds measured before the next decision (the whole run for
     fixed rounds): a visit's validation waits for it, so no validation runs beside a measurement."""
-    if ADAPTIVE is None:
-        return VISIT_IDS[-1]
-    r = visit_by_id(VISITS, visit_id)["round"]
-    end = ADAPTIVE["min"]
+    a = pb_plan.adaptive(cfg)
+    vs = visits(cfg)
+    if a is None:
+        return vs[-1]["id"]
+    r = visit_by_id(cfg, visit_id)["round"]
+    end = a["min"]
     while end < r:
-        end += ADAPTIVE["block"]
-    return [v["id"] for v in VISITS if v["round"] <= end][-1]
+        end += a["block"]
+    return [v["id"] for v in vs if v["round"] <= end][-1]
 
 
-def visits_through(rounds):
-    return [v["id"] for v in VISITS if v["round"] <= rounds]
+def visits_through(cfg, rounds):
+    return [v["id"] for v in visits(cfg) if v["round"] <= rounds]
 
 
-def chain_artifacts(kind, retries_only=False):
+def chain_artifacts(cfg, kind, retries_only=False):
     """Every measured visit's measure (kind 0) or validate (kind 1) artifacts, its retries' included."""
-    return [pair[kind] for v in run_visit_ids() for pair in validation_chain(v)[1 if retries_only else 0:]]
+    return [pair[kind] for v in run_visit_ids(cfg) for pair in validation_chain(cfg, v)[1 if retries_only else 0:]]
 
 
-def retry_after(visit_id, n):
+def retry_after(cfg, visit_id, n):
     """Ordering-only inputs of a visit's validation retry n (every n): retries run one at a time,
     after every visit was measured and validated, in plan order: every earlier visit's whole chain
     of retries first (not only the previous visit's, which may have none). Nothing else (no visit,
     no validation, no other retry) runs beside one, whatever --cores is, in a resumed run too."""
-    v = visit_by_id(VISITS, visit_id)
-    measured = run_visit_ids()
-    after = [validate_path(RES, u, 0) for u in measured]
-    after += [validation_chain(u["id"])[-1][1] for u in VISITS[: v["index"] - 1] if u["id"] in measured]
+    v = visit_by_id(cfg, visit_id)
+    measured = run_visit_ids(cfg)
+    after = [L.validate(u) for u in measured]
+    after += [validation_chain(cfg, u["id"])[-1][1] for u in visits(cfg)[: v["index"] - 1] if u["id"] in measured]
     return [ancient(p) for p in dict.fromkeys(after)]
-
-
-def all_artifacts(cfg, res, visit_ids, lengths):
-    """Every artifact of a run, stage by stage (the inputs of rule all); *visit_ids* the measured ones."""
-    arms = list(cfg["arms"])
-    return [
-        f"{res}/plan.json",
-        *(f"{res}/{kind}/{arm}.json" for kind in ("source", "build", "warmup") for arm in arms),
-        *(f"{res}/fixtures/{n}.json" for n in lengths),
-        *(f"{res}/{kind}/{v}.json" for kind in ("measure", "validate") for v in visit_ids),
-        *(path for _, path in adapt_decisions()),
-        f"{res}/stats/summary.json",
-        *(f"{res}/tables/{t}.csv" for t in ("measurements", "summary", "paired", "ratios", "memory", "timing_agreement")),
-        *(f"{res}/plots/{p}.png" for p in ("ratios", "drift")),
-        *(f"{res}/crosscheck/{arm}.json" for arm in crosscheck_arms(cfg)),
-        *([f"{res}/stats/crosscheck.json"] if crosscheck_arms(cfg) else []),
-        f"{res}/publish/MANIFEST.json",
-        f"{res}/publish/README.md",
-    ]

@@ -4,26 +4,27 @@ both compared arms' engine profiles name a tool and crosscheck.rounds > 0 (commo
 
 
 rule crosscheck:
+    """The engine's own benchmark tool from each compared arm's build, after every visit."""
     input:
-        plan=f"{RES}/plan.json",
-        builds=expand(f"{RES}/build/{{arm}}.json", arm=CROSSCHECK),
+        plan=L.plan,
+        builds=[L.build(a) for a in crosscheck_arms(CFG)],
         # Ordering only: after every visit, validation and validation retry, so the tool never shares
         # the CPU with a measurement, whatever --cores is.
-        after=lambda wc: [ancient(p) for p in chain_artifacts(1)],
+        after=lambda wc: [ancient(p) for p in chain_artifacts(CFG, 1)],
     output:
-        crosschecks=expand(f"{RES}/crosscheck/{{arm}}.json", arm=CROSSCHECK),
-        raw=expand(f"{RES}/private/crosscheck/{{arm}}.json", arm=CROSSCHECK),
+        crosschecks=[L.crosscheck(a) for a in crosscheck_arms(CFG)],
+        raw=[L.crosscheck_raw(a) for a in crosscheck_arms(CFG)],
     params:
-        arms=CROSSCHECK,
-        arm_dirs=expand(f"{RES}/src/{{arm}}", arm=CROSSCHECK),
-        arm_configs={a: CFG["arms"][a] for a in CROSSCHECK},
+        arms=crosscheck_arms(CFG),
+        arm_dirs=[L.tree(a) for a in crosscheck_arms(CFG)],
+        arm_configs={a: CFG["arms"][a] for a in crosscheck_arms(CFG)},
         rounds=CFG["crosscheck"]["rounds"],
         root=str(ROOT),
     resources:
-        **measure_resources(ARMS),
+        **measure_resources(CFG),
     log:
-        job=f"{LOGS}/crosscheck/crosscheck.log",
-        tool=f"{LOGS}/crosscheck/tool.log",
+        job=L.log("crosscheck/crosscheck.log"),
+        tool=L.log("crosscheck/tool.log"),
     conda:
         "../envs/pairbench.yaml"
     script:
@@ -31,16 +32,17 @@ rule crosscheck:
 
 
 rule crosscheck_compare:
+    """The tool's ratios beside pairbench's verdicts: do they agree on direction and size?"""
     input:
-        plan=f"{RES}/plan.json",
-        summary=f"{RES}/stats/summary.json",
-        crosschecks=expand(f"{RES}/crosscheck/{{arm}}.json", arm=CROSSCHECK),
+        plan=L.plan,
+        summary=rules.stats.output.summary,
+        crosschecks=rules.crosscheck.output.crosschecks,
     output:
-        comparison=f"{RES}/stats/crosscheck.json",
+        comparison=L.crosscheck_summary,
     resources:
-        **other_resources(),
+        **other_resources(CFG),
     log:
-        f"{LOGS}/crosscheck/compare.log",
+        L.log("crosscheck/compare.log"),
     conda:
         "../envs/pairbench.yaml"
     script:

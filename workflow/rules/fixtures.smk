@@ -1,27 +1,28 @@
 """Stage 3a: synthetic frozen fixtures, exactly N native tokens, checked by every arm's /tokenize.
 
-One job for all lengths, so each arm's server starts once.
+One job for all conditions, so each arm's server starts once.
 """
 
 
 rule fixtures:
+    """One prompt per round and condition of exactly its input tokens, the same on every arm."""
     input:
-        plan=f"{RES}/plan.json",
-        builds=expand(f"{RES}/build/{{arm}}.json", arm=ARMS),
+        plan=L.plan,
+        builds=per_arm(CFG, "build"),
     output:
-        fixtures=expand(f"{RES}/fixtures/{{length}}.json", length=LENGTHS),
-        prompts=expand(f"{RES}/private/prompts/{{length}}.json", length=LENGTHS),
+        fixtures=fixtures(CFG),
+        prompts=prompts(CFG),
     params:
-        arms=ARMS,
-        arm_dirs=[f"{RES}/src/{arm}" for arm in ARMS],
+        arms=arms(CFG),
+        arm_dirs=[L.tree(a) for a in arms(CFG)],
         server=CFG["server"],
         arm_configs=CFG["arms"],
         root=str(ROOT),
     resources:
-        **measure_resources(ARMS),  # it launches every arm's server
+        **measure_resources(CFG),  # it launches every arm's server
     log:
-        job=f"{LOGS}/fixtures.log",
-        server=f"{RES}/private/logs/fixtures.log",
+        job=L.log("fixtures.log"),
+        server=L.server_log("fixtures"),
     conda:
         "../envs/pairbench.yaml"
     script:

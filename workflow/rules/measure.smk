@@ -6,25 +6,26 @@ run at the same time whatever --cores is, and re-measuring one visit leaves the 
 
 
 rule measure:
+    """One visit: launch the arm, a first request, the steady requests of every condition, stop."""
     input:
-        **visit_inputs(),
-        previous=lambda wc: previous_visit(VISITS, wc.visit, RES),
+        **visit_inputs(CFG),
+        previous=lambda wc: previous_visit(CFG, wc.visit),
     output:
-        measure=f"{RES}/measure/{{visit}}.json",
-        outputs=expand(f"{RES}/private/outputs/{{{{visit}}}}-{{length}}.json", length=LENGTHS),
-        marker=f"{RES}/private/order/{{visit}}.done",
+        measure=L.measure("{visit}"),
+        outputs=[L.output("{visit}", c) for c in condition_ids(CFG)],
+        marker=L.marker("{visit}"),
     params:
-        **visit_params(),
+        **visit_params(CFG),
     resources:
-        **measure_resources(ARMS),
+        **measure_resources(CFG),
         # Snakemake's attempt number (1 = first), recorded in the artifact; see `retries` below.
         attempt=lambda wc, attempt: attempt,
     # An engine fault fails the visit; Snakemake re-attempts it this many times (config `retries`).
     retries: CFG["retries"]
-    group: MEASURE_GROUP
+    group: measure_group(CFG)
     log:
-        job=f"{LOGS}/measure/{{visit}}.log",
-        server=f"{RES}/private/logs/measure/{{visit}}.log",
+        job=L.log("measure/{visit}.log"),
+        server=L.server_log("measure/{visit}"),
     conda:
         "../envs/pairbench.yaml"
     script:
@@ -32,24 +33,24 @@ rule measure:
 
 
 use rule measure as measure_retry with:
-    # Validation retry N of one visit: a partial visit of the lengths whose previous measurement
+    # Validation retry N of one visit: a partial visit of the conditions whose previous measurement
     # (the visit, or retry N-1) was excluded for a kind in validate.retry_on (pairbench.validate.retries).
     # Only ever requested by the validation checkpoints (common.smk: validation_chain).
     # Not in the measuring group: a retry waits for validations, which are outside it (common.smk).
     group: None
     input:
-        **visit_inputs(),
-        previous_measure=lambda wc: measure_path(RES, wc.visit, int(wc.n) - 1),
-        previous_validate=lambda wc: validate_path(RES, wc.visit, int(wc.n) - 1),
+        **visit_inputs(CFG),
+        previous_measure=lambda wc: L.measure(wc.visit, int(wc.n) - 1),
+        previous_validate=lambda wc: L.validate(wc.visit, int(wc.n) - 1),
         # Ordering only: after every visit's own validation and every earlier visit's retries.
-        after=lambda wc: retry_after(wc.visit, int(wc.n)),
+        after=lambda wc: retry_after(CFG, wc.visit, int(wc.n)),
     output:
-        measure=f"{RES}/measure/{{visit}}.retry{{n}}.json",
-        outputs=directory(f"{RES}/private/outputs/{{visit}}.retry{{n}}"),
+        measure=L.measure("{visit}", "{n}"),
+        outputs=directory(L.retry_outputs("{visit}", "{n}")),
     params:
-        **visit_params(),
+        **visit_params(CFG),
         retry=lambda wc: int(wc.n),
         retry_on=CFG["validate"]["retry_on"],
     log:
-        job=f"{LOGS}/measure/{{visit}}.retry{{n}}.log",
-        server=f"{RES}/private/logs/measure/{{visit}}.retry{{n}}.log",
+        job=L.log("measure/{visit}.retry{n}.log"),
+        server=L.server_log("measure/{visit}.retry{n}"),

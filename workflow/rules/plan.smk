@@ -1,17 +1,18 @@
-"""Stage 0: the plan (arms, lengths, counterbalanced visit order, salts, config hash)."""
+"""Stage 0: the plan (arms, conditions, counterbalanced visit order, salts, config hash)."""
 
 
 rule plan:
+    """The run plan, a pure function of the measurement config."""
     output:
-        plan=f"{RES}/plan.json",
+        plan=L.plan,
     params:
         # Only the measurement config: a stats/validate/retries change must not re-plan (re-measure).
         config=pb_plan.measurement_config(CFG),
         root=str(ROOT),
     resources:
-        **other_resources(),
+        **other_resources(CFG),
     log:
-        f"{LOGS}/plan.log",
+        L.log("plan.log"),
     conda:
         "../envs/pairbench.yaml"
     script:

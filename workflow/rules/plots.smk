@@ -1,17 +1,18 @@
-"""Stage 6b: plots — paired ratios with their CI band per length, and per-arm drift by round."""
+"""Stage 6b: plots — paired ratios with their CI band per condition, and per-arm drift by round."""
 
 
 rule plots:
+    """Paired ratios with their intervals, and each arm's primary metrics by round."""
     input:
-        summary=f"{RES}/stats/summary.json",
-        measurements=f"{RES}/tables/measurements.csv",
+        summary=rules.stats.output.summary,
+        measurements=rules.stats.output.measurements,
     output:
-        ratios=report(f"{RES}/plots/ratios.png", caption="../report/plots.rst", category="3 Plots"),
-        drift=report(f"{RES}/plots/drift.png", caption="../report/drift.rst", category="3 Plots"),
+        ratios=report(L.plot("ratios"), caption="../report/plots.rst", category="3 Plots"),
+        drift=report(L.plot("drift"), caption="../report/drift.rst", category="3 Plots"),
     resources:
-        **other_resources(),
+        **other_resources(CFG),
     log:
-        f"{LOGS}/plots.log",
+        L.log("plots.log"),
     conda:
         "../envs/pairbench.yaml"
     script:

@@ -2,41 +2,32 @@
 
 
 rule publish:
+    """The report and the allowlisted, scrubbed, leak-gated bundle (pairbench.publish.assemble)."""
     input:
-        plan=f"{RES}/plan.json",
-        sources=expand(f"{RES}/source/{{arm}}.json", arm=ARMS),
-        builds=expand(f"{RES}/build/{{arm}}.json", arm=ARMS),
-        fixtures=expand(f"{RES}/fixtures/{{length}}.json", length=LENGTHS),
-        prompts=expand(f"{RES}/private/prompts/{{length}}.json", length=LENGTHS),
-        warmups=expand(f"{RES}/warmup/{{arm}}.json", arm=ARMS),
+        plan=L.plan,
+        sources=per_arm(CFG, "source"),
+        builds=per_arm(CFG, "build"),
+        warmups=per_arm(CFG, "warmup"),
+        fixtures=rules.fixtures.output,
         # every visit's, then each validation retry's after it (common.smk: validation_chain)
-        measures=lambda wc: chain_artifacts(0),
-        validations=lambda wc: chain_artifacts(1),
-        summary=f"{RES}/stats/summary.json",
-        measurements=f"{RES}/tables/measurements.csv",
-        summary_csv=f"{RES}/tables/summary.csv",
-        paired_csv=f"{RES}/tables/paired.csv",
-        ratios_csv=f"{RES}/tables/ratios.csv",
-        memory_csv=f"{RES}/tables/memory.csv",
-        timing_csv=f"{RES}/tables/timing_agreement.csv",
-        ratios_png=f"{RES}/plots/ratios.png",
-        drift_png=f"{RES}/plots/drift.png",
+        measures=lambda wc: chain_artifacts(CFG, 0),
+        validations=lambda wc: chain_artifacts(CFG, 1),
+        stats=rules.stats.output,
+        plots=rules.plots.output,
         # [] unless both compared arms' engines have a cross-check tool (common.smk: crosscheck_arms)
-        crosscheck=[f"{RES}/stats/crosscheck.json"] if CROSSCHECK else [],
+        crosscheck=[L.crosscheck_summary] if crosscheck_arms(CFG) else [],
     output:
         # Files, not directory(): Snakemake would drop a .snakemake_timestamp into a directory
         # output, and the bundle must hold exactly what MANIFEST.json lists.
-        manifest=f"{RES}/publish/MANIFEST.json",
-        report=f"{RES}/publish/README.md",
+        manifest=L.manifest,
+        report=L.report,
     params:
-        bundle=lambda wc, output: str(Path(output.manifest).parent),
-        private_dir=lambda wc, output: str(Path(output.manifest).parent.parent / "private"),
-        res_dir=lambda wc, output: str(Path(output.manifest).parent.parent),
+        res_dir=L.res,
         root=str(ROOT),
     resources:
-        **other_resources(),
+        **other_resources(CFG),
     log:
-        f"{LOGS}/publish.log",
+        L.log("publish.log"),
     conda:
         "../envs/pairbench.yaml"
     script:

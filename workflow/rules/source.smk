@@ -2,21 +2,22 @@
 
 
 rule source:
+    """Export the arm's source at its tag or path, check its patches apply, then apply them."""
     input:
-        plan=f"{RES}/plan.json",
+        plan=L.plan,
         patches=lambda wc: arm_patches(CFG, wc.arm),
         source_files=lambda wc: arm_source_files(CFG, wc.arm, ROOT),
     output:
-        source=f"{RES}/source/{{arm}}.json",
-        tree=directory(f"{RES}/src/{{arm}}"),
+        source=L.source("{arm}"),
+        tree=directory(L.tree("{arm}")),
     params:
         arm=lambda wc: wc.arm,
         arm_config=lambda wc: CFG["arms"][wc.arm],
         root=str(ROOT),
     resources:
-        **other_resources(),
+        **other_resources(CFG),
     log:
-        f"{LOGS}/source/{{arm}}.log",
+        L.log("source/{arm}.log"),
     conda:
         "../envs/pairbench.yaml"
     script:

@@ -8,21 +8,22 @@ its result. ``retire`` then moves the retries that are no longer in any visit's 
 
 
 checkpoint validate:
+    """The functional cases on every steady record of one visit."""
     input:
-        **validation_inputs(),
-        measure=f"{RES}/measure/{{visit}}.json",
-        outputs=expand(f"{RES}/private/outputs/{{{{visit}}}}-{{length}}.json", length=LENGTHS),
+        **validation_inputs(CFG),
+        measure=L.measure("{visit}"),
+        outputs=rules.measure.output.outputs,
         # Ordering only: validation (sandboxed subprocesses) never runs while a visit is measuring:
         # it waits for the last visit before the next adaptive decision (or of the run).
-        last_visit=lambda wc: ancient(visit_marker(RES, segment_last_visit(wc.visit))),
+        last_visit=lambda wc: ancient(L.marker(segment_last_visit(CFG, wc.visit))),
     output:
-        validate=f"{RES}/validate/{{visit}}.json",
+        validate=L.validate("{visit}"),
     params:
-        **validation_params(),
+        **validation_params(CFG),
     resources:
-        **other_resources(),
+        **other_resources(CFG),
     log:
-        f"{LOGS}/validate/{{visit}}.log",
+        L.log("validate/{visit}.log"),
     conda:
         "../envs/pairbench.yaml"
     script:
@@ -33,18 +34,19 @@ checkpoint validate:
 # validation retry N's records; matches_baseline compares with the baseline's output of the same
 # round from its own visit. The shared inputs and params are one definition (common.smk).
 checkpoint validate_retry:
+    """The functional cases on the records of one validation retry."""
     input:
-        **validation_inputs(),
-        measure=f"{RES}/measure/{{visit}}.retry{{n}}.json",
-        outputs=f"{RES}/private/outputs/{{visit}}.retry{{n}}",
+        **validation_inputs(CFG),
+        measure=rules.measure_retry.output.measure,
+        outputs=rules.measure_retry.output.outputs,
     output:
-        validate=f"{RES}/validate/{{visit}}.retry{{n}}.json",
+        validate=L.validate("{visit}", "{n}"),
     params:
-        **validation_params(),
+        **validation_params(CFG),
     resources:
-        **other_resources(),
+        **other_resources(CFG),
     log:
-        f"{LOGS}/validate/{{visit}}.retry{{n}}.log",
+        L.log("validate/{visit}.retry{n}.log"),
     conda:
         "../envs/pairbench.yaml"
     script:
@@ -56,17 +58,17 @@ rule retire:
     asks for fewer) move to private/superseded/<time>/, kept, never deleted; private/retired.json
     records every move, and the audit checks it. The one job that moves files it does not declare."""
     input:
-        measures=lambda wc: chain_artifacts(0),
-        validations=lambda wc: chain_artifacts(1),
+        measures=lambda wc: chain_artifacts(CFG, 0),
+        validations=lambda wc: chain_artifacts(CFG, 1),
     output:
-        retired=f"{RES}/private/retired.json",
+        retired=L.retired,
     params:
-        chain=lambda wc: {v: len(validation_chain(v)) - 1 for v in run_visit_ids()},
-        res_dir=lambda wc, output: str(Path(output.retired).parent.parent),
+        chain=lambda wc: {v: len(validation_chain(CFG, v)) - 1 for v in run_visit_ids(CFG)},
+        res_dir=L.res,
     resources:
-        **other_resources(),
+        **other_resources(CFG),
     log:
-        f"{LOGS}/retire.log",
+        L.log("retire.log"),
     conda:
         "../envs/pairbench.yaml"
     script:

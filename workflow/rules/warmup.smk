@@ -2,26 +2,27 @@
 
 
 rule warmup:
+    """Launch the arm once: health, version, a first-request diagnostic and a smoke check."""
     input:
-        plan=f"{RES}/plan.json",
-        build=f"{RES}/build/{{arm}}.json",
-        fixtures=ancient(expand(f"{RES}/fixtures/{{length}}.json", length=LENGTHS)),
-        previous=lambda wc: previous_warmup(ARMS, wc.arm, RES),
+        plan=L.plan,
+        build=L.build("{arm}"),
+        fixtures=ancient(fixtures(CFG)),
+        previous=lambda wc: previous_warmup(CFG, wc.arm),
     output:
-        warmup=f"{RES}/warmup/{{arm}}.json",
+        warmup=L.warmup("{arm}"),
     params:
         arm=lambda wc: wc.arm,
-        arm_dir=f"{RES}/src/{{arm}}",
+        arm_dir=L.tree("{arm}"),
         arm_config=lambda wc: CFG["arms"][wc.arm],
         server=CFG["server"],
         root=str(ROOT),
-    # Not in the measuring group (common.smk: MEASURE_GROUP): every visit takes every warmup as an
+    # Not in the measuring group (common.smk: measure_group): every visit takes every warmup as an
     # input, so a finished visit outside the group would lead back into it.
     resources:
-        **measure_resources(ARMS),
+        **measure_resources(CFG),
     log:
-        job=f"{LOGS}/warmup/{{arm}}.log",
-        server=f"{RES}/private/logs/warmup/{{arm}}.log",
+        job=L.log("warmup/{arm}.log"),
+        server=L.server_log("warmup/{arm}"),
     conda:
         "../envs/pairbench.yaml"
     script:

@@ -2,7 +2,7 @@
 
 After ``min`` rounds, and after every further block of k rounds (one per arm, counterbalanced),
 the pipeline asks :func:`decide` whether to measure another block. It stops when every primary
-comparison of every candidate (candidates × primary metrics × lengths) has an interval whose
+comparison of every candidate (candidates × primary metrics × conditions) has an interval whose
 half-width, as a ratio, is at most ``target_halfwidth``, or when ``max`` rounds were run.
 
 The width is taken at one fixed level, the widest the multiplicity procedure can assign (α/m for
@@ -23,22 +23,23 @@ import math
 
 import pandas as pd
 
-from pairbench.analysis import signrank, stats as pb_stats, verdicts as pb_verdicts
+from pairbench.analysis import signrank, verdicts as pb_verdicts
+from pairbench.analysis.pairing import paired_differences
 
 
 def widths(df: pd.DataFrame, *, baseline: str, candidates: list[str], metrics, alpha: float,
            multiplicity: str) -> dict:
-    """``{"width_level", "comparisons": [{candidate, length, metric, n_pairs, half_width}]}`` at the
+    """``{"width_level", "comparisons": [{candidate, condition, metric, n_pairs, half_width}]}`` at the
     fixed level of the family over every candidate."""
-    d = {c: pb_stats.paired_differences(df, baseline=baseline, candidate=c, metrics=metrics) for c in candidates}
+    d = {c: paired_differences(df, baseline=baseline, candidate=c, metrics=metrics) for c in candidates}
     level = pb_verdicts.width_level(sum(len(v) for v in d.values()), alpha, multiplicity)
     rows = []
     for cand in candidates:
-        for (length, metric), diffs in sorted(d[cand].items(), key=lambda kv: (int(kv[0][0]), kv[0][1])):
+        for (cond, metric), diffs in d[cand].items():  # conditions in plan order
             w = signrank.walsh(diffs)
             low, high = signrank.interval(w, diffs.size, level)
             half = (math.exp(high) - math.exp(low)) / 2 if math.isfinite(low) else None
-            rows.append({"candidate": cand, "length": int(length), "metric": metric, "n_pairs": int(diffs.size),
+            rows.append({"candidate": cand, "condition": cond, "metric": metric, "n_pairs": int(diffs.size),
                          "half_width": half})
     return {"width_level": level, "comparisons": rows}
 
@@ -57,7 +58,7 @@ def decide(df: pd.DataFrame, *, baseline: str, candidates: list[str], metrics, a
     if len(candidates) > 1 and halves:
         # which candidate holds the run back (the first unbounded one, else the widest)
         row = max(w["comparisons"], key=lambda c: math.inf if c["half_width"] is None else c["half_width"])
-        widest_text += f" ({row['candidate']}: {row['metric']} at {row['length']})"
+        widest_text += f" ({row['candidate']}: {row['metric']} at {row['condition']})"
     if reached:
         decision = "stop"
         reason = (f"stopped after {rounds_done} rounds: every primary interval reached the target ±{target:.2%} "

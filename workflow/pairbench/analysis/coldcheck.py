@@ -9,7 +9,7 @@ statistics (or every gated record when no ``selected`` column exists):
 - **scaling**: the median TTFT must grow with the number of evaluated tokens across lengths
   (prefill work is at least proportional to the tokens evaluated); the fitted marginal cost per
   1,000 tokens is stated;
-- **no shortcut**: no record's TTFT may be below a quarter of the median TTFT of its arm × length.
+- **no shortcut**: no record's TTFT may be below a quarter of the median TTFT of its arm × prompt length.
   A reused prefix of most of the prompt answers many times sooner (the salt at the start of every
   round's prompt leaves a repeat of the same prompt as the only thing to reuse, and that is all of
   it), while the machine's own speed moved TTFT by at most ~2.3× from its median even at a load
@@ -28,7 +28,7 @@ SHORTCUT = 0.25
 
 def cross_check(df: pd.DataFrame) -> list[dict]:
     """``[{"arm", "ok", "scaling_ok", "shortcuts", "ms_per_1k_tokens", "detail"}]``, one per arm."""
-    need = {"arm", "length", "ttft_ms", "prompt_tokens"}
+    need = {"arm", "ttft_ms", "prompt_tokens"}
     if df.empty or not need <= set(df.columns):
         return []
     d = df.copy()
@@ -53,7 +53,7 @@ def cross_check(df: pd.DataFrame) -> list[dict]:
             parts.append(f"median time to first token {ladder} tokens ({per_k:+.0f} ms per 1,000 evaluated tokens): "
                          + ("it grows with the tokens evaluated" if scaling_ok else
                             "it does NOT grow with the tokens evaluated, which a full evaluation would cause"))
-        parts.append(f"{shortcuts} of {len(g)} records answered in under {SHORTCUT:g}× their arm × length median"
+        parts.append(f"{shortcuts} of {len(g)} records answered in under {SHORTCUT:g}× their arm × prompt length median"
                      + ("" if shortcuts == 0 else ", as a reused prefix would"))
         out.append({"arm": str(arm), "ok": bool(ok), "scaling_ok": scaling_ok, "shortcuts": shortcuts,
                     "ms_per_1k_tokens": per_k,

@@ -54,18 +54,19 @@ def classify(ratio: float | None, noise: float) -> str | None:
     return "equivalent"
 
 
-def compare(summary: dict, baseline: dict, candidate: dict, *, output_tokens: int) -> dict:
+def compare(summary: dict, baseline: dict, candidate: dict) -> dict:
     """The ``crosscheck_summary`` body (without ``inputs``) from the summary and the cross-checks of
-    the baseline and one candidate (``candidate["arm"]``, compared with its own pair body)."""
+    the baseline and one candidate (``candidate["arm"]``, compared with its own pair body). The tool
+    knows prompt and generated tokens, so each condition is matched by its input and output tokens."""
     pair = summary["comparisons"][candidate["arm"]]
     noise = float(summary["params"]["noise"])
     rows = []
-    for length in sorted(int(n) for n in pair["paired"]):
-        cells = pair["paired"][str(length)]
+    for cond in pair["conditions"]:
+        cells = pair["paired"].get(cond["id"], {})
         for quantity, (kind, metrics) in PAIRS.items():
             metric = next((m for m in metrics if m in cells), None)
-            b = _tool_test(baseline["tests"], kind, length, output_tokens)
-            c = _tool_test(candidate["tests"], kind, length, output_tokens)
+            b = _tool_test(baseline["tests"], kind, cond["input_tokens"], cond["output_tokens"])
+            c = _tool_test(candidate["tests"], kind, cond["input_tokens"], cond["output_tokens"])
             if metric is None or b is None or c is None:
                 continue
             cell = cells[metric]
@@ -80,7 +81,7 @@ def compare(summary: dict, baseline: dict, candidate: dict, *, output_tokens: in
             lo, hi, hl = cell["ci_low"], cell["ci_high"], cell["hl_ratio"]
             size = None if ratio is None or lo is None or hi is None else ("within CI" if lo <= ratio <= hi else "outside CI")
             rows.append({
-                "length": length, "quantity": quantity, "test": b["test"], "n_depth": b["n_depth"],
+                "condition": cond["id"], "quantity": quantity, "test": b["test"], "n_depth": b["n_depth"],
                 "metric": metric, "baseline_tok_s": b["avg_tok_s"], "candidate_tok_s": c["avg_tok_s"],
                 "baseline_stddev_tok_s": b["stddev_tok_s"], "candidate_stddev_tok_s": c["stddev_tok_s"],
                 "tool_ratio": ratio, "tool_direction": tool_dir,
@@ -99,7 +100,7 @@ def statement(body: dict) -> str:
     """One sentence for the report: do the tool and pairbench agree, on direction and on size."""
     rows = body["rows"]
     if not rows:
-        return f"{body['tool']} produced no test matching the planned lengths; nothing to compare."
+        return f"{body['tool']} produced no test matching the planned conditions; nothing to compare."
     n = len(rows)
     c = body["direction_counts"]
     parts = [f"{body['tool']} and pairbench agree on the direction of the effect in {c['agree']} of {n} "

@@ -1,4 +1,5 @@
-"""PNG plots for the report bundle: paired ratios with their CI band, and per-arm drift by round.
+"""PNG plots for the report bundle: paired ratios with their CI band, and per-arm drift by round,
+one panel per condition (its id in the title; the report names what each id means).
 
 Both take the same inputs as the statistics (``stats/summary.json`` body, ``tables/measurements.csv``
 as a DataFrame) and write one PNG each with matplotlib's Agg backend (no display needed), via a
@@ -18,7 +19,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from pairbench.analysis.stats import METRICS, StatsInputError, as_bool  # noqa: E402
+from pairbench.analysis.measurements import StatsInputError, as_bool, condition_order  # noqa: E402
+from pairbench.core.metrics import METRICS  # noqa: E402
 
 CANDIDATE_COLOURS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown")
 ARM_STYLES = ("o-", "s--", "^-.", "d:")
@@ -39,27 +41,42 @@ def _save(fig: plt.Figure, path: str | os.PathLike) -> None:
         plt.close(fig)
 
 
+def _empty(path: str | os.PathLike, title: str, why: str) -> None:
+    """A figure that says there is nothing to draw, and why (a run with no selected record still
+    gets its report, which says the same)."""
+    fig, ax = plt.subplots(figsize=(6, 2.5))
+    ax.set_axis_off()
+    ax.text(0.5, 0.5, why, ha="center", va="center", fontsize=10, wrap=True)
+    fig.suptitle(title, fontsize=11)
+    fig.tight_layout()
+    _save(fig, path)
+
+
 def plot_ratios(summary: dict, path: str | os.PathLike) -> None:
-    """One panel per length × metric, every candidate side by side (one colour and x offset each):
+    """One panel per condition × metric, every candidate side by side (one colour and x offset each):
     its per-round ratios candidate/baseline and, right of the rounds, its Hodges–Lehmann estimate
     with the interval at the level it was judged at; the ±noise band around 1; the verdicts in the title."""
     cands = list(summary.get("candidates") or [])
     pairs = {c: summary["comparisons"][c] for c in cands}
     first = pairs[cands[0]] if cands else {}
-    lengths = sorted(first.get("paired") or {}, key=int)
+    conds = [c for c in summary.get("conditions") or [] if c["id"] in (first.get("paired") or {})]
     metrics = [m for m, v in (first.get("metrics") or {}).items() if v.get("role") != "memory"]
-    if not lengths or not metrics:
-        raise StatsInputError("summary has no paired results to plot (no candidates, lengths or metrics)")
+    if not cands or not metrics:
+        raise StatsInputError("summary has no candidates or metrics to plot")
+    title = f"Paired ratios against {summary['baseline']}, by round: {', '.join(cands)}"
+    if not conds:
+        _empty(path, title, "No condition had a selected record of both arms: nothing to pair.")
+        return
     noise = summary["params"]["noise"]
     colours = {c: CANDIDATE_COLOURS[i % len(CANDIDATE_COLOURS)] for i, c in enumerate(cands)}
     width = 0.6 / len(cands)
     offsets = {c: (i - (len(cands) - 1) / 2) * width for i, c in enumerate(cands)}
-    fig, axes = plt.subplots(len(metrics), len(lengths), squeeze=False, sharex=True,
-                             figsize=(3.6 * len(lengths) + 0.6, 2.5 * len(metrics) + 1.0))
-    for col, length in enumerate(lengths):
+    fig, axes = plt.subplots(len(metrics), len(conds), squeeze=False, sharex=True,
+                             figsize=(3.6 * len(conds) + 0.6, 2.5 * len(metrics) + 1.0))
+    for col, cond in enumerate(conds):
         for row, metric in enumerate(metrics):
             ax = axes[row][col]
-            cells = {c: pairs[c]["paired"].get(length, {}).get(metric) for c in cands}
+            cells = {c: pairs[c]["paired"].get(cond["id"], {}).get(metric) for c in cands}
             cells = {c: p for c, p in cells.items() if p is not None}
             if not cells:
                 ax.set_axis_off()
@@ -79,7 +96,7 @@ def plot_ratios(summary: dict, path: str | os.PathLike) -> None:
             ax.grid(axis="y", alpha=0.3)
             better = "higher" if next(iter(cells.values()))["higher_is_better"] else "lower"
             verdicts = "; ".join(f"{c} {p['verdict'] or 'not tested'}" for c, p in cells.items())
-            ax.set_title(f"{metric} @ {length} tok: {verdicts}", fontsize=8)
+            ax.set_title(f"{metric} @ {cond['id']}: {verdicts}", fontsize=8)
             if col == 0:
                 ax.set_ylabel(f"candidate / baseline\n({better} is faster)", fontsize=8)
             if row == len(metrics) - 1:
@@ -88,34 +105,34 @@ def plot_ratios(summary: dict, path: str | os.PathLike) -> None:
     handles, labels = axes[0][0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncol=min(4, len(labels)), fontsize=7, frameon=False,
                bbox_to_anchor=(0.5, 0.0))
-    fig.suptitle(f"Paired ratios against {summary['baseline']}, by round: {', '.join(cands)}", fontsize=11)
+    fig.suptitle(title, fontsize=11)
     fig.tight_layout(rect=(0, 0.08, 1, 1))
     _save(fig, path)
 
 
-def plot_drift(df: pd.DataFrame, path: str | os.PathLike,
-               metrics: tuple[str, ...] = ("decode_tok_s", "ttft_ms")) -> None:
-    """Per arm, each metric by round (one panel per metric × length), to show drift over the run.
+def plot_drift(df: pd.DataFrame, path: str | os.PathLike, metrics: tuple[str, ...]) -> None:
+    """Per arm, each of *metrics* (the run's primary metrics) by round (one panel per metric ×
+    condition), to show drift over the run.
 
     Selected samples are drawn as connected markers; excluded rows as grey crosses, so a gate
     failure or retry shows where it happened.
     """
-    missing = [c for c in ("round", "arm", "length", *metrics) if c not in df.columns]
+    missing = [c for c in ("round", "arm", "condition", *metrics) if c not in df.columns]
     if missing:
         raise StatsInputError(f"measurements table lacks column(s) for the drift plot: {', '.join(missing)}")
     if df.empty:
         raise StatsInputError("measurements table is empty: nothing to plot")
     df = df.copy()
     df["selected"] = as_bool(df["selected"], "selected") if "selected" in df.columns else True
-    lengths = sorted(int(v) for v in df["length"].unique())
+    conds = condition_order(df["condition"].astype(str).unique())
     arms = list(dict.fromkeys(df["arm"].astype(str)))
-    fig, axes = plt.subplots(len(metrics), len(lengths), squeeze=False, sharex=True,
-                             figsize=(3.6 * len(lengths) + 0.6, 2.6 * len(metrics) + 0.8))
-    for col, length in enumerate(lengths):
+    fig, axes = plt.subplots(len(metrics), len(conds), squeeze=False, sharex=True,
+                             figsize=(3.6 * len(conds) + 0.6, 2.6 * len(metrics) + 0.8))
+    for col, cond in enumerate(conds):
         for row, metric in enumerate(metrics):
             ax = axes[row][col]
             for i, arm in enumerate(arms):
-                cell = df[(df["arm"].astype(str) == arm) & (df["length"] == length)].sort_values("round")
+                cell = df[(df["arm"].astype(str) == arm) & (df["condition"] == cond)].sort_values("round")
                 sel = cell[cell["selected"]]
                 ax.plot(sel["round"], sel[metric], ARM_STYLES[i % len(ARM_STYLES)], ms=4, lw=1,
                         color=f"C{i}", label=arm)
@@ -124,8 +141,8 @@ def plot_drift(df: pd.DataFrame, path: str | os.PathLike,
                     ax.plot(exc["round"], exc[metric], "x", color="0.5", ms=6,
                             label="excluded" if i == 0 else None)
             ax.grid(alpha=0.3)
-            unit = METRICS.get(metric, {}).get("unit", "")
-            ax.set_title(f"{metric} @ {length} tok", fontsize=9)
+            unit = METRICS[metric].unit if metric in METRICS else ""
+            ax.set_title(f"{metric} @ {cond}", fontsize=9)
             if col == 0:
                 ax.set_ylabel(f"{metric} ({unit})" if unit else metric, fontsize=8)
             if row == len(metrics) - 1:

@@ -5,17 +5,32 @@ passed every gate (``ok``), its cold cache is proven (``cold_cache`` true; a nul
 with ``gates.allow_unproven_cold_cache``), it passed every configured validation case, and no
 validation retry measured it again (``retry`` is 0 for a visit's own records, N for retry N's);
 ``reason`` says, in a short publishable label, why a row was not selected (the full reasons stay in
-the artifacts and report). ``repeat`` numbers a visit's steady requests at one length (1 = first).
+the artifacts and report). ``repeat`` numbers a visit's steady requests at one condition (1 = first).
+``condition`` is the condition id, followed by one column per condition factor
+(:mod:`pairbench.core.conditions`); one column per metric of :data:`pairbench.core.metrics.METRICS`.
 """
 
 from __future__ import annotations
 
 import pandas as pd
 
-COLUMNS = ["round", "arm", "length", "repeat", "visit_index", "attempt", "retry", "ok", "cold_cache", "selected", "reason",
-           "ttft_ms", "e2e_ms",
-           "prefill_tok_s", "decode_tok_s", "engine_prefill_tok_s", "engine_decode_tok_s", "prompt_tokens",
-           "completion_tokens", "tokens_cached", "kv_bytes", "peak_rss_bytes"]
+from pairbench.core.conditions import FACTORS, factor_columns, parse_id
+from pairbench.core.metrics import METRICS
+from pairbench.core.naming import measure_key
+
+# The row key, the record facts, then one column per metric of the registry (in its order) and the
+# native counters. The factor columns (one per condition factor the run has) follow ``condition``.
+KEY_COLUMNS = ["round", "arm", "condition"]
+FACT_COLUMNS = ["repeat", "visit_index", "attempt", "retry", "ok", "cold_cache", "selected", "reason"]
+COUNT_COLUMNS = ["prompt_tokens", "completion_tokens", "tokens_cached"]
+METRIC_COLUMNS = list(METRICS)
+
+
+def columns(factors: list[str]) -> list[str]:
+    """The measurements table's columns for a run with these condition *factors*."""
+    return [*KEY_COLUMNS, *factors, *FACT_COLUMNS, *METRIC_COLUMNS, *COUNT_COLUMNS]
+
+
 REASON_MAX = 64
 
 
@@ -47,26 +62,25 @@ def measurements_frame(measures: list[dict], validations: dict[tuple[str, int], 
                        allow_unproven_cold_cache: bool = False) -> pd.DataFrame:
     """Rows for every steady record of every visit and of every validation retry.
 
-    *validations* maps (visit id, retry) to the validate body (``pairbench.validate.retries.validation_key``).
+    *validations* maps (visit id, retry) to the validate body (``pairbench.core.naming.validation_key``).
     A record that a later retry measured again is kept, never selected, with the reason
-    ``superseded by retry N``: only the latest measurement of a (round, arm, length) may count. A
+    ``superseded by retry N``: only the latest measurement of a (round, arm, condition) may count. A
     record whose cold-cache gate is null is selected only with *allow_unproven_cold_cache*.
     """
-    from pairbench.validate.retries import measure_key
-
     latest: dict[tuple, int] = {}
     for m in measures:
         for rec in m["records"]:
-            key = (rec["round"], rec["arm"], rec["length"])
+            key = (rec["round"], rec["arm"], rec["condition"])
             latest[key] = max(latest.get(key, 0), measure_key(m)[1])
+    factors = [f.name for f in FACTORS if any(f.name in rec for m in measures for rec in m["records"])]
     rows = []
     for m in measures:
         retry = measure_key(m)[1]
         val = validations.get(measure_key(m))
-        by_cell = {(r["length"], record_repeat(r)): r for r in val["records"]} if val else {}
+        by_cell = {(r["condition"], record_repeat(r)): r for r in val["records"]} if val else {}
         for rec in m["records"]:
-            v = by_cell.get((rec["length"], record_repeat(rec)))
-            newer = latest[(rec["round"], rec["arm"], rec["length"])]
+            v = by_cell.get((rec["condition"], record_repeat(rec)))
+            newer = latest[(rec["round"], rec["arm"], rec["condition"])]
             cold = rec["gates"].get("cold_cache")
             proven = cold is True or (cold is None and allow_unproven_cold_cache)
             selected = bool(rec["ok"] and proven and v is not None and v["selected"] and newer == retry)
@@ -79,34 +93,35 @@ def measurements_frame(measures: list[dict], validations: dict[tuple[str, int], 
                 if rec["ok"] and not proven:
                     reason = UNPROVEN + (f" + {reason}" if reason else "")
                 reason = (reason or "not validated")[:REASON_MAX]
-            eng = rec["engine"] or {}
             rows.append({
-                "round": rec["round"], "arm": rec["arm"], "length": rec["length"], "repeat": record_repeat(rec),
+                "round": rec["round"], "arm": rec["arm"], "condition": rec["condition"],
+                **{f: rec.get(f) for f in factors}, "repeat": record_repeat(rec),
                 "visit_index": rec["visit_index"], "attempt": rec["attempt"], "retry": retry, "ok": rec["ok"],
-                "cold_cache": cold,
-                "selected": selected, "reason": reason,
-                "ttft_ms": rec["ttft_ms"], "e2e_ms": rec["e2e_ms"], "prefill_tok_s": rec["prefill_tok_s"],
-                "decode_tok_s": rec["decode_tok_s"], "engine_prefill_tok_s": eng.get("prefill_tok_s"),
-                "engine_decode_tok_s": eng.get("decode_tok_s"), "prompt_tokens": rec["prompt_tokens"],
-                "completion_tokens": rec["completion_tokens"], "tokens_cached": rec["tokens_cached"],
-                "kv_bytes": rec["kv_bytes"], "peak_rss_bytes": rec["peak_rss_bytes"],
+                "cold_cache": cold, "selected": selected, "reason": reason,
+                **{name: metric.value(rec) for name, metric in METRICS.items()},
+                **{c: rec[c] for c in COUNT_COLUMNS},
             })
-    df = pd.DataFrame(rows, columns=COLUMNS)
-    return df.sort_values(["visit_index", "repeat", "length", "retry"], kind="stable").reset_index(drop=True)
+    df = pd.DataFrame(rows, columns=columns(factors))
+    order = {c: i for i, c in enumerate(sorted({r["condition"] for r in rows}, key=parse_id))}
+    df["_order"] = df["condition"].map(order)
+    df = df.sort_values(["visit_index", "repeat", "_order", "retry"], kind="stable").drop(columns="_order")
+    return df.reset_index(drop=True)
 
 
 def timing_agreement(df: pd.DataFrame) -> pd.DataFrame:
-    """Per arm × length: median client vs engine decode and prefill tok/s, and how far they disagree.
+    """Per arm × condition: median client vs engine decode and prefill tok/s, and how far they disagree.
 
-    Over gated records, each (round, arm, length) once: a record a validation retry re-measured
+    Over gated records, each (round, arm, condition) once: a record a validation retry re-measured
     (reason ``superseded by retry N``) is left out, its retry counts.
     """
     superseded = (df["reason"].astype("string").fillna("").str.startswith("superseded") if "reason" in df.columns
                   else pd.Series(False, index=df.index))
     ok = df[df["ok"].astype(bool) & ~superseded]
     rows = []
-    for (arm, length), g in ok.groupby(["arm", "length"], sort=True):
-        row = {"arm": arm, "length": int(length)}
+    order = {c: i for i, c in enumerate(sorted(set(ok["condition"]), key=parse_id))}
+    for (arm, _, cond), g in ok.assign(_order=ok["condition"].map(order)).groupby(["arm", "_order", "condition"],
+                                                                                  sort=True):
+        row = {"arm": arm, "condition": cond}
         for kind in ("decode", "prefill"):
             client = pd.to_numeric(g[f"{kind}_tok_s"], errors="coerce").median()
             engine = pd.to_numeric(g[f"engine_{kind}_tok_s"], errors="coerce").median()
@@ -117,77 +132,83 @@ def timing_agreement(df: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-PAIRED_COLUMNS = ["candidate", "length", "metric", "role", "n_pairs", "n_dropped_pairs", "median_ratio", "hl_ratio",
+# Each summary table: its leading key columns (the condition's factor columns follow ``condition``),
+# then its value columns.
+PAIRED_COLUMNS = ["candidate", "condition", "metric", "role", "n_pairs", "n_dropped_pairs", "median_ratio", "hl_ratio",
                   "ci_low", "ci_high", "ci_level", "half_width", "detectable_change", "rounds_needed", "p_value",
                   "min_attainable_p", "claim_p", "family_rank", "median_change", "trimmed_mean_change",
                   "higher_is_better", "verdict"]
-MEMORY_COLUMNS = ["candidate", "length", "metric", "baseline_value", "candidate_value", "n_baseline", "n_candidate", "exact",
-                  "ratio", "ci_low", "ci_high", "ci_level", "verdict"]
-SUMMARY_COLUMNS = ["candidate", "arm", "length", "metric", "n", "n_visits", "median", "min", "max", "trimmed_mean",
+MEMORY_COLUMNS = ["candidate", "condition", "metric", "baseline_value", "candidate_value", "n_baseline", "n_candidate",
+                  "exact", "ratio", "ci_low", "ci_high", "ci_level", "verdict"]
+SUMMARY_COLUMNS = ["candidate", "arm", "condition", "metric", "n", "n_visits", "median", "min", "max", "trimmed_mean",
                    "trim_per_end", "n_missing", "n_outliers"]
-RATIOS_COLUMNS = ["candidate", "length", "metric", "round", "baseline_value", "candidate_value", "ratio", "valid"]
+RATIOS_COLUMNS = ["candidate", "condition", "metric", "round", "baseline_value", "candidate_value", "ratio", "valid"]
+TABLES = {"summary": SUMMARY_COLUMNS, "paired": PAIRED_COLUMNS, "ratios": RATIOS_COLUMNS, "memory": MEMORY_COLUMNS}
+
+
+def with_factors(cols: list[str], factors: list[str]) -> list[str]:
+    """*cols* with the factor columns inserted after ``condition``."""
+    i = cols.index("condition") + 1
+    return [*cols[:i], *factors, *cols[i:]]
 
 
 def summary_tables(summary: dict) -> dict[str, pd.DataFrame]:
     """Flat tables for ``tables/*.csv``, one block of rows per candidate (``candidate`` the arm
     compared with the baseline, in the summary's order): numeric columns plus the allowlisted
-    categorical columns ``candidate``, ``arm``, ``length``, ``metric``, ``role`` and ``verdict`` (no
-    free text, so they are safe to publish).
+    categorical columns ``candidate``, ``arm``, ``condition``, ``metric``, ``role`` and ``verdict``
+    (no free text, so they are safe to publish), and after ``condition`` one numeric column per
+    condition factor.
 
-    - ``summary``: one row per candidate × arm × length × metric (requests; ``n_visits`` the rounds
-      they span); the baseline's rows repeat under each candidate (the same figures);
-    - ``paired``: one row per candidate × length × metric (primary and secondary; ``verdict`` empty
-      for secondary);
-    - ``ratios``: one row per candidate × length × metric × round (per-round paired ratios of visit
-      summaries; ``baseline_value`` and ``candidate_value`` the two visit summaries);
-    - ``memory``: one row per candidate × length × memory metric (exact ratio, or the tested interval;
-      ``baseline_value`` and ``candidate_value`` the two medians).
+    - ``summary``: one row per candidate × arm × condition × metric (requests; ``n_visits`` the
+      rounds they span); the baseline's rows repeat under each candidate (the same figures);
+    - ``paired``: one row per candidate × condition × metric (primary and secondary; ``verdict``
+      empty for secondary);
+    - ``ratios``: one row per candidate × condition × metric × round (per-round paired ratios of
+      visit summaries; ``baseline_value`` and ``candidate_value`` the two visit summaries);
+    - ``memory``: one row per candidate × condition × memory metric (exact ratio, or the tested
+      interval; ``baseline_value`` and ``candidate_value`` the two medians).
     """
+    factors = factor_columns(summary.get("conditions", []))
     frames = [_pair_tables(cand, summary["comparisons"][cand]) for cand in summary["candidates"]]
-    out = {name: pd.concat([f[name] for f in frames], ignore_index=True) if frames else
-           pd.DataFrame(columns=cols)
-           for name, cols in (("summary", SUMMARY_COLUMNS), ("paired", PAIRED_COLUMNS),
-                              ("ratios", RATIOS_COLUMNS), ("memory", MEMORY_COLUMNS))}
+    out = {name: pd.DataFrame(rows, columns=with_factors(cols, factors))
+           for name, cols in TABLES.items() for rows in [[r for f in frames for r in f[name]]]}
     out["paired"]["rounds_needed"] = out["paired"]["rounds_needed"].astype("Int64")
     out["paired"]["family_rank"] = out["paired"]["family_rank"].astype("Int64")
     return out
 
 
-def _pair_tables(cand: str, pair: dict) -> dict[str, pd.DataFrame]:
+def _pair_tables(cand: str, pair: dict) -> dict[str, list[dict]]:
     """The four tables' rows of one candidate's pair body."""
-    # explicit orders (lengths numeric, metrics as the params list them): a summary read back from
-    # JSON has its keys sorted as text, and these tables must not depend on where it came from
-    lengths = [str(n) for n in pair["lengths"]]
+    # explicit orders (conditions as the plan lists them, metrics as the params list them): a
+    # summary read back from JSON has its keys sorted as text, and these tables must not depend on
+    # where it came from
+    conds = pair["conditions"]
     prm = pair["params"]
     order = [*prm.get("primary", []), *prm.get("secondary", []), *prm.get("memory", [])] or list(pair["metrics"])
 
     def ordered(table: dict):
-        for length in lengths:
-            by_metric = table.get(length, {})
+        for cond in conds:
+            by_metric = table.get(cond["id"], {})
             for metric in (m for m in order if m in by_metric):
-                yield length, metric, by_metric[metric]
+                yield {"condition": cond["id"], **{k: v for k, v in cond.items() if k != "id"}}, metric, by_metric[metric]
 
     rows = []
     for arm in (pair["baseline"], pair["candidate"]):
-        for length, metric, d in ordered(pair["arms"].get(arm, {})):
-            rows.append({"candidate": cand, "arm": arm, "length": int(length), "metric": metric,
+        for key, metric, d in ordered(pair["arms"].get(arm, {})):
+            rows.append({"candidate": cand, "arm": arm, **key, "metric": metric,
                          **{k: d[k] for k in SUMMARY_COLUMNS[4:]}})
     paired, ratios, memory = [], [], []
-    for length, metric, p in ordered(pair["paired"]):
-        paired.append({"candidate": cand, "length": int(length), "metric": metric,
-                       **{k: p[k] for k in PAIRED_COLUMNS[3:]}})
+    for key, metric, p in ordered(pair["paired"]):
+        paired.append({"candidate": cand, **key, "metric": metric, **{k: p[k] for k in PAIRED_COLUMNS[3:]}})
         for q in p["pairs"]:
-            ratios.append({"candidate": cand, "length": int(length), "metric": metric, "round": q["round"],
+            ratios.append({"candidate": cand, **key, "metric": metric, "round": q["round"],
                            "baseline_value": q["baseline"], "candidate_value": q["candidate"],
                            "ratio": q["ratio"], "valid": q["valid"]})
-    for length, metric, m in ordered(pair.get("memory", {})):
+    for key, metric, m in ordered(pair.get("memory", {})):
         t = m["test"] or {}
-        memory.append({"candidate": cand, "length": int(length), "metric": metric, "baseline_value": m["baseline"],
+        memory.append({"candidate": cand, **key, "metric": metric, "baseline_value": m["baseline"],
                        "candidate_value": m["candidate"],
                        **{k: m[k] for k in ("n_baseline", "n_candidate", "exact", "ratio")},
                        "ci_low": t.get("ci_low"), "ci_high": t.get("ci_high"), "ci_level": t.get("ci_level"),
                        "verdict": m["verdict"]})
-    return {"summary": pd.DataFrame(rows, columns=SUMMARY_COLUMNS),
-            "paired": pd.DataFrame(paired, columns=PAIRED_COLUMNS),
-            "ratios": pd.DataFrame(ratios, columns=RATIOS_COLUMNS),
-            "memory": pd.DataFrame(memory, columns=MEMORY_COLUMNS)}
+    return {"summary": rows, "paired": paired, "ratios": ratios, "memory": memory}

@@ -8,6 +8,9 @@ Every pipeline stage writes its results through :func:`write_artifact` and reads
 - it is written with sorted keys to a temporary file in the same folder, then ``os.replace``d, so a
   killed job never leaves half a file that looks complete;
 - loaders reject unknown kinds and versions (the pyperf habit).
+
+The version of each kind is its schema file's ``$id`` (``pairbench.plan/v2``): changing an
+artifact's shape bumps it there, and this module writes and reads that version only.
 """
 
 from __future__ import annotations
@@ -32,8 +35,13 @@ class ArtifactError(Exception):
     """
 
 
-def schema_id(kind: str, version: int = 1) -> str:
-    return f"pairbench.{kind}/v{version}"
+def schema_id(kind: str) -> str:
+    """The current schema id of *kind*: its schema file's ``$id``."""
+    return load_schema(kind)["$id"]
+
+
+def current_version(kind: str) -> int:
+    return parse_schema_id(schema_id(kind))[1]
 
 
 def parse_schema_id(value: Any) -> tuple[str, int]:
@@ -93,18 +101,18 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
         raise
 
 
-def write_artifact(path: str | os.PathLike, kind: str, data: dict, version: int = 1) -> str:
-    """Stamp *data* with its schema id, validate it, write it atomically. Returns its sha256."""
+def write_artifact(path: str | os.PathLike, kind: str, data: dict) -> str:
+    """Stamp *data* with its kind's current schema id, validate it, write it atomically. Returns its sha256."""
     data = dict(data)
-    data["schema"] = schema_id(kind, version)
+    data["schema"] = schema_id(kind)
     validate(kind, data, where=str(path))
     text = dumps(data)
     atomic_write_text(path, text)
     return sha256_bytes(text.encode())
 
 
-def read_artifact(path: str | os.PathLike, kind: str, version: int = 1) -> dict:
-    """Read and re-validate an artifact; reject a wrong kind or an unknown version."""
+def read_artifact(path: str | os.PathLike, kind: str) -> dict:
+    """Read and re-validate an artifact; reject a wrong kind or a version other than the current one."""
     path = Path(path)
     try:
         text = path.read_text()
@@ -113,9 +121,11 @@ def read_artifact(path: str | os.PathLike, kind: str, version: int = 1) -> dict:
     data, got_kind, got_ver = parse_artifact(text, str(path))
     if got_kind != kind:
         raise ArtifactError(f"{path}: expected a {kind} artifact, found {got_kind}")
+    version = current_version(kind)
     if got_ver != version:
         raise ArtifactError(
-            f"{path}: unknown version v{got_ver} of {kind} (this pairbench reads v{version})"
+            f"{path}: unknown version v{got_ver} of {kind} (this pairbench reads {kind} v{version}; "
+            "rerun the stage that wrote it, or use the pairbench that wrote it)"
         )
     validate(kind, data, where=str(path))
     return data

@@ -13,6 +13,10 @@ import copy
 from pathlib import Path
 from typing import Any
 
+from pairbench.core.conditions import BY_NAME, conditions, levels
+from pairbench.core.metrics import DEFAULT_MEMORY, DEFAULT_METRICS, DEFAULT_SECONDARY, check_metric_lists
+from pairbench.core.order import block_length
+
 # The named models. "tiny" is the embedded engine's deterministic random-weight test model; its
 # context is fixed by engine/ (keep in step with engine's tiny config).
 MODEL_FILES = {"smollm2-135m": "resources/SmolLM2-135M-Instruct.Q4_1.gguf"}
@@ -27,9 +31,9 @@ VALIDATE_DEFAULTS = {"cases": ["token_counts", "done_marker", "python_function",
                      "agreement": 1.0, "retries": 1, "retry_on": ["timeout"]}
 CROSSCHECK_DEFAULTS = {"rounds": 3}
 STATS_DEFAULTS = {
-    "metrics": ["decode_tok_s", "prefill_tok_s"],
-    "secondary": ["ttft_ms", "e2e_ms"],
-    "memory": ["kv_bytes", "peak_rss_bytes"],
+    "metrics": list(DEFAULT_METRICS),
+    "secondary": list(DEFAULT_SECONDARY),
+    "memory": list(DEFAULT_MEMORY),
     "multiplicity": "holm",
     "trim": None,
     "alpha": 0.05,
@@ -248,7 +252,7 @@ def model_context(model: str, root: Path) -> int:
 
 def serve_context(config: dict) -> int:
     """The ``--max-context`` every server gets: the longest request plus a small margin."""
-    return max(config["lengths"]) + config["output_tokens"] + CONTEXT_MARGIN
+    return max(c.input_tokens + c.output_tokens for c in conditions(config)) + CONTEXT_MARGIN
 
 
 def check_config(config: dict, root: Path) -> None:
@@ -294,14 +298,13 @@ def check_config(config: dict, root: Path) -> None:
         raise ConfigError(f"model: engine(s) {', '.join(external_engines)} need a .gguf model file, "
                           f"not the named model {cfg['model']!r}")
     context = model_context(cfg["model"], root)
+    longest_out = max(levels(cfg, BY_NAME["output_tokens"]))
     for i, length in enumerate(cfg["lengths"]):
-        if length + cfg["output_tokens"] + CONTEXT_MARGIN > context:
+        if length + longest_out + CONTEXT_MARGIN > context:
             raise ConfigError(
-                f"lengths[{i}]: {length} input + {cfg['output_tokens']} output tokens "
+                f"lengths[{i}]: {length} input + {longest_out} output tokens "
                 f"(+{CONTEXT_MARGIN} margin) exceed the context of model {cfg['model']!r} ({context})"
             )
-    from pairbench.core.metrics import check_metric_lists
-
     st = cfg["stats"]
     try:
         check_metric_lists(st["metrics"], st["secondary"], st["memory"])
@@ -309,8 +312,6 @@ def check_config(config: dict, root: Path) -> None:
         raise ConfigError(str(exc)) from None
     rounds = cfg["rounds"]
     if isinstance(rounds, dict):
-        from pairbench.core.plan import block_length
-
         block = block_length(len(arms), cfg["order"])
         if rounds["max"] < rounds["min"]:
             raise ConfigError(f"rounds.max: {rounds['max']} is less than rounds.min ({rounds['min']})")

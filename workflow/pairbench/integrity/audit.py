@@ -241,8 +241,8 @@ def audit_run(run_dir: str | Path, extra_files: Iterable[str | Path] = ()) -> Au
                 result.add(rel, "schema", "JSON file without a pairbench 'schema' field")
             continue
         try:
-            kind, version = parse_schema_id(schema)
-            data = read_artifact(path, kind, version)
+            kind, _ = parse_schema_id(schema)
+            data = read_artifact(path, kind)
         except (ArtifactError, ValueError) as exc:
             result.add(rel, "schema", str(exc).replace(str(path), rel))
             continue

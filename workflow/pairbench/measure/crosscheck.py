@@ -69,14 +69,14 @@ def parse_llama_bench(text: str) -> list[dict]:
 
 
 def tool_commands(arm: str, arm_cfg: dict, *, src_dir: str | os.PathLike, model: str, lengths: list[int],
-                  output_tokens: int) -> list[list[str]]:
+                  output_tokens: list[int]) -> list[list[str]]:
     """The profile's cross-check commands for *arm*, rendered."""
     profile = load_profile(arm_engine(arm_cfg))
     spec = profile.data.get("crosscheck")
     if not spec:
         raise CrosscheckError(f"arm {arm}: engine {profile.name} has no crosscheck section")
     values = {"src": str(Path(src_dir).resolve()), "model": model, "threads": arm_cfg.get("threads"),
-              "lengths": ",".join(str(n) for n in lengths), "output_tokens": output_tokens,
+              "lengths": ",".join(str(n) for n in lengths), "output_tokens": ",".join(str(n) for n in output_tokens),
               "python": None, "port": None, "ctx": None, "host": None, "commit": None}
     try:
         return [[str(a) for a in render(list(t), values, f"crosscheck.commands[{i}]")]
@@ -110,7 +110,7 @@ def _run_tool(arm: str, argv: list[str], cwd: str, timeout_s: float, log: Path) 
     return tests, raw, run
 
 
-def run_crosscheck(arms: dict[str, dict], *, lengths: list[int], output_tokens: int, rounds: int,
+def run_crosscheck(arms: dict[str, dict], *, lengths: list[int], output_tokens: list[int], rounds: int,
                    raw_out: dict[str, str | os.PathLike], log: str | os.PathLike) -> dict[str, dict]:
     """Run the tool for every arm in *arms* (name -> ``{"config", "src_dir", "model"}``, baseline
     first), *rounds* times, alternating ABBA so that both arms meet the same drift of the machine:

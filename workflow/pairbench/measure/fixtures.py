@@ -1,6 +1,7 @@
 """Synthetic frozen fixtures: per round, one chat message of *exactly* N native tokens.
 
-Each fixture is one user message: ``Session <salt>.`` (the per-round salt, see ``plan.round_salt``)
+Each fixture is one user message: ``Session <salt>.`` (the salt of the round and condition,
+:func:`pairbench.core.plan.salt`)
 then deterministic synthetic prose filler, then a small Python-function-completion task
 (``pairbench.validate.tasks.render_task``), as in a code-completion workload. N counts the whole chat
 template (role markers, generation prompt), because that is what the engine prefills.
@@ -10,8 +11,9 @@ the engine's own ``/tokenize``) finds the longest prefix that fits, then single-
 the gap. Every arm's ``/tokenize`` is then asked about every round's message and must return the
 same token ids; otherwise :class:`FixtureError` reports both counts.
 
-The fixture artifact (``fixtures/<length>.json``) holds hashes and counts only; the messages and
-token ids stay in ``private/prompts/<length>.json``.
+One fixture per condition (:mod:`pairbench.core.conditions`), of its ``input_tokens``. The fixture
+artifact (``fixtures/<condition>.json``) holds hashes and counts only; the messages and token ids
+stay in ``private/prompts/<condition>.json``.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import json
 import random
 from typing import Callable
 
+from pairbench.core.conditions import Condition
 from pairbench.validate import tasks
 
 Tokenizer = Callable[[list[dict]], list[int]]
@@ -105,13 +108,14 @@ def fit_round(length: int, salt: str, seed: int, task_text: str, tokenize: Token
     return {"messages": build(n, pads), "token_ids": ids, "filler_words": n, "pads": npads}
 
 
-def build_fixture(length: int, output_tokens: int, seed: int, salts: dict[str, str], arm: str,
+def build_fixture(condition: Condition, seed: int, salts: dict[str, str], arm: str,
                   tokenize: Tokenizer) -> tuple[dict, dict]:
-    """Fit every round of the *length* fixture with *arm*'s tokenizer.
+    """Fit every round of *condition*'s fixture (its ``input_tokens``) with *arm*'s tokenizer.
 
     Returns ``(fixture_body, prompts_body)``: the public artifact body (hashes, counts) and the
     private one (messages, token ids). *salts* maps round (as a string) to its salt.
     """
+    length = condition.input_tokens
     task = tasks.task_for(length)
     task_text = tasks.render_task(task)
     rounds, private = [], []
@@ -127,9 +131,9 @@ def build_fixture(length: int, output_tokens: int, seed: int, salts: dict[str, s
             "pads": fit["pads"],
         })
         private.append({"round": int(rnd), "messages": fit["messages"], "token_ids": fit["token_ids"]})
-    fixture = {"length": length, "output_tokens": output_tokens, "task": task.name, "seed": seed,
+    fixture = {"condition": condition.id, **dict(condition.values), "task": task.name, "seed": seed,
                "checked_by": [arm], "rounds": rounds}
-    return fixture, {"length": length, "rounds": private}
+    return fixture, {"condition": condition.id, "rounds": private}
 
 
 def check_tokenizer(fixture: dict, prompts: dict, arm: str, tokenize: Tokenizer) -> None:
@@ -139,7 +143,7 @@ def check_tokenizer(fixture: dict, prompts: dict, arm: str, tokenize: Tokenizer)
         mine, theirs = rnd["token_ids"], tokenize(rnd["messages"])
         if theirs == mine:
             continue
-        where = f"fixture {fixture['length']}, round {rnd['round']}"
+        where = f"fixture {fixture['condition']}, round {rnd['round']}"
         if len(theirs) != len(mine):
             raise FixtureError(f"lengths: {where}: the arms' tokenizers disagree: {ref} counts {len(mine)} "
                                f"tokens, {arm} counts {len(theirs)}")

@@ -2,23 +2,23 @@
 
 A *visit* (``measure/r<NN>-<arm>.json``) launches the arm's server from ``src/<arm>/``, sends a
 short first request (kept apart as a first-request diagnostic: it pays for lazy initialisation and
-is never a steady sample), then one steady streamed request per fixture length, then stops the
-server. Every engine, the embedded one included, is driven through its profile's adapter
+is never a steady sample), then one steady streamed request per condition (its fixture), then stops
+the server. Every engine, the embedded one included, is driven through its profile's adapter
 (:class:`pairbench.engines.adapter.ArmEngine`): the request dialect (greedy, exact output length,
 prefix cache off), the tokenizer route and the three gates (docs/contracts.md §2):
 
-- ``prompt_tokens``: the engine's native prompt count equals the planned length;
-- ``completion_tokens``: its completion count (and the tokens streamed) equal ``output_tokens``;
+- ``prompt_tokens``: the engine's native prompt count equals the condition's ``input_tokens``;
+- ``completion_tokens``: its completion count (and the tokens streamed) equal its ``output_tokens``;
 - ``cold_cache``: the engine's own evidence (its profile's ``cold_cache``) shows every prompt token
   was evaluated and none reused.
 
 A record that fails a gate is kept with ``ok: false`` and a flag per reason; the statistics exclude
 it and the report counts it. An *engine fault* (the server does not start, dies mid-stream, hangs past
 ``request_timeout_s``, or sends malformed server-sent events) is not a sample at all: it fails the
-visit with a :class:`VisitError` naming the arm, the round and the length, and the config's
+visit with a :class:`VisitError` naming the arm, the round and the condition, and the config's
 ``retries`` lets Snakemake re-attempt the visit; the ``attempt`` (1 = first) is recorded.
 
-Progress: every steady request logs ``[measure] <visit> arm=… round=… length=…: n/N tokens`` on the
+Progress: every steady request logs ``[measure] <visit> arm=… round=… condition=…: n/N tokens`` on the
 ``pairbench.progress`` logger as tokens stream (at most once a second, plus the first and last token).
 """
 
@@ -29,7 +29,9 @@ import subprocess
 import time
 from pathlib import Path
 
+from pairbench.core import conditions
 from pairbench.core.artifacts import sha256_bytes
+from pairbench.core.conditions import Condition
 from pairbench.engines.adapter import ArmEngine
 from pairbench.engines.client import ClientError, StreamResult, http, stream_chat
 from pairbench.engines.evidence import count_log_prefix_hits
@@ -41,7 +43,7 @@ progress_log = logging.getLogger("pairbench.progress")
 
 
 class VisitError(Exception):
-    """An engine fault failed the visit; the message names the visit, arm, round, length and attempt."""
+    """An engine fault failed the visit; the message names the visit, arm, round, condition and attempt."""
 
 
 class RequestProgress:
@@ -90,7 +92,7 @@ def client_timings(result: StreamResult, prompt_tokens: int) -> dict:
             "prefill_tok_s": prompt_tokens / ttft if ttft else None, "decode_tok_s": decode}
 
 
-def steady_record(result: StreamResult, *, length: int, round_: int, arm: str, prompt_sha256: str,
+def steady_record(result: StreamResult, *, condition: Condition, round_: int, arm: str, prompt_sha256: str,
                   gated: tuple) -> dict:
     """One steady record (docs/contracts.md §2) of a completed request. (A request that failed is an
     engine fault: :func:`run_visit` raises :class:`VisitError` instead.)
@@ -102,12 +104,13 @@ def steady_record(result: StreamResult, *, length: int, round_: int, arm: str, p
     gates, flags, facts = gated
     mem = result.memory or {}
     return {
-        "length": length, "round": round_, "arm": arm, "kind": "steady", "prompt_sha256": prompt_sha256,
+        "condition": condition.id, **dict(condition.values), "round": round_, "arm": arm, "kind": "steady",
+        "prompt_sha256": prompt_sha256,
         "output_sha256": sha256_bytes(result.text.encode()),
         "prompt_tokens": facts["prompt_tokens"],
         "completion_tokens": facts["completion_tokens"],
         "tokens_cached": facts["tokens_cached"],
-        **client_timings(result, length),
+        **client_timings(result, condition.input_tokens),
         "engine": engine_timings(result.timings),
         "kv_bytes": mem.get("kv_bytes"),
         "peak_rss_bytes": mem.get("peak_rss_bytes"),
@@ -134,18 +137,19 @@ def diagnostic_request(url: str, timeout: float, seed: int, engine: ArmEngine) -
             "e2e_ms": r.e2e_s * 1e3, **engine.counts(_reply(r), streamed_tokens=len(r.token_times))}
 
 
-def run_visit(*, visit: dict, engine: ArmEngine, plan: dict, prompts: dict[int, dict], fixtures: dict[int, dict],
+def run_visit(*, visit: dict, engine: ArmEngine, plan: dict, prompts: dict[str, dict], fixtures: dict[str, dict],
               server_cfg: dict, server_log: Path, inputs: dict, attempt: int = 1, pid_path: Path | None = None,
-              lengths: list[int] | None = None) -> tuple[dict, dict[int, dict]]:
-    """Measure one visit. Returns ``(measure_body, {length: {"text", "token_ids"[, "repeats"]}})``.
+              only: list[str] | None = None) -> tuple[dict, dict[str, dict]]:
+    """Measure one visit. Returns ``(measure_body, {condition id: {"text", "token_ids"[, "repeats"]}})``.
 
-    *prompts* maps length to the private prompts body; *fixtures* maps length to the fixture body.
+    *prompts* maps condition id to the private prompts body; *fixtures* maps it to the fixture body.
     *attempt* is Snakemake's attempt number (1 = first); *pid_path* the server's pid file (see
-    :mod:`pairbench.integrity.recovery`); *lengths* a subset of the plan's, in its order, for a partial visit
-    (a validation retry; default: every length). Raises :class:`VisitError` on an engine fault.
+    :mod:`pairbench.integrity.recovery`); *only* a subset of the plan's condition ids for a partial
+    visit (a validation retry; default: every condition), measured in plan order. Raises
+    :class:`VisitError` on an engine fault.
 
-    The plan's ``repeats`` steady requests per length are sent repeats-outer (every length once,
-    then again), so the machine's drift over the visit touches every length alike; the outputs of
+    The plan's ``repeats`` steady requests per condition are sent repeats-outer (every condition once,
+    then again), so the machine's drift over the visit touches every condition alike; the outputs of
     repeats 2.. go under ``"repeats"``. With ``server.pin`` the server runs on one CPU set and this
     process on the other for the visit (:mod:`pairbench.measure.hostload`); the load average and
     CPU state at start and end are recorded under ``host``.
@@ -155,8 +159,8 @@ def run_visit(*, visit: dict, engine: ArmEngine, plan: dict, prompts: dict[int, 
     repeats = int(plan.get("repeats", 1))
     records, outputs = [], {}
 
-    def where(length) -> str:
-        return f"visit {visit['id']} (arm {arm}, round {round_}, length {length}, attempt {attempt})"
+    def where(cond: Condition) -> str:
+        return f"visit {visit['id']} (arm {arm}, round {round_}, condition {cond.id}, attempt {attempt})"
 
     server_cpus, client_cpus = hostload.pin_sets(server_cfg.get("pin", False))
     start = hostload.snapshot()
@@ -164,56 +168,55 @@ def run_visit(*, visit: dict, engine: ArmEngine, plan: dict, prompts: dict[int, 
     srv = engine.server(server_log, server_cfg, pid_path=pid_path, owner=f"measure {visit['id']}", cpus=server_cpus)
     t_visit = time.perf_counter()
     log_start = server_log.stat().st_size if server_log.exists() else 0
-    lengths = list(plan["lengths"]) if lengths is None else [n for n in plan["lengths"] if n in set(lengths)]
-    first_length = lengths[0]
+    conds = [c for c in conditions.from_plan(plan) if only is None or c.id in set(only)]
     client = http()
     try:
         with srv:
             version = engine.version(client, srv.url)
             first = diagnostic_request(srv.url, timeout, plan["seed"], engine)
-            for repeat, length in ((k, n) for k in range(1, repeats + 1) for n in lengths):
-                rnd = next(r for r in prompts[length]["rounds"] if r["round"] == round_)
-                fx = next(r for r in fixtures[length]["rounds"] if r["round"] == round_)
-                label = f"{visit['id']} arm={arm} round={round_} length={length}" + (
+            for repeat, cond in ((k, c) for k in range(1, repeats + 1) for c in conds):
+                rnd = next(r for r in prompts[cond.id]["rounds"] if r["round"] == round_)
+                fx = next(r for r in fixtures[cond.id]["rounds"] if r["round"] == round_)
+                label = f"{visit['id']} arm={arm} round={round_} condition={cond.id}" + (
                     f" repeat={repeat}/{repeats}" if repeats > 1 else "")
                 progress_log.info("[measure] %s: request sent (attempt %d)", label, attempt)
                 n_tok = None
                 try:
-                    path, body = engine.request(rnd["messages"], plan["output_tokens"], plan["seed"])
+                    path, body = engine.request(rnd["messages"], cond.output_tokens, plan["seed"])
                     if engine.profile.data["tokens"]["prompt"] == "tokenize":  # its only prompt count
                         n_tok = len(engine.tokenize(client, srv.url, rnd["messages"]))
                     engine.flush(client, srv.url)  # unmeasured; only for engines that need it
                     req_log = server_log.stat().st_size
                     result = stream_chat(srv.url, body, timeout, path=path,
-                                         on_token=RequestProgress(label, plan["output_tokens"]))
+                                         on_token=RequestProgress(label, cond.output_tokens))
                 except (ClientError, EngineError) as exc:
                     try:  # a crashed server may take a moment to be reaped
                         code = srv.proc.wait(timeout=1.0)
                     except subprocess.TimeoutExpired:
                         code = None
                     state = "" if code is None else f"; the server exited with status {code}"
-                    raise VisitError(f"{where(length)}: engine fault: {exc}{state}") from None
+                    raise VisitError(f"{where(cond)}: engine fault: {exc}{state}") from None
                 log_text = None
                 if engine.needs_log:  # what the server logged during this one request
                     with open(server_log, "rb") as fh:
                         fh.seek(req_log)
                         log_text = fh.read().decode(errors="replace")
-                gated = engine.gates(_reply(result), length=length, output_tokens=plan["output_tokens"],
+                gated = engine.gates(_reply(result), length=cond.input_tokens, output_tokens=cond.output_tokens,
                                      streamed_tokens=len(result.token_times), tokenize_count=n_tok, log_text=log_text)
-                rec = steady_record(result, length=length, round_=round_, arm=arm, prompt_sha256=fx["prompt_sha256"],
-                                    gated=gated)
+                rec = steady_record(result, condition=cond, round_=round_, arm=arm,
+                                    prompt_sha256=fx["prompt_sha256"], gated=gated)
                 rec.update({"visit_index": visit["index"], "attempt": attempt, "repeat": repeat})
                 if not srv.alive():
                     rec["flags"].append("server: exited during the request")
                     rec["ok"] = False
                 records.append(rec)
                 if repeat == 1:
-                    outputs[length] = {"text": result.text, "token_ids": result.token_ids}
+                    outputs[cond.id] = {"text": result.text, "token_ids": result.token_ids}
                 else:
-                    outputs[length].setdefault("repeats", []).append(
+                    outputs[cond.id].setdefault("repeats", []).append(
                         {"repeat": repeat, "text": result.text, "token_ids": result.token_ids})
     except ServerError as exc:
-        raise VisitError(f"{where(first_length)}: the engine failed to start: {exc}") from None
+        raise VisitError(f"{where(conds[0])}: the engine failed to start: {exc}") from None
     finally:
         if restore is not None:
             hostload.pin_self(restore)

@@ -44,7 +44,7 @@ DEFAULT_ALLOWLIST: tuple[str, ...] = (
 
 # The only fields of a CSV/JSON table that may hold text. Everything else is numeric, boolean or null.
 CATEGORICAL_FIELDS: frozenset[str] = frozenset({
-    "arm", "baseline", "candidate", "length", "round", "metric", "verdict", "case", "case_name", "cases",
+    "arm", "baseline", "candidate", "condition", "round", "metric", "verdict", "case", "case_name", "cases",
     "kind", "stat", "statistic", "unit", "direction", "status", "reason", "reasons", "flags", "label",
     "method", "test", "alternative", "order", "visit_order", "role", "engine", "model", "quantization",
     "significant", "better", "schema", "quantity", "size", "tool", "tool_direction",
@@ -137,14 +137,16 @@ def _csv_categorical(text: str, categorical: Iterable[str]) -> list[str]:
 # --- fixture manifest --------------------------------------------------------------------------
 
 def fixture_manifest(fixtures: Iterable[Mapping[str, Any]], inputs: Mapping[str, str] | None = None) -> dict:
-    """The ``fixtures.json`` body from fixture records ({length, messages, [prompt_tokens], [text]}).
+    """The ``fixtures.json`` body from fixture records ({condition, messages, [prompt_tokens], [text]}),
+    in the order given (the plan's condition order).
 
     Hashes are computed here with :func:`pairbench.publish.verify.messages_sha256` / ``text_sha256``, the
     same functions ``verify`` uses. Write it with ``write_artifact(path, "fixture_manifest", body)``.
     """
     out = []
-    for fx in sorted(fixtures, key=lambda f: f["length"]):
-        entry = {"length": int(fx["length"]), "messages": [{"role": m["role"], "content": m["content"]} for m in fx["messages"]]}
+    for fx in fixtures:
+        entry = {"condition": str(fx["condition"]),
+                 "messages": [{"role": m["role"], "content": m["content"]} for m in fx["messages"]]}
         entry["messages_sha256"] = messages_sha256(entry["messages"])
         if fx.get("prompt_tokens") is not None:
             entry["prompt_tokens"] = int(fx["prompt_tokens"])

@@ -3,7 +3,7 @@
 Snakemake renders the workflow description (workflow/report/workflow.rst) on the report's first page
 through docutils, which can ``.. include::`` a file but cannot compute anything. This module turns
 ``tables/paired.csv`` and ``tables/measurements.csv`` into a compact RST snippet
-(``results/<label>/report/landing.rst``) that the description includes: one row per input length and
+(``results/<label>/report/landing.rst``) that the description includes: one row per condition and
 tested metric with the Hodges-Lehmann ratio, its interval and level, and the verdict (the full-precision columns
 stay in the Summary category), and every retry (engine-fault re-attempts and validation retries).
 """
@@ -16,6 +16,7 @@ from pathlib import Path
 import pandas as pd
 
 from pairbench.core.artifacts import atomic_write_text
+from pairbench.core.conditions import parse_id
 
 
 def _num(x, spec: str = ".3f") -> str:
@@ -27,7 +28,7 @@ def _num(x, spec: str = ".3f") -> str:
 
 
 def verdict_rows(paired: pd.DataFrame) -> list[list[str]]:
-    """[candidate, length, metric, estimate, interval (level), verdict] per tested row of
+    """[candidate, condition, metric, estimate, interval (level), verdict] per tested row of
     tables/paired.csv, every candidate in one table (secondary metrics, shown but never tested,
     are left to the Summary category)."""
     rows = []
@@ -37,17 +38,17 @@ def verdict_rows(paired: pd.DataFrame) -> list[list[str]]:
         lo, hi = _num(r.get("ci_low")), _num(r.get("ci_high"))
         level = _num(100 * float(r["ci_level"]), ".1f") if r.get("ci_level") == r.get("ci_level") else "n/a"
         ci = "unbounded" if "n/a" in (lo, hi) else f"[{lo}, {hi}] ({level}%)"
-        rows.append([f"``{r['candidate']}``", str(int(r["length"])), f"``{r['metric']}``", _num(r.get("hl_ratio")), ci,
+        rows.append([f"``{r['candidate']}``", f"``{r['condition']}``", f"``{r['metric']}``", _num(r.get("hl_ratio")), ci,
                      str(r["verdict"])])
     return rows
 
 
 def retry_rows(measurements: pd.DataFrame) -> list[list[str]]:
-    """[round, arm, length, attempt, retry, outcome] for every row measured by a retry.
+    """[round, arm, condition, attempt, retry, outcome] for every row measured by a retry.
 
     A retry is an engine-fault re-attempt of a measurement job (``attempt`` > 1: a row for each
     record of that visit) or a validation retry (``retry`` > 0, a partial visit: a row for each
-    re-measured length).
+    re-measured condition).
     """
     cols = measurements.columns
     attempt = pd.to_numeric(measurements["attempt"], errors="coerce") if "attempt" in cols else None
@@ -62,14 +63,16 @@ def retry_rows(measurements: pd.DataFrame) -> list[list[str]]:
     df = measurements[mask].copy()
     df["_attempt"] = attempt[mask].fillna(1).astype(int) if attempt is not None else 1
     df["_retry"] = retry[mask].fillna(0).astype(int) if retry is not None else 0
-    df = df.sort_values(["round", "arm", "_retry", "length"])
+    df["_order"] = df["condition"].map({c: i for i, c in enumerate(sorted(set(df["condition"]), key=parse_id))})
+    df = df.sort_values(["round", "arm", "_retry", "_order"])
+
     def outcome(r) -> str:
         if bool(r["selected"]):
             return "used"
         reason = str(r["reason"]) if "reason" in df.columns and r["reason"] == r["reason"] else ""
         return reason if reason.startswith("superseded") else "excluded"
 
-    return [[str(int(r["round"])), str(r["arm"]), str(int(r["length"])), str(r["_attempt"]), str(r["_retry"]),
+    return [[str(int(r["round"])), str(r["arm"]), str(r["condition"]), str(r["_attempt"]), str(r["_retry"]),
              outcome(r)] for _, r in df.iterrows()]
 
 
@@ -90,15 +93,15 @@ def landing_rst(paired_csv: str | Path, measurements_csv: str | Path) -> str:
         parts.append(_list_table(
             "Verdicts: each candidate / baseline, Hodges-Lehmann estimate and its interval (level adjusted "
             "across every candidate's comparisons)",
-            ["candidate", "length", "metric", "ratio", "interval", "verdict"], verdicts, "pairbench-verdicts"))
+            ["candidate", "condition", "metric", "ratio", "interval", "verdict"], verdicts, "pairbench-verdicts"))
     else:
-        parts.append("**No verdicts**: no input length and metric had paired samples "
+        parts.append("**No verdicts**: no condition and metric had paired samples "
                      "(see tables/summary.csv and the excluded rows in stats/summary.json).\n")
     retries = retry_rows(measurements)
     if retries:
         parts.append(_list_table("Retries (attempt > 1: an engine fault failed the earlier attempts of the job; "
                                  "retry > 0: a validation retry re-measured the record)",
-                                 ["round", "arm", "length", "attempt", "retry", "outcome"], retries,
+                                 ["round", "arm", "condition", "attempt", "retry", "outcome"], retries,
                                  "pairbench-retries"))
     else:
         parts.append("Retries: none (every visit succeeded at its first attempt and none needed a "

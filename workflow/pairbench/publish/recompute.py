@@ -27,13 +27,14 @@ from pathlib import Path
 import pandas as pd
 
 from pairbench.analysis import coldcheck, stats as pb_stats, tables as pb_tables
+from pairbench.analysis.measurements import StatsInputError, as_bool
 from pairbench.core.artifacts import ArtifactError, validate
 from pairbench.publish.statistics import statistics_section
 
 PARAMS = "stats_params.json"
 TABLES = ("summary", "paired", "ratios", "memory")
-KEYS = {"summary": ["candidate", "arm", "length", "metric"], "paired": ["candidate", "length", "metric"],
-        "ratios": ["candidate", "length", "metric", "round"], "memory": ["candidate", "length", "metric"]}
+KEYS = {"summary": ["candidate", "arm", "condition", "metric"], "paired": ["candidate", "condition", "metric"],
+        "ratios": ["candidate", "condition", "metric", "round"], "memory": ["candidate", "condition", "metric"]}
 REL_TOL = 1e-9
 
 
@@ -110,7 +111,7 @@ def run_problems(params: dict, df: pd.DataFrame) -> list[str]:
         if cc["unproven"] != unproven:
             problems.append(f"{PARAMS}: run.cold_cache.unproven is {cc['unproven']}, the table has {unproven}")
         if not cc["allowed"]:
-            sel = pb_stats.as_bool(current["selected"], "selected")
+            sel = as_bool(current["selected"], "selected")
             bad = current[sel & current["cold_cache"].isna()]
             if len(bad):
                 problems.append(f"tables/measurements.csv: {len(bad)} selected row(s) without cold-cache proof, "
@@ -135,7 +136,7 @@ def recompute_problems(root: str | Path) -> list[str]:
         params, summary = recompute(root)
     except (ArtifactError, json.JSONDecodeError) as exc:
         return [f"{PARAMS}: {exc}"]
-    except pb_stats.StatsInputError as exc:
+    except StatsInputError as exc:
         return [f"tables/measurements.csv: the statistics cannot be recomputed: {exc}"]
     problems = run_problems(params, pd.read_csv(root / "tables" / "measurements.csv"))
     flat = pb_tables.summary_tables(summary)

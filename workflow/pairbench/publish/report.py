@@ -16,6 +16,8 @@ import math
 
 import pandas as pd
 
+from pairbench.core import naming
+from pairbench.core.conditions import label as condition_label, parse_id
 from pairbench.publish.statistics import statistics_section
 from pairbench.validate import retries
 from pairbench.validate.sandbox import LAYERS
@@ -59,11 +61,12 @@ def compared_section(plan: dict, sources: dict, builds: dict, measures: list[dic
     records = [r for m in (measures or []) for r in m["records"]]
     exact_in = sum(1 for r in records if r["gates"].get("prompt_tokens") is True)
     exact_out = sum(1 for r in records if r["gates"].get("completion_tokens") is True)
-    out.append(f"Model `{plan['model']['name']}`. Every steady request asked for {plan['output_tokens']} tokens, "
-               "greedy, end-of-sequence ignored, prefix cache off; by the engines' own counts "
-               f"{exact_in} of {len(records)} steady records had exactly the planned input length (native tokens, "
-               f"chat template included) and {exact_out} of {len(records)} generated exactly "
-               f"{plan['output_tokens']} tokens.")
+    outs = sorted({c["output_tokens"] for c in plan["conditions"]})
+    out.append(f"Model `{plan['model']['name']}`. Every steady request asked for its condition's output tokens "
+               f"({', '.join(map(str, outs))}), greedy, end-of-sequence ignored, prefix cache off; by the engines' "
+               f"own counts {exact_in} of {len(records)} steady records had exactly the planned input tokens "
+               f"(native tokens, chat template included) and {exact_out} of {len(records)} generated exactly the "
+               "planned output tokens.")
     out.append("")
     for arm in plan["arms"]:  # engines other than the embedded one: how the cold cache was shown
         e = builds[arm].get("engine")
@@ -89,23 +92,21 @@ def plan_section(plan: dict, fixtures: dict, measures: list[dict] | None = None)
     repeats = int(plan.get("repeats", 1))
     planned = (f"{len(rounds)} paired rounds run of {plan['rounds']} planned" if len(rounds) != plan["rounds"]
                else f"{plan['rounds']} paired rounds")
-    out.append(f"- Input lengths: {', '.join(str(n) for n in plan['lengths'])} tokens; output: "
-               f"{plan['output_tokens']} tokens; {planned}; seed {plan['seed']}.")
-    per = "one steady streamed request per length" if repeats == 1 else (
-        f"{repeats} steady streamed requests per length (every length in turn, then again)")
+    conds = "; ".join(f"`{c['id']}` ({condition_label(c)})" for c in plan["conditions"])
+    out.append(f"- Conditions: {conds}; {planned}; seed {plan['seed']}.")
+    per = "one steady streamed request per condition" if repeats == 1 else (
+        f"{repeats} steady streamed requests per condition (every condition in turn, then again)")
     out.append(f"- Visit order (`{plan['order']}`, fixed in plan.json before anything ran): {order}. Each visit "
                f"launches the arm's server, sends one first request (a diagnostic, not a sample), {per}, then "
                "stops it.")
-    salts = [fx_round["salt"] for fx in fixtures.values() for fx_round in fx["rounds"]]
-    per_round = {r["round"]: r["salt"] for fx in fixtures.values() for r in fx["rounds"]}
-    distinct = len(set(per_round.values())) == len(per_round) and all(
-        {r["round"]: r["salt"] for r in fx["rounds"]} == {k: per_round[k] for k in (r["round"] for r in fx["rounds"])}
-        for fx in fixtures.values())
-    out.append(f"- Each round's prompts start with a per-round salt ({len(set(salts))} distinct salts over "
-               f"{len(per_round)} rounds{'' if distinct else ', NOT one per round'}), so no round can reuse an "
-               "earlier round's prefix, while both arms of a round see identical tokens.")
-    for n, fx in sorted(fixtures.items()):
-        out.append(f"- Fixture {n}: task `{fx['task']}`, token ids identical on "
+    salts = [r["salt"] for fx in fixtures.values() for r in fx["rounds"]]
+    rounds_n = len({r["round"] for fx in fixtures.values() for r in fx["rounds"]})
+    distinct = len(set(salts)) == len(salts)
+    out.append(f"- Each prompt starts with a salt of its round and condition ({len(set(salts))} distinct salts over "
+               f"{rounds_n} rounds × {len(fixtures)} conditions{'' if distinct else ', NOT one per prompt'}), so no "
+               "request can reuse another's prefix, while both arms of a round see identical tokens.")
+    for n, fx in fixtures.items():
+        out.append(f"- Fixture `{n}`: task `{fx['task']}`, token ids identical on "
                    f"{', '.join(f'`{a}`' for a in fx['checked_by'])} for all {len(fx['rounds'])} rounds.")
     out.append(f"- Config sha256 `{plan['config_sha256'][:16]}…`.")
     out.append("")
@@ -113,49 +114,51 @@ def plan_section(plan: dict, fixtures: dict, measures: list[dict] | None = None)
 
 
 def gates_section(measures: list[dict], validations: dict[tuple[str, int], dict], df: pd.DataFrame) -> list[str]:
-    """Gates, case verdicts per arm x length, every excluded record with its reasons, every retry.
+    """Gates, case verdicts per arm x condition, every excluded record with its reasons, every retry.
 
-    *validations* maps (visit id, retry) to the validate body (``pairbench.validate.retries.validation_key``).
+    *validations* maps (visit id, retry) to the validate body (``pairbench.core.naming.validation_key``).
     """
     out = ["## Gates and validation", ""]
     records = [r for m in measures for r in m["records"]]
     flagged = [r for r in records if not r["ok"]]
     unproven = [r for r in records if r["ok"] and r["gates"].get("cold_cache") is None]
     out.append(f"{len(records)} steady records; {len(records) - len(flagged) - len(unproven)} passed every gate "
-               "(prompt tokens = length, completion tokens = output length, cold cache proven); "
+               "(prompt tokens and completion tokens as planned, cold cache proven); "
                f"{len(flagged)} failed a gate and are excluded from the statistics"
                + (f"; {len(unproven)} passed the others but have no proof of a cold cache (see the statistics "
                   "section for whether they count)" if unproven else "") + ".")
     out.append("")
     rows = []
-    for (arm, length), g in df.groupby(["arm", "length"], sort=True):
+    order = {c: i for i, c in enumerate(sorted(set(df["condition"]), key=parse_id))}
+    for (arm, _, cond), g in df.assign(_o=df["condition"].map(order)).groupby(["arm", "_o", "condition"], sort=True):
         cases: dict[str, dict[str, int]] = {}
         for m in measures:
-            v = validations.get(retries.measure_key(m))
+            v = validations.get(naming.measure_key(m))
             if not v or m["visit"]["arm"] != arm:
                 continue
             for rec in v["records"]:
-                if rec["length"] != length:
+                if rec["condition"] != cond:
                     continue
                 for case, verdict in rec["verdicts"].items():
                     cases.setdefault(case, {}).setdefault(verdict["verdict"], 0)
                     cases[case][verdict["verdict"]] += 1
         verdicts = "; ".join(f"{c}: " + ", ".join(f"{k} {n}" for k, n in sorted(v.items()))
                              for c, v in sorted(cases.items())) or "–"
-        rows.append([f"`{arm}`", int(length), f"{int(g['selected'].sum())}/{len(g)}", verdicts])
-    out += _table(["arm", "length", "selected/total", "case verdicts"], rows)
+        rows.append([f"`{arm}`", f"`{cond}`", f"{int(g['selected'].sum())}/{len(g)}", verdicts])
+    out += _table(["arm", "condition", "selected/total", "case verdicts"], rows)
     out += isolation_lines(validations)
     if "retry" in df.columns and (pd.to_numeric(df["retry"], errors="coerce") > 0).any():
         out += ["selected/total counts every measurement, a retried record's superseded original included; "
                 "case verdicts likewise.", ""]
     excluded = []
     for m in measures:
-        v = validations.get(retries.measure_key(m))
-        vby = {(r["length"], r.get("repeat", 1)): r for r in v["records"]} if v else {}
+        v = validations.get(naming.measure_key(m))
+        vby = {(r["condition"], r.get("repeat", 1)): r for r in v["records"]} if v else {}
         for r in m["records"]:
-            reasons = list(r["flags"]) + list((vby.get((r["length"], r.get("repeat", 1))) or {}).get("excluded_because", []))
+            reasons = list(r["flags"]) + list((vby.get((r["condition"], r.get("repeat", 1))) or {})
+                                              .get("excluded_because", []))
             if reasons:
-                excluded.append(f"- {retries.label(*retries.measure_key(m))} length {r['length']} (attempt {r['attempt']}): "
+                excluded.append(f"- {naming.label(*naming.measure_key(m))} `{r['condition']}` (attempt {r['attempt']}): "
                                 + "; ".join(reasons))
     if excluded:
         out += ["Excluded records and why:", "", *excluded, ""]
@@ -197,8 +200,8 @@ def retries_section(measures: list[dict], df: pd.DataFrame) -> list[str]:
     """Every retry, with its reason and what became of it: engine-fault re-attempts of a job
     (``attempt`` > 1) and validation retries (``measure/<visit>.retry<N>.json``)."""
     faults = [m for m in measures if m["attempt"] > 1]
-    partial = [m for m in measures if retries.retry_number(m) > 0]
-    kinds = {}  # per retry (a partial visit), whatever number of lengths it re-measured
+    partial = [m for m in measures if naming.retry_number(m) > 0]
+    kinds = {}  # per retry (a partial visit), whatever number of conditions it re-measured
     for m in partial:
         k = retries.kind_of(sorted({kind for r in m["retry_reasons"] for kind in r["kinds"]}))
         kinds[k] = kinds.get(k, 0) + 1
@@ -209,16 +212,16 @@ def retries_section(measures: list[dict], df: pd.DataFrame) -> list[str]:
     if not faults and not partial:
         head = "Retries: none (no engine fault re-attempted a measurement job; no record earned a validation retry)"
     out = ["### Retries", "", head + ".", ""]
-    rows = {(int(r.round), str(r.arm), int(r.length), int(r.retry)): r for r in df.itertuples()} \
+    rows = {(int(r.round), str(r.arm), str(r.condition), int(r.retry)): r for r in df.itertuples()} \
         if "retry" in df.columns else {}
     for m in faults:
-        out.append(f"- {retries.label(*retries.measure_key(m))}: attempt {m['attempt']}: an engine fault failed "
+        out.append(f"- {naming.label(*naming.measure_key(m))}: attempt {m['attempt']}: an engine fault failed "
                    f"the earlier attempt(s) of this job (their server logs are kept under private/logs/); "
                    "the records of this attempt are the ones reported.")
     for m in partial:
-        n, vid = retries.retry_number(m), m["visit"]["id"]
+        n, vid = naming.retry_number(m), m["visit"]["id"]
         for r in m["retry_reasons"]:
-            row = rows.get((m["visit"]["round"], m["visit"]["arm"], r["length"], n))
+            row = rows.get((m["visit"]["round"], m["visit"]["arm"], r["condition"], n))
             if row is None:
                 outcome = "its new record is not in the measurements table"
             elif bool(row.selected):
@@ -228,7 +231,7 @@ def retries_section(measures: list[dict], df: pd.DataFrame) -> list[str]:
             else:
                 outcome = "its new record was excluded too"
             before = "the visit's own measurement" if n == 1 else f"retry {n - 1}"
-            out.append(f"- {vid} retry {n}, length {r['length']} (partial visit, {retries.kind_of(r['kinds'])}): "
+            out.append(f"- {vid} retry {n}, `{r['condition']}` (partial visit, {retries.kind_of(r['kinds'])}): "
                        f"{before} was excluded: {r['reason']}. Re-measured after every visit; {outcome}; the "
                        f"earlier record is kept, superseded.")
     return out + [""]
@@ -239,10 +242,10 @@ def timing_section(agreement: pd.DataFrame) -> list[str]:
            "Client timings come from the arrival of streamed tokens (decode = (tokens − 1) / (last − first "
            "token); prefill = prompt tokens / time to first token, which includes HTTP and scheduling). "
            "Engine timings are its own `timings`. Medians over gated records:", ""]
-    rows = [[f"`{r.arm}`", int(r.length), _f(r.client_decode_tok_s), _f(r.engine_decode_tok_s),
+    rows = [[f"`{r.arm}`", f"`{r.condition}`", _f(r.client_decode_tok_s), _f(r.engine_decode_tok_s),
              _pct(r.decode_disagreement), _f(r.client_prefill_tok_s), _f(r.engine_prefill_tok_s),
              _pct(r.prefill_disagreement)] for r in agreement.itertuples()]
-    out += _table(["arm", "length", "client decode tok/s", "engine decode tok/s", "disagreement",
+    out += _table(["arm", "condition", "client decode tok/s", "engine decode tok/s", "disagreement",
                    "client prefill tok/s", "engine prefill tok/s", "disagreement"], rows)
     return out
 
@@ -252,7 +255,7 @@ def diagnostics_section(warmups: dict, measures: list[dict]) -> list[str]:
     rows = [[f"`{arm}`", _f(w["server"]["ready_s"], ".2f"), _f(w["first_request"]["ttft_ms"]),
              "ok" if w["smoke_ok"] else "FAILED: " + "; ".join(w["problems"])] for arm, w in warmups.items()]
     out += _table(["arm", "launch to healthy (s)", "first request TTFT (ms)", "smoke check"], rows)
-    rows = [[retries.label(*retries.measure_key(m)), _f(m["server"]["ready_s"], ".2f"), _f(m["first_request"]["ttft_ms"]),
+    rows = [[naming.label(*naming.measure_key(m)), _f(m["server"]["ready_s"], ".2f"), _f(m["first_request"]["ttft_ms"]),
              _f(m["duration_s"], ".1f")] for m in measures]
     out += _table(["visit", "launch to healthy (s)", "first request TTFT (ms)", "visit (s)"], rows)
     return out
@@ -297,17 +300,17 @@ def crosscheck_section(body: dict | None) -> list[str]:
            f"`{tool}` was built from each arm's own patched tree and run after every visit, in "
            f"{body['rounds']} rounds alternating the arms (ABBA), one run per test and arm per round, with "
            f"the arms' threads; its ratio is the median of the per-round ratios. Prefill rows "
-           f"compare its `pp<length>` (one batch, empty context) with the server's own prompt timing; decode "
-           f"rows compare `tg<output>` after a context of `<length>` tokens with the server's decode timing. "
+           f"compare its `pp<input tokens>` (one batch, empty context) with the server's own prompt timing; decode "
+           f"rows compare `tg<output tokens>` after a context of `<input tokens>` with the server's decode timing. "
            f"With a few rounds its ratio has no interval: it either lies inside pairbench's "
            f"confidence interval or not. Direction uses the run's noise threshold (±{body['noise'] * 100:g}%).", ""]
-    rows = [[r["length"], r["quantity"], f"`{r['test']}`" + (f" @ d{r['n_depth']}" if r["n_depth"] else ""),
+    rows = [[f"`{r['condition']}`", r["quantity"], f"`{r['test']}`" + (f" @ d{r['n_depth']}" if r["n_depth"] else ""),
              f"{_f(r['baseline_tok_s'])} ± {_f(r['baseline_stddev_tok_s'])}",
              f"{_f(r['candidate_tok_s'])} ± {_f(r['candidate_stddev_tok_s'])}",
              _f(r["tool_ratio"], ".3f"), f"{_f(r['pairbench_ratio'], '.3f')} [{_f(r['pairbench_ci_low'], '.3f')}, "
              f"{_f(r['pairbench_ci_high'], '.3f')}]", r["verdict"], r["direction"], r["size"] or "–"]
             for r in body["rows"]]
-    out += _table(["length", "quantity", f"{tool} test", f"{body['baseline']} tok/s", f"{body['candidate']} tok/s",
+    out += _table(["condition", "quantity", f"{tool} test", f"{body['baseline']} tok/s", f"{body['candidate']} tok/s",
                    f"{tool} ratio", "pairbench ratio [CI]", "pairbench verdict", "direction", "size"], rows)
     out += [f"**{statement(body)}**", ""]
     return out

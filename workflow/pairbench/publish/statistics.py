@@ -10,7 +10,8 @@ README holds it verbatim.
 
 from __future__ import annotations
 
-from pairbench.analysis.stats import METRICS
+from pairbench.core.conditions import label as condition_label
+from pairbench.core.metrics import METRICS
 
 
 def _pct(x: float | None, spec: str = ".1f") -> str:
@@ -41,11 +42,15 @@ def _interval(p: dict) -> str:
             f"half-width ±{_pct(p['half_width'])}")
 
 
-def verdict_sentence(summary: dict, length: str, metric: str, p: dict, candidate: str = "the candidate") -> str:
+def _at(summary: dict, cond: str) -> str:
+    """``at <condition's words>`` of a condition id (*summary*: a pair body or the whole summary)."""
+    return f"at {condition_label(next(c for c in summary['conditions'] if c['id'] == cond))}"
+
+
+def verdict_sentence(summary: dict, cond: str, metric: str, p: dict, candidate: str = "the candidate") -> str:
     """One line per tested comparison, the verdict first (*summary*: a pair body or the whole summary)."""
     noise = summary["params"]["noise"]
-    label = METRICS[metric]["label"]
-    what = f"{label} (`{metric}`) at {length} tokens"
+    what = f"{METRICS[metric].label} (`{metric}`) {_at(summary, cond)}"
     est = (f"ratio {_fmt(p['hl_ratio'], '.4f')} ({_interval(p)}; n = {p['n_pairs']} pairs, "
            f"Wilcoxon p = {_fmt(p['p_value'], '.3g')})")
     v = p["verdict"]
@@ -69,10 +74,9 @@ def verdict_sentence(summary: dict, length: str, metric: str, p: dict, candidate
     return (f"- **inconclusive**: {what}: {est}; {p['reason']}" + ("; " + "; ".join(more) if more else "") + ".")
 
 
-def memory_sentence(summary: dict, length: str, metric: str, m: dict) -> str:
+def memory_sentence(summary: dict, cond: str, metric: str, m: dict) -> str:
     """One line per memory comparison of a pair body (*summary*)."""
-    label = METRICS[metric]["label"]
-    what = f"{label} (`{metric}`) at {length} tokens"
+    what = f"{METRICS[metric].label} (`{metric}`) {_at(summary, cond)}"
     if m["ratio"] is None:
         return f"- {what}: {m['reason']}."
     nums = (f"`{summary['candidate']}` {_bytes(m['candidate'])} against `{summary['baseline']}` "
@@ -84,17 +88,17 @@ def memory_sentence(summary: dict, length: str, metric: str, m: dict) -> str:
     return f"- **{m['verdict']}**: {what}: {nums} (medians); ratio {m['ratio']:.4f} ({_interval(t)})."
 
 
-def _lengths(summary: dict) -> list[str]:
-    """Lengths in numeric order (a summary read back from JSON has its keys sorted as text)."""
-    return [str(n) for n in summary["lengths"]]
+def _conditions(summary: dict) -> list[str]:
+    """Condition ids in plan order (a summary read back from JSON has its keys sorted as text)."""
+    return [c["id"] for c in summary["conditions"]]
 
 
 def _ordered(summary: dict, section: str, roles: tuple[str, ...]) -> list[tuple[str, str, dict]]:
-    """(length, metric, entry) of *section* in length order, metrics in the order the params list them."""
+    """(condition, metric, entry) of *section* in plan order, metrics in the order the params list them."""
     prm = summary["params"]
     names = [m for role in roles for m in prm[role]]
     table = summary.get(section, {})
-    return [(n, m, table[n][m]) for n in _lengths(summary) if n in table for m in names if m in table[n]]
+    return [(c, m, table[c][m]) for c in _conditions(summary) if c in table for m in names if m in table[c]]
 
 
 def _pairs(summary: dict) -> list[tuple[str, dict]]:
@@ -112,7 +116,8 @@ def _family_line(summary: dict) -> str:
     levels = sorted({round(p["ci_level"], 6) for p in tested})
     name = "Holm's step-down procedure" if method == "holm" else "Bonferroni"
     k = len(summary["candidates"])
-    span = (f"{k} candidates × primary metrics × lengths, one family" if k > 1 else "primary metrics × lengths")
+    span = (f"{k} candidates × primary metrics × conditions, one family" if k > 1
+            else "primary metrics × conditions")
     return (f"Multiplicity: {name} across the {m} primary comparisons ({span}), "
             f"family-wise error ≤ {prm['alpha']:g}; each interval is stated at the level it was judged at "
             f"({', '.join(f'{lv:.2%}' for lv in levels)}).")
@@ -120,13 +125,13 @@ def _family_line(summary: dict) -> str:
 
 def verdict_table(summary: dict) -> list[str]:
     """One markdown table of every candidate's tested comparisons, the verdict first."""
-    out = ["| candidate | length | metric | verdict | ratio | interval (level) | pairs |",
-           "|---|---:|---|---|---:|---|---:|"]
+    out = ["| candidate | condition | metric | verdict | ratio | interval (level) | pairs |",
+           "|---|---|---|---|---:|---|---:|"]
     for cand, pair in _pairs(summary):
-        for length, metric, p in _ordered(pair, "paired", ("primary",)):
+        for cond, metric, p in _ordered(pair, "paired", ("primary",)):
             ci = ("unbounded" if p["ci_low"] is None else
                   f"{_fmt(p['ci_low'], '.4f')}–{_fmt(p['ci_high'], '.4f')} ({p['ci_level']:.2%})")
-            out.append(f"| `{cand}` | {length} | `{metric}` | **{p['verdict']}** | {_fmt(p['hl_ratio'], '.4f')} | "
+            out.append(f"| `{cand}` | `{cond}` | `{metric}` | **{p['verdict']}** | {_fmt(p['hl_ratio'], '.4f')} | "
                        f"{ci} | {p['n_pairs']} |")
     return out
 
@@ -147,7 +152,7 @@ def run_lines(summary: dict) -> list[str]:
             out.append(f"- Rounds: {r['run']} of {r['planned']} planned (fixed).")
     rep = run.get("repeats")
     if rep:
-        out.append(f"- Repeats: {rep} steady request(s) per length per visit; the paired unit is the "
+        out.append(f"- Repeats: {rep} steady request(s) per condition per visit; the paired unit is the "
                    f"visit's median.")
     cc = run.get("cold_cache")
     if cc:
@@ -185,7 +190,7 @@ def statistics_section(summary: dict) -> str:
     many = len(cands) > 1
     out = ["## Statistics", ""]
     rep = max(pair["counts"].get("max_repeats", 1) for _, pair in pairs)
-    unit = ("a visit's median over its repeats (at most " f"{rep} per length)") if rep > 1 else "a visit's one request"
+    unit = ("a visit's median over its repeats (at most " f"{rep} per condition)") if rep > 1 else "a visit's one request"
     who = (f"Candidates {', '.join(f'`{c}`' for c in cands)}, each" if many else f"Candidate `{cands[0]}`")
     out.append(
         f"{who} against baseline `{base}`, paired by round; the paired unit is {unit}. "
@@ -194,6 +199,8 @@ def statistics_section(summary: dict) -> str:
         f"interval inverts the exact Wilcoxon signed-rank test, so the two cannot disagree. Verdicts, with "
         f"threshold {prm['noise']:g}: **faster**/**slower** when the interval lies wholly beyond 1 ± "
         f"{prm['noise']:g}, **equivalent** when wholly inside, **inconclusive** otherwise.")
+    out.append("")
+    out.append("Conditions: " + "; ".join(f"`{c['id']}` ({condition_label(c)})" for c in summary["conditions"]) + ".")
     out.append("")
     out.append(f"Tested (primary): {', '.join(f'`{m}`' for m in prm['primary'])}. "
                + (f"Shown, not tested (secondary): {', '.join(f'`{m}`' for m in prm['secondary'])}. "
@@ -212,8 +219,8 @@ def statistics_section(summary: dict) -> str:
         primary = _ordered(pair, "paired", ("primary",))
         if many and primary:
             out += [f"#### `{cand}`", ""]
-        for length, metric, p in primary:
-            out.append(verdict_sentence(summary, length, metric, p, cand))
+        for cond, metric, p in primary:
+            out.append(verdict_sentence(summary, cond, metric, p, cand))
         if primary:
             out.append("")
     for cand, pair in pairs:
@@ -222,28 +229,28 @@ def statistics_section(summary: dict) -> str:
             whose = f" (`{cand}`)" if many else ""
             out.append(f"Shown, not tested{whose} (each also answered by a primary metric above, or a sum of them):")
             out.append("")
-            for length, metric, p in secondary:
-                out.append(f"- {METRICS[metric]['label']} (`{metric}`) at {length} tokens: ratio "
+            for cond, metric, p in secondary:
+                out.append(f"- {METRICS[metric].label} (`{metric}`) {_at(summary, cond)}: ratio "
                            f"{_fmt(p['hl_ratio'], '.4f')} ({_interval(p)}).")
             out.append("")
     mem = [(pair, e) for _, pair in pairs for e in _ordered(pair, "memory", ("memory",))]
     if mem:
         out.append("### Memory")
         out.append("")
-        for pair, (length, metric, e) in mem:
-            out.append(memory_sentence(pair, length, metric, e))
+        for pair, (cond, metric, e) in mem:
+            out.append(memory_sentence(pair, cond, metric, e))
         out.append("")
     out.append("### Per arm")
     out.append("")
-    out.append("| arm | length | metric | n | median | min | max | trimmed mean (drop/end) |")
-    out.append("|---|---:|---|---:|---:|---:|---:|---:|")
+    out.append("| arm | condition | metric | n | median | min | max | trimmed mean (drop/end) |")
+    out.append("|---|---|---|---:|---:|---:|---:|---:|")
     order = [*prm["primary"], *prm["secondary"], *prm["memory"]]
     for arm, pair in ((base, first), *((c, p) for c, p in pairs)):
-        for length in _lengths(pair):
-            by_metric = pair["arms"][arm].get(length, {})
+        for cond in _conditions(pair):
+            by_metric = pair["arms"][arm].get(cond, {})
             for metric in (m for m in order if m in by_metric):
                 d = by_metric[metric]
-                out.append(f"| {arm} | {length} | {metric} | {d['n']} | {_fmt(d['median'])} | "
+                out.append(f"| {arm} | {cond} | {metric} | {d['n']} | {_fmt(d['median'])} | "
                            f"{_fmt(d['min'])} | {_fmt(d['max'])} | {_fmt(d['trimmed_mean'])} "
                            f"({d['trim_per_end']}) |")
     out.append("")
@@ -266,7 +273,7 @@ def disclosure_lines(summary: dict) -> list[str]:
         out.append(f"Outlying samples (|robust z| > {slow_z:g}, z from the median absolute "
                    f"deviation), flagged and **retained** in every statistic above:")
         for s in slow:
-            out.append(f"- {s['side']} sample: `{s['arm']}` {s['metric']} at {s['length']} tokens, "
+            out.append(f"- {s['side']} sample: `{s['arm']}` {s['metric']} {_at(summary, s['condition'])}, "
                        f"round {s['round']}: {_fmt(s['value'])} (z={s['robust_z']:+.1f})")
     else:
         out.append(f"No outlying samples (|robust z| > {slow_z:g}).")
@@ -277,7 +284,7 @@ def disclosure_lines(summary: dict) -> list[str]:
                    f"more than {prm['noise'] * 100:g} percentage points apart); read the per-round ratios:")
         for c, d in disagreements:
             whose = f"`{c}`: " if many else ""
-            out.append(f"- {whose}{d['metric']} at {d['length']} tokens: median change "
+            out.append(f"- {whose}{d['metric']} {_at(summary, d['condition'])}: median change "
                        f"{_change_pct(d['median_change'])} against trimmed-mean change "
                        f"{_change_pct(d['trimmed_mean_change'])}"
                        + (" (opposite signs)" if d["sign_differs"] else ""))
@@ -293,7 +300,7 @@ def disclosure_lines(summary: dict) -> list[str]:
     disc = first["disclosures"]
     for e in disc["excluded"]:
         att = f", attempt {e['attempt']}" if e["attempt"] is not None else ""
-        out.append(f"- excluded: `{e['arm']}` round {e['round']}, {e['length']} tokens{att}: "
+        out.append(f"- excluded: `{e['arm']}` round {e['round']}, `{e['condition']}`{att}: "
                    f"{e['reason']}")
     for r in disc["retries"]:
         state = "used" if r["selected"] else "not used"
@@ -302,15 +309,15 @@ def disclosure_lines(summary: dict) -> list[str]:
             what.append(f"validation retry {r['retry']}")
         if r["attempt"] > 1:
             what.append(f"attempt {r['attempt']} after an engine fault")
-        out.append(f"- retry: `{r['arm']}` round {r['round']}, {r['length']} tokens, {' and '.join(what)} ({state})")
+        out.append(f"- retry: `{r['arm']}` round {r['round']}, `{r['condition']}`, {' and '.join(what)} ({state})")
     for c, pair in pairs:
         partner = f"`{c}` against `{summary['baseline']}`" if many else "the other arm"
         for u in pair["disclosures"]["unpaired"]:
-            out.append(f"- unpaired (partial visit): `{u['arm']}` round {u['round']}, {u['length']} "
-                       f"tokens has no partner in {partner}; it counts in the per-arm figures only")
+            out.append(f"- unpaired (partial visit): `{u['arm']}` round {u['round']}, `{u['condition']}` "
+                       f"has no partner in {partner}; it counts in the per-arm figures only")
         for d in pair["disclosures"].get("dropped_pairs", []):
             whose = f" of `{c}`" if many else ""
-            out.append(f"- pair dropped{whose}: round {d['round']}, {d['length']} tokens: the `{d['arm']}` cell was "
+            out.append(f"- pair dropped{whose}: round {d['round']}, `{d['condition']}`: the `{d['arm']}` cell was "
                        "re-measured by a validation retry after every visit, not next to its partner; it counts "
                        "in the per-arm figures only")
     if disc["other_arms"]:

@@ -35,13 +35,13 @@ from typing import Any, Iterable, Mapping
 import jsonschema
 
 from pairbench.core import artifacts
-from pairbench.core.artifacts import ArtifactError, parse_schema_id, sha256_file, validate
+from pairbench.core.artifacts import ArtifactError, current_version, parse_schema_id, schema_id, sha256_file, validate
 
 MANIFEST = "MANIFEST.json"
 # Snakemake marks a directory() output with an empty .snakemake_timestamp after the job; it holds
 # nothing, so verify tolerates it (empty only) rather than fail every pipeline-built bundle.
 TOLERATED_EMPTY = {".snakemake_timestamp"}
-TABLE_SCHEMA = "pairbench.table/v1"
+TABLE_SCHEMA = schema_id("table")
 FIXTURE_KIND = "fixture_manifest"
 
 
@@ -120,7 +120,7 @@ def table_problems(rel: str, text: str, categorical: Iterable[str]) -> list[str]
 def fixture_problems(rel: str, data: Mapping[str, Any]) -> list[str]:
     problems = []
     for i, fx in enumerate(data.get("fixtures", [])):
-        where = f"{rel}: fixtures[{i}] (length {fx.get('length')})"
+        where = f"{rel}: fixtures[{i}] (condition {fx.get('condition')})"
         if messages_sha256(fx.get("messages")) != fx.get("messages_sha256"):
             problems.append(f"{where}: messages_sha256 does not recompute from the messages")
         if "text" in fx and text_sha256(fx["text"]) != fx.get("text_sha256"):
@@ -225,8 +225,8 @@ def _content_problems(rel: str, path: Path, entry: Mapping[str, Any]) -> list[st
             return [f"{rel}: its schema field says {got!r}, {MANIFEST} says {schema!r}"]
         try:
             kind, version = parse_schema_id(got)
-            if version != 1:
-                return [f"{rel}: unknown version v{version} of {kind}"]
+            if version != current_version(kind):
+                return [f"{rel}: unknown version v{version} of {kind} (this pairbench reads {schema_id(kind)})"]
             validate(kind, data, where=rel)
         except (ValueError, ArtifactError) as exc:
             return [f"{rel}: {exc}"]

@@ -6,6 +6,7 @@ import logging
 
 import pandas as pd
 
+from pairbench.core import naming
 from pairbench.analysis import crosscheck as pb_crosscheck
 from pairbench.analysis import adaptive as pb_adaptive
 from pairbench.analysis import plots as pb_plots
@@ -13,7 +14,6 @@ from pairbench.analysis import runfacts as pb_runfacts
 from pairbench.analysis import stats as pb_stats
 from pairbench.analysis import tables as pb_tables
 from pairbench.core.artifacts import atomic_write_text, read_artifact, sha256_file, write_artifact
-from pairbench.validate import retries
 
 
 def read_validations(paths: list[str]) -> dict[tuple[str, int], dict]:
@@ -21,7 +21,7 @@ def read_validations(paths: list[str]) -> dict[tuple[str, int], dict]:
     out = {}
     for p in paths:
         v = read_artifact(p, "validate")
-        out[retries.validation_key(v)] = v
+        out[naming.validation_key(v)] = v
     return out
 
 
@@ -53,9 +53,9 @@ def stats_stage(*, summary: str, measurements: str, summary_csv: str, paired_csv
     body["run"] = pb_runfacts.run_facts(plan_body, measure_bodies, df, gates, adaptive=stop_facts(plan_body, decisions))
     body["inputs"] = {"plan": sha256_file(plan), **{f"adapt.r{d['rounds']:02d}": sha256_file(p)
                                                     for d, p in zip(decisions, adapt or [])},
-                      **{f"measure.{retries.label(*retries.measure_key(m))}": sha256_file(p)
+                      **{f"measure.{naming.label(*naming.measure_key(m))}": sha256_file(p)
                          for m, p in zip(measure_bodies, measures)},
-                      **{f"validate.{retries.label(*key)}": sha256_file(p)
+                      **{f"validate.{naming.label(*key)}": sha256_file(p)
                          for key, p in zip(validation_bodies, validations)}}
     write_artifact(summary, "summary", body)
     flat = pb_tables.summary_tables(body)
@@ -94,15 +94,16 @@ def adapt_stage(*, adapt: str, plan: str, measures: list[str], validations: list
                               rounds_done=rounds_done, adaptive=plan_body["adaptive"])
     body["inputs"] = {"plan": sha256_file(plan), **{f"measure.{m['visit']['id']}": sha256_file(p)
                                                     for m, p in zip(measure_bodies, measures)},
-                      **{f"validate.{retries.label(*retries.validation_key(v))}": sha256_file(p)
+                      **{f"validate.{naming.label(*naming.validation_key(v))}": sha256_file(p)
                          for v, p in zip((read_artifact(p, "validate") for p in validations), validations)}}
     write_artifact(adapt, "adapt", body)
     logging.getLogger("pairbench.progress").info("[adapt] %s", body["reason"])
 
 
 def plots_stage(*, ratios: str, drift: str, summary: str, measurements: str) -> None:
-    pb_plots.plot_ratios(read_artifact(summary, "summary"), ratios)
-    pb_plots.plot_drift(pd.read_csv(measurements), drift)
+    body = read_artifact(summary, "summary")
+    pb_plots.plot_ratios(body, ratios)
+    pb_plots.plot_drift(pd.read_csv(measurements), drift, tuple(body["params"]["primary"]))
 
 
 def crosscheck_compare_stage(*, comparison: str, summary: str, plan: str, crosschecks: list[str]) -> None:
@@ -112,8 +113,7 @@ def crosscheck_compare_stage(*, comparison: str, summary: str, plan: str, crossc
     by_arm = {b["arm"]: (b, p) for b, p in ((read_artifact(p, "crosscheck"), p) for p in crosschecks)}
     base = plan_body["baseline"]
     cand = next(a for a in by_arm if a != base)
-    body = pb_crosscheck.compare(read_artifact(summary, "summary"), by_arm[base][0], by_arm[cand][0],
-                                 output_tokens=plan_body["output_tokens"])
+    body = pb_crosscheck.compare(read_artifact(summary, "summary"), by_arm[base][0], by_arm[cand][0])
     body["inputs"] = {"summary": sha256_file(summary),
                       **{f"crosscheck.{a}": sha256_file(p) for a, (_, p) in sorted(by_arm.items())}}
     write_artifact(comparison, "crosscheck_summary", body)

@@ -7,6 +7,8 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from pairbench.core import naming
+from pairbench.core import conditions
 from pairbench.core.artifacts import read_artifact, sha256_file, write_artifact
 from pairbench.engines.adapter import ArmEngine, for_arm
 from pairbench.engines.client import http
@@ -29,27 +31,28 @@ def _tokenizer(engine: ArmEngine, url: str):
 
 def fixtures_stage(*, fixtures: list[str], prompts: list[str], plan: str, builds: list[str], arms: list[str],
                    arm_dirs: list[str], server: dict, arm_configs: dict, server_log: str, root: str) -> None:
-    """Fit every length's fixture with the first arm's tokenizer, then re-check with every arm's.
+    """Fit every condition's fixture with the first arm's tokenizer, then re-check with every arm's.
     One server at a time; every arm's server re-tokenizes the finished messages and must agree
-    token for token."""
+    token for token. *fixtures* and *prompts* are in the plan's condition order."""
     plan_body = read_artifact(plan, "plan")
     build_bodies = [read_artifact(p, "build") for p in builds]
     inputs = {"plan": sha256_file(plan), **{f"build.{a}": sha256_file(p) for a, p in zip(arms, builds)}}
     engines = [for_arm(arm_configs[a], build=b, plan=plan_body, arm_dir=d, server_cfg=server, root=root)
                for a, b, d in zip(arms, build_bodies, arm_dirs)]
+    conds = conditions.from_plan(plan_body)
     results = {}
     with engines[0].server(server_log, server) as srv:
-        for length in plan_body["lengths"]:
-            results[length] = pb_fixtures.build_fixture(length, plan_body["output_tokens"], plan_body["seed"],
-                                                        plan_body["salts"], arms[0], _tokenizer(engines[0], srv.url))
-            log.info("fixture %d: fitted %d round(s) with %s's tokenizer", length, plan_body["rounds"], arms[0])
+        for cond in conds:
+            results[cond.id] = pb_fixtures.build_fixture(cond, plan_body["seed"], plan_body["salts"][cond.id], arms[0],
+                                                         _tokenizer(engines[0], srv.url))
+            log.info("fixture %s: fitted %d round(s) with %s's tokenizer", cond.id, plan_body["rounds"], arms[0])
     for arm, engine in zip(arms[1:], engines[1:]):
         with engine.server(server_log, server) as srv:
-            for length in plan_body["lengths"]:
-                pb_fixtures.check_tokenizer(*results[length], arm, _tokenizer(engine, srv.url))
-                log.info("fixture %d: %s agrees token for token", length, arm)
-    for length, fpath, ppath in zip(plan_body["lengths"], fixtures, prompts):
-        fixture, prompt_body = results[length]
+            for cond in conds:
+                pb_fixtures.check_tokenizer(*results[cond.id], arm, _tokenizer(engine, srv.url))
+                log.info("fixture %s: %s agrees token for token", cond.id, arm)
+    for cond, fpath, ppath in zip(conds, fixtures, prompts):
+        fixture, prompt_body = results[cond.id]
         prompt_body["inputs"] = dict(inputs)
         psha = write_artifact(ppath, "prompts", prompt_body)
         fixture["inputs"] = {**inputs, "prompts": psha}
@@ -78,9 +81,9 @@ def measure_stage(*, measure: str, outputs: list[str], marker: str, plan: str, b
     """
     plan_body = read_artifact(plan, "plan")
     body, texts, inputs = _measure(plan_body, plan, build, fixtures, prompts, visit, arm_dir, arm_config, server,
-                                   server_log, root, attempt, pid_file, lengths=None)
-    for length, path in zip(plan_body["lengths"], outputs):
-        write_artifact(path, "output", {"visit": visit["id"], "length": length, **texts[length],
+                                   server_log, root, attempt, pid_file, only=None)
+    for cond, path in zip(conditions.ids(plan_body["conditions"]), outputs):
+        write_artifact(path, "output", {"visit": visit["id"], "condition": cond, **texts[cond],
                                         "inputs": {"plan": inputs["plan"]}})
     write_artifact(measure, "measure", body)
     # Ordering marker for the next visit (see workflow/rules/common.smk: previous_visit).
@@ -92,74 +95,79 @@ def measure_retry_stage(*, measure: str, outputs: str, plan: str, build: str, fi
                         previous_measure: str, previous_validate: str, retry: int, retry_on: list[str], visit: dict,
                         arm_dir: str, arm_config: dict, server: dict, server_log: str, root: str, attempt: int = 1,
                         pid_file: str | None = None) -> None:
-    """Validation retry *retry* of one visit: re-measure the lengths whose previous measurement
+    """Validation retry *retry* of one visit: re-measure the conditions whose previous measurement
     (the visit itself, or retry *retry* - 1) was excluded for a kind in *retry_on* (pairbench.validate.retries).
 
     Writes ``measure/<visit>.retry<N>.json`` (with ``retry`` and ``retry_reasons``) and one private
-    output per re-measured length under the *outputs* folder; the previous artifacts are only read.
+    output per re-measured condition under the *outputs* folder; the previous artifacts are only read.
     """
     plan_body = read_artifact(plan, "plan")
     previous = read_artifact(previous_measure, "measure")
     validation = read_artifact(previous_validate, "validate")
-    if previous["visit"]["id"] != visit["id"] or retries.retry_number(previous) != retry - 1:
+    if previous["visit"]["id"] != visit["id"] or naming.retry_number(previous) != retry - 1:
         raise ValueError(f"{previous_measure}: not retry {retry - 1} of visit {visit['id']}")
-    if retries.validation_key(validation) != (visit["id"], retry - 1):
+    if naming.validation_key(validation) != (visit["id"], retry - 1):
         raise ValueError(f"{previous_validate}: not the validation of retry {retry - 1} of visit {visit['id']}")
     reasons = retries.retry_reasons(validation, retry_on)
     if not reasons:
         raise ValueError(f"{visit['id']} retry {retry}: {previous_validate} excludes no record for "
                          f"{', '.join(retry_on)}; there is nothing to retry")
-    log.info("%s retry %d: re-measuring length(s) %s: %s", visit["id"], retry, ", ".join(map(str, sorted(reasons))),
-             " | ".join(f"{n}: {why['reason']}" for n, why in sorted(reasons.items())))
+    log.info("%s retry %d: re-measuring condition(s) %s: %s", visit["id"], retry, ", ".join(sorted(reasons)),
+             " | ".join(f"{c}: {why['reason']}" for c, why in sorted(reasons.items())))
     body, texts, inputs = _measure(plan_body, plan, build, fixtures, prompts, visit, arm_dir, arm_config, server,
-                                   server_log, root, attempt, pid_file, lengths=sorted(reasons))
+                                   server_log, root, attempt, pid_file, only=sorted(reasons))
     body["retry"] = retry
-    body["retry_reasons"] = [{"length": n, "reason": why["reason"][:1000], "kinds": why["kinds"]}
-                             for n, why in sorted(reasons.items())]
+    body["retry_reasons"] = [{"condition": c, "reason": why["reason"][:1000], "kinds": why["kinds"]}
+                             for c, why in sorted(reasons.items())]
     body["inputs"].update({"previous_measure": sha256_file(previous_measure),
                            "previous_validate": sha256_file(previous_validate)})
     out = Path(outputs)
     out.mkdir(parents=True, exist_ok=True)
-    for length in sorted(reasons):
-        write_artifact(out / f"{length}.json", "output", {"visit": visit["id"], "length": length, **texts[length],
-                                                          "retry": retry, "inputs": {"plan": inputs["plan"]}})
+    for cond in sorted(reasons):
+        write_artifact(out / f"{cond}.json", "output", {"visit": visit["id"], "condition": cond, **texts[cond],
+                                                        "retry": retry, "inputs": {"plan": inputs["plan"]}})
     write_artifact(measure, "measure", body)
 
 
 def _measure(plan: dict, plan_path: str, build_path: str, fixture_paths: list[str], prompt_paths: list[str],
              visit: dict, arm_dir: str, arm_cfg: dict, server_cfg: dict, server_log: str, root: str, attempt: int,
-             pid_path: str | None, lengths: list[int] | None) -> tuple[dict, dict, dict]:
-    """Launch, measure *lengths* (None: all) of *visit* under the orphan watchdog: (body, outputs, inputs)."""
+             pid_path: str | None, only: list[str] | None) -> tuple[dict, dict, dict]:
+    """Launch, measure the conditions *only* (None: all) of *visit* under the orphan watchdog:
+    (body, outputs, inputs)."""
     build = read_artifact(build_path, "build")
-    fixtures = {f["length"]: f for f in (read_artifact(p, "fixture") for p in fixture_paths)}
-    prompts = {p["length"]: p for p in (read_artifact(p, "prompts") for p in prompt_paths)}
+    fixtures = {f["condition"]: f for f in (read_artifact(p, "fixture") for p in fixture_paths)}
+    prompts = {p["condition"]: p for p in (read_artifact(p, "prompts") for p in prompt_paths)}
     inputs = {"plan": sha256_file(plan_path), "build": sha256_file(build_path),
-              **{f"fixture.{n}": sha256_file(p) for n, p in zip(plan["lengths"], fixture_paths)}}
+              **{f"fixture.{f['condition']}": sha256_file(p) for f, p in
+                 zip((fixtures[c] for c in conditions.ids(plan["conditions"])), fixture_paths)}}
     engine = for_arm(arm_cfg, build=build, plan=plan, arm_dir=arm_dir, server_cfg=server_cfg, root=root)
     orphaned = (lambda: recovery.kill_stale(pid_path)) if pid_path else (lambda: None)
     with recovery.SnakemakeWatchdog(orphaned):
         body, outputs = pb_visit.run_visit(
             visit=visit, engine=engine, plan=plan, prompts=prompts, fixtures=fixtures, server_cfg=server_cfg,
             server_log=Path(server_log), inputs=inputs, attempt=attempt,
-            pid_path=Path(pid_path) if pid_path else None, lengths=lengths)
+            pid_path=Path(pid_path) if pid_path else None, only=only)
     # where it ran: the pseudonym is public, the real name goes only into the private outputs
     host = pb_node.hostname()
     body["host"]["node"] = pb_node.pseudonym(host, pb_node.run_secret(prompt_paths))
-    outputs = {n: {**texts, "node": host} for n, texts in outputs.items()}
+    outputs = {c: {**texts, "node": host} for c, texts in outputs.items()}
     for rec in body["records"]:
         if not rec["ok"]:
-            log.warning("%s length %d flagged: %s", visit["id"], rec["length"], "; ".join(rec["flags"]))
+            log.warning("%s %s flagged: %s", visit["id"], rec["condition"], "; ".join(rec["flags"]))
     return body, outputs, inputs
 
 
 def crosscheck_stage(*, crosschecks: list[str], raw: list[str], plan: str, builds: list[str], arms: list[str],
                      arm_dirs: list[str], arm_configs: dict, rounds: int, root: str, tool_log: str) -> None:
-    """The engine's own benchmark (llama-bench) from each arm's build, at the plan's lengths, in
-    rounds that alternate the arms; after every visit and validation (ordering inputs of the rule)."""
+    """The engine's own benchmark (llama-bench) from each arm's build, at the plan's input and output
+    token counts, in rounds that alternate the arms; after every visit and validation (ordering
+    inputs of the rule)."""
     plan_body = read_artifact(plan, "plan")
     arms_in = {a: {"config": arm_configs[a], "src_dir": d, "model": model_arg(read_artifact(b, "build"), root)}
                for a, d, b in zip(arms, arm_dirs, builds)}
-    bodies = pb_crosscheck.run_crosscheck(arms_in, lengths=plan_body["lengths"], output_tokens=plan_body["output_tokens"],
+    conds = conditions.from_plan(plan_body)
+    bodies = pb_crosscheck.run_crosscheck(arms_in, lengths=sorted({c.input_tokens for c in conds}),
+                                          output_tokens=sorted({c.output_tokens for c in conds}),
                                           rounds=rounds, raw_out=dict(zip(arms, raw)), log=tool_log)
     for a, out, b in zip(arms, crosschecks, builds):
         body = {**bodies[a], "inputs": {"plan": sha256_file(plan), "build": sha256_file(b)}}

@@ -8,6 +8,7 @@ import shutil
 import time
 from pathlib import Path
 
+from pairbench.core import naming
 from pairbench.core.artifacts import read_artifact, sha256_file, write_artifact
 from pairbench.validate import cases as pb_cases
 from pairbench.validate import retries
@@ -24,12 +25,12 @@ def validate_stage(*, validate: str, measure: str, outputs: str | list[str], fix
                     for f in (sorted(Path(p).glob("*.json")) if Path(p).is_dir() else [p])]
     inputs = {"measure": sha256_file(measure)}
 
-    def load(paths: list[str], kind: str, role: str) -> dict[int, dict]:
+    def load(paths: list[str], kind: str, role: str) -> dict[str, dict]:
         out = {}
         for p in paths:
             body = read_artifact(p, kind)
-            out[body["length"]] = body
-            inputs[f"{role}.{body['length']}"] = sha256_file(p)
+            out[body["condition"]] = body
+            inputs[f"{role}.{body['condition']}"] = sha256_file(p)
         return out
 
     fixture_bodies = load(fixtures, "fixture", "fixture")
@@ -37,13 +38,13 @@ def validate_stage(*, validate: str, measure: str, outputs: str | list[str], fix
     base_outputs = load(baseline_outputs, "output", "baseline_output")
     records = []
     for rec in measure_body["records"]:
-        n, repeat = rec["length"], int(rec.get("repeat", 1))
-        fx = fixture_bodies[n]
-        out = output_for(output_bodies[n], repeat)
-        base = base_outputs.get(n)  # the baseline's first repeat of the same round and length
+        cond, repeat = rec["condition"], int(rec.get("repeat", 1))
+        fx = fixture_bodies[cond]
+        out = output_for(output_bodies[cond], repeat)
+        base = base_outputs.get(cond)  # the baseline's first repeat of the same round and condition
         verdicts = pb_cases.run_cases(
             cases, record=rec, output=out,
-            fixture={"length": n, "output_tokens": fx["output_tokens"], "task": fx["task"]},
+            fixture={"input_tokens": fx["input_tokens"], "output_tokens": fx["output_tokens"], "task": fx["task"]},
             baseline_output={"text": base["text"], "token_ids": base["token_ids"]} if base else None,
             options=options)  # every repeat is sandboxed on its own: the report counts each run
         # A failed request has no output hash in its record; its (empty) private output has one.
@@ -53,9 +54,9 @@ def validate_stage(*, validate: str, measure: str, outputs: str | list[str], fix
             entry["repeat"] = repeat
         records.append(entry)
         if not entry["selected"]:
-            log.warning("%s length %d%s not selected: %s", measure_body["visit"]["id"], n,
+            log.warning("%s %s%s not selected: %s", measure_body["visit"]["id"], cond,
                         f" repeat {repeat}" if "repeat" in rec else "", "; ".join(entry["excluded_because"]))
-    retry = retries.retry_number(measure_body)
+    retry = naming.retry_number(measure_body)
     write_artifact(validate, "validate", {
         "round": measure_body["visit"]["round"], "arm": measure_body["visit"]["arm"],
         "attempt": measure_body["attempt"], **({"retry": retry} if retry else {}),
@@ -63,13 +64,13 @@ def validate_stage(*, validate: str, measure: str, outputs: str | list[str], fix
 
 
 def output_for(body: dict, repeat: int) -> dict:
-    """The text and token ids of *repeat* (1 = first) from one length's output artifact."""
+    """The text and token ids of *repeat* (1 = first) from one condition's output artifact."""
     if repeat == 1:
         return {"text": body["text"], "token_ids": body["token_ids"]}
     for r in body.get("repeats", []):
         if r["repeat"] == repeat:
             return {"text": r["text"], "token_ids": r["token_ids"]}
-    raise ValueError(f"output of visit {body['visit']} length {body['length']} has no repeat {repeat}")
+    raise ValueError(f"output of visit {body['visit']} condition {body['condition']} has no repeat {repeat}")
 
 
 def retire_stage(*, retired: str, measures: list[str], validations: list[str], chain: dict[str, int],

@@ -22,14 +22,14 @@ def _ratio(p: dict) -> str:
 
 
 def rows(label: str, summary: dict) -> list[str]:
-    """Markdown table rows of one comparison: every primary (tested) metric at every length."""
+    """Markdown table rows of one comparison: every primary (tested) metric at every condition."""
     out = []
     for pair in pair_bodies(summary):
         arms = f"{pair['candidate']} vs {pair['baseline']}"
-        for length in sorted(pair["paired"], key=int):
-            for metric, p in sorted(pair["paired"][length].items()):
+        for cond in (c["id"] for c in pair["conditions"]):
+            for metric, p in sorted(pair["paired"].get(cond, {}).items()):
                 if p["role"] == "primary":
-                    out.append(f"| [{label}](../{label}/publish/README.md) | {arms} | {metric} | {length} | "
+                    out.append(f"| [{label}](../{label}/publish/README.md) | {arms} | {metric} | `{cond}` | "
                                f"**{p['verdict']}** | {_ratio(p)} |")
     return out
 
@@ -39,7 +39,7 @@ def render(study: str, summaries: dict[str, str]) -> str:
     lines = [f"# Study {study}", "",
              (f"{len(summaries)} comparison(s); each links to its own report. Ratio: candidate/baseline, "
               "Hodges-Lehmann estimate [interval]."), "",
-             "| comparison | arms | metric | length | verdict | ratio |", "|---|---|---|---|---|---|"]
+             "| comparison | arms | metric | condition | verdict | ratio |", "|---|---|---|---|---|---|"]
     for label, path in summaries.items():
         lines += rows(label, read_artifact(path, "summary"))
     return "\n".join(lines) + "\n"

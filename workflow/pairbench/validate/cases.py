@@ -2,13 +2,13 @@
 
 The pipeline's ``validate/r<NN>-<arm>.json`` stage calls :func:`run_cases` once per steady record
 with the record (docs/contracts.md §2), the private output (``{"text", "token_ids"}``), the
-fixture (``length``, ``output_tokens``, ``task``) and, for the candidate arm, the baseline arm's
+fixture (``input_tokens``, ``output_tokens``, ``task``) and, for the candidate arm, the baseline arm's
 output for the same fixture in the same round. Each case gives ``pass | fail | timeout | skipped``
 with a reason; :func:`is_selected` says whether the record may enter the statistics.
 
 Cases (``CASES``):
 
-- ``token_counts``: the native counters equal the plan (``prompt_tokens == length``,
+- ``token_counts``: the native counters equal the plan (``prompt_tokens == input_tokens``,
   ``completion_tokens == output_tokens``, and the private output holds that many token ids).
 - ``done_marker``: :func:`extract_function` finds a complete definition of the task's function.
 - ``python_function``: that function compiles and passes the task's tests in the sandbox
@@ -191,8 +191,8 @@ def _token_ids(output: dict, what: str) -> list[int]:
 def case_token_counts(record: dict, output: dict, fixture: dict) -> dict:
     """Native counters equal the plan, and the private output holds the planned number of ids."""
     problems = []
-    if record["prompt_tokens"] != fixture["length"]:
-        problems.append(f"prompt_tokens: got {record['prompt_tokens']}, planned {fixture['length']}")
+    if record["prompt_tokens"] != fixture["input_tokens"]:
+        problems.append(f"prompt_tokens: got {record['prompt_tokens']}, planned {fixture['input_tokens']}")
     if record["completion_tokens"] != fixture["output_tokens"]:
         problems.append(
             f"completion_tokens: got {record['completion_tokens']}, planned {fixture['output_tokens']}"
@@ -202,7 +202,7 @@ def case_token_counts(record: dict, output: dict, fixture: dict) -> dict:
         problems.append(f"token_ids: got {len(ids)}, planned {fixture['output_tokens']}")
     if problems:
         return _verdict("fail", "; ".join(problems))
-    return _verdict("pass", f"prompt {fixture['length']} and completion {fixture['output_tokens']} "
+    return _verdict("pass", f"prompt {fixture['input_tokens']} and completion {fixture['output_tokens']} "
                             "tokens as planned")
 
 
@@ -301,7 +301,7 @@ def run_cases(
         raise ValueError(f"unknown validation case {unknown[0]!r} (known: {', '.join(CASES)})")
     opts = _options(options)
     _require(output, ("text", "token_ids"), "output")
-    _require(fixture, ("length", "output_tokens", "task"), "fixture")
+    _require(fixture, ("input_tokens", "output_tokens", "task"), "fixture")
     try:
         task = tasks.get_task(fixture["task"])
     except KeyError as exc:
@@ -333,7 +333,7 @@ def record_entry(record: dict, fixture: dict, verdicts: dict[str, dict]) -> dict
     """One ``records[]`` entry of the validate artifact (``validate.schema.json``): verdicts (with
     the sandbox's isolation layers for ``python_function``), the output's sha256 and the
     selection, never the output text."""
-    _require(record, ("length", "output_sha256"), "record")
+    _require(record, ("condition", "output_sha256"), "record")
     clean = {}
     for case, v in verdicts.items():
         entry = {"verdict": v["verdict"], "reason": str(v.get("reason", ""))[:1000]}
@@ -343,7 +343,7 @@ def record_entry(record: dict, fixture: dict, verdicts: dict[str, dict]) -> dict
         clean[case] = entry
     selected = is_selected(clean)
     return {
-        "length": record["length"],
+        "condition": record["condition"],
         "task": fixture["task"],
         "output_sha256": record["output_sha256"],
         "selected": selected,

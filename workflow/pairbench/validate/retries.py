@@ -2,8 +2,8 @@
 
 A visit ``r<NN>-<arm>`` is measured once (``measure/<visit>.json``) and validated once
 (``validate/<visit>.json``). When a record's exclusion is of a kind listed in ``validate.retry_on``
-and the visit has retries left (``validate.retries``), retry 1 re-measures just those lengths (a
-partial visit, its own job: ``measure/<visit>.retry1.json``, outputs under
+and the visit has retries left (``validate.retries``), retry 1 re-measures them (a
+partial visit of just those conditions, its own job: ``measure/<visit>.retry1.json``, outputs under
 ``private/outputs/<visit>.retry1/``) and validates them (``validate/<visit>.retry1.json``); retry 2
 follows retry 1 the same way, and so on. Nothing is overwritten: the original record stays in its
 artifact and in ``tables/measurements.csv``, marked *superseded*, and the report lists every retry
@@ -18,18 +18,15 @@ The kinds (``RETRY_ON``):
 
 A record is retried only when every reason for its exclusion is of a listed kind.
 
-A retry's records replace the earlier records of the same (round, arm, length): the latest retry
+A retry's records replace the earlier records of the same (round, arm, condition): the latest retry
 that measured a record is the one the statistics may use (if it, too, is selected).
 """
 
 from __future__ import annotations
 
+from pairbench.core.naming import retry_number
+
 RETRY_ON: tuple[str, ...] = ("timeout", "fail", "gate")
-
-
-def retry_number(body: dict) -> int:
-    """0 for a visit's own measure/validate artifact, N for its retry N."""
-    return int(body.get("retry", 0))
 
 
 def exclusion_kinds(entry: dict) -> dict[str, list[str]]:
@@ -47,9 +44,9 @@ def exclusion_kinds(entry: dict) -> dict[str, list[str]]:
     return kinds
 
 
-def retry_reasons(validation: dict, retry_on: list[str] | tuple[str, ...]) -> dict[int, dict]:
-    """``{length: {"reason": why, "kinds": [...]}}`` for each record of a validate artifact that
-    earns a retry under *retry_on*.
+def retry_reasons(validation: dict, retry_on: list[str] | tuple[str, ...]) -> dict[str, dict]:
+    """``{condition id: {"reason": why, "kinds": [...]}}`` for each record of a validate artifact
+    that earns a retry under *retry_on*.
 
     A record earns one when it was excluded and *every* reason of its exclusion is of a kind in
     *retry_on*: with the default ``[timeout]``, an output that timed out its tests is measured
@@ -60,20 +57,20 @@ def retry_reasons(validation: dict, retry_on: list[str] | tuple[str, ...]) -> di
     unknown = sorted(set(retry_on) - set(RETRY_ON))
     if unknown:
         raise ValueError(f"validate.retry_on: unknown kind(s) {unknown}; known: {list(RETRY_ON)}")
-    out: dict[int, dict] = {}
-    per_length: dict[int, int] = {}
+    out: dict[str, dict] = {}
+    per_condition: dict[str, int] = {}
     for entry in validation["records"]:
-        per_length[entry["length"]] = per_length.get(entry["length"], 0) + 1
+        per_condition[entry["condition"]] = per_condition.get(entry["condition"], 0) + 1
     for entry in validation["records"]:
         kinds = exclusion_kinds(entry)
         if kinds and set(kinds) <= set(retry_on):
-            # with repeats, one length has several records: the retry re-measures the whole length,
-            # and the reason names the repeat (with one request per length there is nothing to name)
+            # with repeats, one condition has several records: the retry re-measures the whole
+            # condition, and the reason names the repeat (with one request there is nothing to name)
             why = "; ".join(why for k in sorted(kinds) for why in kinds[k])
-            if "repeat" in entry and per_length[entry["length"]] > 1:
+            if "repeat" in entry and per_condition[entry["condition"]] > 1:
                 why = f"repeat {entry['repeat']}: {why}"
-            prev = out.get(entry["length"])
-            out[entry["length"]] = {"reason": f"{prev['reason']}; {why}" if prev else why,
+            prev = out.get(entry["condition"])
+            out[entry["condition"]] = {"reason": f"{prev['reason']}; {why}" if prev else why,
                                     "kinds": sorted(set(kinds) | set(prev["kinds"] if prev else []))}
     return out
 
@@ -84,21 +81,6 @@ KIND_LABELS = {"timeout": "validator timeout", "fail": "case failure", "gate": "
 def kind_of(kinds: list[str]) -> str:
     """A short label of a retry's kinds, e.g. ``validator timeout`` or ``gate failure + validator timeout``."""
     return " + ".join(sorted(KIND_LABELS[k] for k in kinds)) or "other"
-
-
-def label(visit_id: str, retry: int) -> str:
-    """``r01-candidate`` for the visit itself, ``r01-candidate.retry1`` for its retry 1 (as in file names)."""
-    return visit_id if not retry else f"{visit_id}.retry{retry}"
-
-
-def measure_key(measure: dict) -> tuple[str, int]:
-    """(visit id, retry) of a measure artifact."""
-    return measure["visit"]["id"], retry_number(measure)
-
-
-def validation_key(validation: dict) -> tuple[str, int]:
-    """(visit id, retry) of a validate artifact: the same key as its measure artifact's."""
-    return f"r{validation['round']:02d}-{validation['arm']}", retry_number(validation)
 
 
 def later_retries(res_dir, visit_id: str, n: int) -> list:

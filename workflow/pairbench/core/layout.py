@@ -1,0 +1,155 @@
+"""The run layout: every path of ``results/<label>/`` (and its job logs under ``logs/<label>/``).
+
+One object knows where each artifact of a run lives, so the rules, the stages and the audit never
+spell a path out. Each method returns a path *pattern*: pass a Snakemake wildcard (``"{arm}"``,
+``"{visit}"``) or a value (``"baseline"``, ``"r01-baseline"``). docs/contracts.md lists the tree.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from pairbench.core.naming import label as visit_label
+
+TABLES = ("measurements", "summary", "paired", "ratios", "memory", "timing_agreement")
+PLOTS = ("ratios", "drift")
+PER_ARM = ("source", "build", "warmup")  # one artifact per arm: <stage>/<arm>.json
+
+
+@dataclass(frozen=True)
+class Layout:
+    label: str
+    results: str = "results"
+    logs_root: str = "logs"
+
+    @classmethod
+    def of(cls, res_dir: str | os.PathLike) -> "Layout":
+        """The layout whose ``res`` is *res_dir* (``results/<label>``)."""
+        res = Path(res_dir)
+        return cls(label=res.name, results=str(res.parent))
+
+    @property
+    def res(self) -> str:
+        return f"{self.results}/{self.label}"
+
+    @property
+    def logs(self) -> str:
+        return f"{self.logs_root}/{self.label}"
+
+    @property
+    def private(self) -> str:
+        return f"{self.res}/private"
+
+    def log(self, rel: str) -> str:
+        """A job log, mirroring its output's path under ``logs/<label>/``."""
+        return f"{self.logs}/{rel}"
+
+    # --- per arm
+    @property
+    def plan(self) -> str:
+        return f"{self.res}/plan.json"
+
+    def per_arm(self, stage: str, arm: str) -> str:
+        return f"{self.res}/{stage}/{arm}.json"
+
+    def source(self, arm: str) -> str:
+        return self.per_arm("source", arm)
+
+    def tree(self, arm: str) -> str:
+        """The arm's exported, patched source tree."""
+        return f"{self.res}/src/{arm}"
+
+    def build(self, arm: str) -> str:
+        return self.per_arm("build", arm)
+
+    def warmup(self, arm: str) -> str:
+        return self.per_arm("warmup", arm)
+
+    # --- per condition
+    def fixture(self, cond: str) -> str:
+        return f"{self.res}/fixtures/{cond}.json"
+
+    def prompts(self, cond: str) -> str:
+        return f"{self.private}/prompts/{cond}.json"
+
+    # --- per visit (and validation retry)
+    def measure(self, visit: str, retry: int | str = 0) -> str:
+        return f"{self.res}/measure/{visit_label(visit, retry)}.json"
+
+    def validate(self, visit: str, retry: int | str = 0) -> str:
+        return f"{self.res}/validate/{visit_label(visit, retry)}.json"
+
+    def output(self, visit: str, cond: str) -> str:
+        """A visit's private output (text, token ids) of one condition."""
+        return f"{self.private}/outputs/{visit}-{cond}.json"
+
+    def retry_outputs(self, visit: str, retry: int | str) -> str:
+        """The folder of a validation retry's private outputs, one file per re-measured condition."""
+        return f"{self.private}/outputs/{visit_label(visit, retry)}"
+
+    def marker(self, visit: str) -> str:
+        """The visit's done-marker: the next visit's ordering-only input."""
+        return f"{self.private}/order/{visit}.done"
+
+    def adapt(self, rounds: int | str) -> str:
+        r = f"{rounds:02d}" if isinstance(rounds, int) else rounds
+        return f"{self.res}/adapt/r{r}.json"
+
+    # --- the run's statistics and bundle
+    @property
+    def summary(self) -> str:
+        return f"{self.res}/stats/summary.json"
+
+    def table(self, name: str) -> str:
+        return f"{self.res}/tables/{name}.csv"
+
+    def plot(self, name: str) -> str:
+        return f"{self.res}/plots/{name}.png"
+
+    def crosscheck(self, arm: str) -> str:
+        return f"{self.res}/crosscheck/{arm}.json"
+
+    def crosscheck_raw(self, arm: str) -> str:
+        return f"{self.private}/crosscheck/{arm}.json"
+
+    @property
+    def crosscheck_summary(self) -> str:
+        return f"{self.res}/stats/crosscheck.json"
+
+    @property
+    def bundle(self) -> str:
+        return f"{self.res}/publish"
+
+    @property
+    def manifest(self) -> str:
+        return f"{self.bundle}/MANIFEST.json"
+
+    @property
+    def report(self) -> str:
+        return f"{self.bundle}/README.md"
+
+    @property
+    def landing(self) -> str:
+        return f"{self.res}/report/landing.rst"
+
+    @property
+    def provenance(self) -> str:
+        return f"{self.res}/provenance.json"
+
+    @property
+    def audit(self) -> str:
+        return f"{self.res}/audit.json"
+
+    @property
+    def retired(self) -> str:
+        return f"{self.private}/retired.json"
+
+    def server_log(self, rel: str) -> str:
+        """A server's log (private: it may name paths and hosts)."""
+        return f"{self.private}/logs/{rel}.log"
+
+    @property
+    def pid_file(self) -> str:
+        return f"{self.private}/servers/measure.json"
