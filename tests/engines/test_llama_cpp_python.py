@@ -42,10 +42,10 @@ def run(tmp_path_factory, smollm2_gguf, llama_cpp_installed):
 def test_fixtures_verified_by_each_arms_server_tokenizer(run):
     _, res = run
     plan = read_artifact(res / "plan.json", "plan")
-    for n in plan["lengths"]:
-        fx = read_artifact(res / "fixtures" / f"{n}.json", "fixture")
+    for cond in plan["conditions"]:
+        fx = read_artifact(res / "fixtures" / f"{cond['id']}.json", "fixture")
         assert fx["checked_by"] == ["threads1", "threads2"]
-        assert all(r["prompt_tokens"] == n for r in fx["rounds"])
+        assert all(r["prompt_tokens"] == cond["input_tokens"] for r in fx["rounds"])
 
 
 def test_build_records_the_engine_and_its_cache_proof(run):
@@ -69,8 +69,8 @@ def test_every_visit_gated_and_disclosed(run):
         assert m["server"]["log_prefix_hits"] == []  # the flush request left nothing to reuse
         assert m["first_request"]["ok"]
         for rec in m["records"]:
-            assert rec["gates"]["prompt_tokens"] is True and rec["prompt_tokens"] == rec["length"]
-            assert rec["gates"]["completion_tokens"] is True and rec["completion_tokens"] == plan["output_tokens"]
+            assert rec["gates"]["prompt_tokens"] is True and rec["prompt_tokens"] == rec["input_tokens"]
+            assert rec["gates"]["completion_tokens"] is True and rec["completion_tokens"] == rec["output_tokens"]
             # proven from the server's log: every prompt token evaluated, no prefix reused
             assert rec["gates"]["cold_cache"] is True and rec["tokens_cached"] == 0
             assert rec["ok"] and rec["flags"] == [] and rec["ttft_ms"] > 0 and rec["decode_tok_s"] > 0
@@ -85,7 +85,7 @@ def test_validation_and_statistics(run):
         read_artifact(res / "validate" / f"{v['id']}.json", "validate")
     summary = json.loads((res / "stats" / "summary.json").read_text())
     assert summary["schema"].startswith("pairbench.summary/")
-    assert (res / "tables" / "measurements.csv").read_text().count("\n") == 1 + len(plan["visits"]) * len(plan["lengths"])
+    assert (res / "tables" / "measurements.csv").read_text().count("\n") == 1 + len(plan["visits"]) * len(plan["conditions"])
 
 
 def test_bundle_verifies_passes_the_leak_gate_and_states_the_proof(run):

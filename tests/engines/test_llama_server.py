@@ -80,8 +80,8 @@ def test_every_request_gated_cold_from_the_servers_own_counters(run):
             assert rec["ok"] and rec["flags"] == []
             assert rec["gates"] == {"prompt_tokens": True, "completion_tokens": True, "cold_cache": True}
             # llama.cpp's own timings: every prompt token evaluated, none reused from the slot
-            assert rec["engine"]["prompt_n"] == rec["length"] and rec["tokens_cached"] == 0
-            assert rec["completion_tokens"] == plan["output_tokens"]
+            assert rec["engine"]["prompt_n"] == rec["input_tokens"] and rec["tokens_cached"] == 0
+            assert rec["completion_tokens"] == rec["output_tokens"]
 
 
 def test_the_patch_keeps_greedy_outputs_identical(run):

@@ -42,8 +42,8 @@ def test_with_opt_in_the_whole_pipeline_runs(checkout):
     assert plan["allow_external"] is True and plan["arms"]["one"]["engine"] == "vllm"
     build = read_artifact(res / "build" / "two.json", "build")
     assert build["engine"]["cold_cache_proof"] == "weak" and build["native_version"] == "unknown"
-    for fx in plan["lengths"]:
-        fixture = read_artifact(res / "fixtures" / f"{fx}.json", "fixture")
+    for cond in plan["conditions"]:
+        fixture = read_artifact(res / "fixtures" / f"{cond['id']}.json", "fixture")
         assert fixture["checked_by"] == ["one", "two"]  # verified through each arm's /tokenize
     for v in plan["visits"]:
         m = read_artifact(res / "measure" / f"{v['id']}.json", "measure")
@@ -52,7 +52,7 @@ def test_with_opt_in_the_whole_pipeline_runs(checkout):
         for rec in m["records"]:
             assert rec["ok"] and rec["flags"] == [], rec["flags"]
             assert rec["gates"] == {"prompt_tokens": True, "completion_tokens": True, "cold_cache": True}
-            assert rec["prompt_tokens"] == rec["length"] and rec["completion_tokens"] == 8
+            assert rec["prompt_tokens"] == rec["input_tokens"] and rec["completion_tokens"] == 8
             assert rec["engine"] is None  # vLLM reports no engine timings: client-side only
     summary = json.loads((res / "stats" / "summary.json").read_text())
     assert summary["schema"].startswith("pairbench.summary/")

@@ -61,7 +61,7 @@ def run(tmp_path, schema_dir):
         "round": 2, "arm": "baseline", "ttft_ms": 13.0,
         "inputs": {"plan": plan_sha, "source": src_sha, "previous": m1}})
     (run / "tables").mkdir()
-    (run / "tables" / "summary.csv").write_text("arm,length,verdict\nbaseline,8,inconclusive\n")
+    (run / "tables" / "summary.csv").write_text("arm,condition,verdict\nbaseline,in8-out4,inconclusive\n")
     provenance.write_provenance(run, run / "provenance.json", "c" * 64, run / "plan.json", HERE)
     return run
 
@@ -190,7 +190,7 @@ def test_run_audit_writes_the_record_then_passes(run, tmp_path):
 
 
 def test_a_tampered_run_leaves_a_record_with_ok_false_and_the_findings(run, tmp_path, capsys):
-    (run / "tables" / "summary.csv").write_text("arm,length,verdict\nbaseline,8,faster\n")
+    (run / "tables" / "summary.csv").write_text("arm,condition,verdict\nbaseline,in8-out4,faster\n")
     out, record = run / "audit.json", tmp_path / "logs" / "audit.json"
     record.parent.mkdir()
     with pytest.raises(audit.AuditFailed, match=r"1 finding\(s\), first: tables/summary.csv: \[provenance\]") as exc:
@@ -230,7 +230,7 @@ def test_the_audit_rule_fails_and_its_record_survives_in_the_log(tmp_path):
     work = tmp_path / "work"
     run = work / "results" / "demo"
     (run / "tables").mkdir(parents=True)
-    (run / "tables" / "summary.csv").write_text("arm,length,verdict\nbaseline,8,inconclusive\n")
+    (run / "tables" / "summary.csv").write_text("arm,condition,verdict\nbaseline,in8-out4,inconclusive\n")
     (run / "private").mkdir()
     (run / "private" / "plan.txt").write_text("the plan\n")  # provenance's input; private/ is not covered
     provenance.write_provenance(run, run / "provenance.json", "c" * 64, run / "private" / "plan.txt", HERE)
@@ -246,7 +246,7 @@ def test_the_audit_rule_fails_and_its_record_survives_in_the_log(tmp_path):
     assert artifacts.read_artifact(run / "audit.json", "audit")["ok"] is True
     assert artifacts.read_artifact(work / "logs" / "demo" / "audit.json", "audit")["ok"] is True
 
-    (run / "tables" / "summary.csv").write_text("arm,length,verdict\nbaseline,8,faster\n")  # not a rule input
+    (run / "tables" / "summary.csv").write_text("arm,condition,verdict\nbaseline,in8-out4,faster\n")  # not a rule input
     bad = snakemake("--forcerun", "audit")
     assert bad.returncode != 0
     assert not (run / "audit.json").exists()  # Snakemake removed the failed job's output

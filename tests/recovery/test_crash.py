@@ -9,7 +9,7 @@ One throwaway copy of the repository runs the pipeline's measurement on the fake
    flight (and the one after it), leaving the finished visits byte-identical, and a stale server
    recorded in the pid file is killed at the next visit's start.
 2. SIGKILL the engine server in the middle of a visit (``retries: 0``). The visit fails naming the
-   arm, round and length; ``snakemake --cores 1 --rerun-incomplete`` (no --unlock: Snakemake exited
+   arm, round and condition; ``snakemake --cores 1 --rerun-incomplete`` (no --unlock: Snakemake exited
    by itself) completes it.
 
 Both tests share one workdir and run in order (the second reuses the first's finished visits).
@@ -66,7 +66,7 @@ def test_sigkill_snakemake_mid_visit_then_resume(shared):
     target = str(measure_path(wd, VISITS[-1]).relative_to(wd.root))
     smk = wd.start_snakemake("--cores", "1", *CFG, target, log_name="run1.log")
     console = wd.root / "run1.log"
-    wait_until(lambda: file_has(console, "[measure] r02-candidate arm=candidate round=2 length=400: 1/12 tokens"),
+    wait_until(lambda: file_has(console, "[measure] r02-candidate arm=candidate round=2 condition=in400-out12: 1/12 tokens"),
                timeout=400, what="the third visit to stream its first tokens")
     pidfile = recovery.pid_file(wd.run / "private", "measure")
     server_pid = json.loads(pidfile.read_text())["pid"]
@@ -111,7 +111,7 @@ def test_sigkill_engine_server_mid_visit_fails_visit_then_rerun_incomplete(share
     others = {v: snapshot(measure_path(wd, v).parent)[f"{v}.json"] for v in VISITS[:-1]}
     smk = wd.start_snakemake("--cores", "1", *CFG, "--forcerun", target, target, log_name="run2.log")
     console = wd.root / "run2.log"
-    wait_until(lambda: file_has(console, f"[measure] {victim} arm=baseline round=2 length=400: 1/12 tokens"),
+    wait_until(lambda: file_has(console, f"[measure] {victim} arm=baseline round=2 condition=in400-out12: 1/12 tokens"),
                timeout=200, what=f"{victim} to stream")
     info = json.loads(recovery.pid_file(wd.run / "private", "measure").read_text())
     assert info["owner"] == f"measure {victim}"
@@ -119,7 +119,7 @@ def test_sigkill_engine_server_mid_visit_fails_visit_then_rerun_incomplete(share
 
     assert smk.wait(timeout=120) != 0, "the visit whose server was killed must fail"
     text = console.read_text()
-    assert re.search(rf"measure {victim} FAILED: visit {victim} \(arm baseline, round 2, length 4[04]0, "
+    assert re.search(rf"measure {victim} FAILED: visit {victim} \(arm baseline, round 2, condition in4[04]0-out12, "
                      r"attempt 1\): engine fault: ", text), text[-3000:]
     assert not measure_path(wd, victim).exists()
     assert not wd.processes_inside()

@@ -51,7 +51,7 @@ def run(tmp_path_factory):
     smk = wd.start_snakemake("--cores", "1", CFG, log_name="run.log")
     console = wd.root / "run.log"
     try:
-        wait_until(lambda: file_has(console, "[measure] r02-candidate arm=candidate round=2 length=400: 1/12 tokens"),
+        wait_until(lambda: file_has(console, "[measure] r02-candidate arm=candidate round=2 condition=in400-out12: 1/12 tokens"),
                    timeout=500, what="visit r02-candidate to stream")
         info = json.loads(recovery.pid_file(wd.run / "private", "measure").read_text())
         assert info["owner"] == "measure r02-candidate"
@@ -65,9 +65,9 @@ def run(tmp_path_factory):
 
 def test_retry_is_recorded_and_disclosed(run):
     console = (run.root / "run.log").read_text()
-    assert re.search(r"measure r02-candidate FAILED: visit r02-candidate \(arm candidate, round 2, length 4[04]0, "
+    assert re.search(r"measure r02-candidate FAILED: visit r02-candidate \(arm candidate, round 2, condition in4[04]0-out12, "
                      r"attempt 1\): engine fault: ", console)
-    assert "r02-candidate arm=candidate round=2 length=400: request sent (attempt 2)" in console
+    assert "r02-candidate arm=candidate round=2 condition=in400-out12: request sent (attempt 2)" in console
     for v in VISITS:
         body = read_artifact(run.run / "measure" / f"{v}.json", "measure")
         want = 2 if v == "r02-candidate" else 1
@@ -78,9 +78,9 @@ def test_retry_is_recorded_and_disclosed(run):
     summary = read_artifact(run.run / "stats" / "summary.json", "summary")["comparisons"]["candidate"]
     assert {(r["round"], r["arm"], r["attempt"]) for r in summary["disclosures"]["retries"]} == {(2, "candidate", 2)}
     landing = (run.run / "report" / "landing.rst").read_text()
-    # one row per re-measured record: round, arm, length, attempt, validation retry (none), outcome
+    # one row per re-measured record: round, arm, condition, attempt, validation retry (none), outcome
     assert "Retries (attempt > 1" in landing
-    assert re.search(r"\* - 2\n\s+- candidate\n\s+- 4[04]0\n\s+- 2\n\s+- 0\n\s+- used", landing), landing
+    assert re.search(r"\* - 2\n\s+- candidate\n\s+- in4[04]0-out12\n\s+- 2\n\s+- 0\n\s+- used", landing), landing
 
 
 def audit_cli(run_dir: Path) -> subprocess.CompletedProcess:
@@ -167,14 +167,15 @@ def test_html_report_shows_the_verdict_table_in_a_real_browser(run, tmp_path):
     tables = {cls: rows for cls, rows in parser.tables.items()}
     verdicts = next((rows for cls, rows in tables.items() if "pairbench-verdicts" in cls), None)
     assert verdicts, f"no rendered verdict table; tables: {list(tables)}"
-    assert verdicts[0] == ["candidate", "length", "metric", "ratio", "interval", "verdict"]
+    assert verdicts[0] == ["candidate", "condition", "metric", "ratio", "interval", "verdict"]
     paired = pd.read_csv(run.run / "tables" / "paired.csv")
     assert len(verdicts) - 1 == (paired["role"] == "primary").sum() > 0  # secondary metrics are not tested
     allowed = {"faster", "slower", "equivalent", "inconclusive"}
     assert {row[-1] for row in verdicts[1:]} <= allowed
     retries = next(rows for cls, rows in tables.items() if "pairbench-retries" in cls)
-    # round, arm, length, attempt, validation retry, outcome: both lengths of the re-attempted visit
-    assert retries[1:] == [["2", "candidate", "400", "2", "0", "used"], ["2", "candidate", "440", "2", "0", "used"]]
+    # round, arm, condition, attempt, validation retry, outcome: both conditions of the re-attempted visit
+    assert retries[1:] == [["2", "candidate", "in400-out12", "2", "0", "used"],
+                           ["2", "candidate", "in440-out12", "2", "0", "used"]]
     text = " ".join(parser.text)
     for category in ("1 Summary", "2 Measurements", "3 Plots", "4 Audit"):
         assert category in text

@@ -254,7 +254,7 @@ arms:
   baseline: {source: tests/fakes/engine, env: {FAKE_ENGINE_OUTPUT_TEXT: &add "def add(a, b):\\n    return a + b\\n\\n# done\\n"}}
   candidate:
     source: tests/fakes/engine
-    # the candidate's first 5 steady requests answer with an endless loop: both lengths of its
+    # the candidate's first 5 steady requests answer with an endless loop: both conditions of its
     # visits r01-candidate and r02-candidate, then r01-candidate's retry 1 at 412
     env: {FAKE_ENGINE_OUTPUT_TEXT: *add, FAKE_ENGINE_ONCE_COUNT: "5",
           FAKE_ENGINE_ONCE_TEXT: "def add(a, b):\\n    while True:\\n        pass\\n"}
@@ -279,29 +279,30 @@ def test_validator_timeout_earns_a_disclosed_partial_visit_retry(scratch):
     log = proc.stdout + proc.stderr
     assert "rule measure_retry:" in log and "checkpoint validate_retry:" in log, "retries are their own jobs"
 
-    def lengths(name):
-        return [r["length"] for r in read_artifact(res / "measure" / name, "measure")["records"]]
+    def conditions(name):
+        return [r["condition"] for r in read_artifact(res / "measure" / name, "measure")["records"]]
 
     def python_function(name):
-        return {r["length"]: r["verdicts"]["python_function"]["verdict"]
+        return {r["condition"]: r["verdicts"]["python_function"]["verdict"]
                 for r in read_artifact(res / "validate" / name, "validate")["records"]}
 
     # the originals are kept, untouched; each retry re-measured only what timed out, and a retry
     # that timed out again earned the next (validate.retries: 2)
     original = read_artifact(res / "measure" / "r01-candidate.json", "measure")
-    assert lengths("r01-candidate.json") == [412, 452] and "retry" not in original
-    assert python_function("r01-candidate.json") == {412: "timeout", 452: "timeout"}
-    assert python_function("r02-candidate.json") == {412: "timeout", 452: "timeout"}
-    assert lengths("r01-candidate.retry1.json") == [412, 452]
-    assert python_function("r01-candidate.retry1.json") == {412: "timeout", 452: "pass"}
-    assert lengths("r01-candidate.retry2.json") == [412]
-    assert python_function("r01-candidate.retry2.json") == {412: "pass"}
-    assert lengths("r02-candidate.retry1.json") == [412, 452]
-    assert python_function("r02-candidate.retry1.json") == {412: "pass", 452: "pass"}
+    a, b = "in412-out48", "in452-out48"
+    assert conditions("r01-candidate.json") == [a, b] and "retry" not in original
+    assert python_function("r01-candidate.json") == {a: "timeout", b: "timeout"}
+    assert python_function("r02-candidate.json") == {a: "timeout", b: "timeout"}
+    assert conditions("r01-candidate.retry1.json") == [a, b]
+    assert python_function("r01-candidate.retry1.json") == {a: "timeout", b: "pass"}
+    assert conditions("r01-candidate.retry2.json") == [a]
+    assert python_function("r01-candidate.retry2.json") == {a: "pass"}
+    assert conditions("r02-candidate.retry1.json") == [a, b]
+    assert python_function("r02-candidate.retry1.json") == {a: "pass", b: "pass"}
     assert sorted(p.name for p in (res / "measure").glob("*.retry*")) == [
         "r01-candidate.retry1.json", "r01-candidate.retry2.json", "r02-candidate.retry1.json"]
     retry = read_artifact(res / "measure" / "r01-candidate.retry2.json", "measure")
-    assert retry["retry"] == 2 and retry["retry_reasons"][0]["length"] == 412
+    assert retry["retry"] == 2 and retry["retry_reasons"][0]["condition"] == a
     assert retry["retry_reasons"][0]["reason"].startswith("case python_function timeout:")
     # retries run one at a time, after every visit and validation, in plan order
     jobs = re.findall(r"^\s+output: \S+/measure/(\S+)\.json", log, re.M)
@@ -311,24 +312,24 @@ def test_validator_timeout_earns_a_disclosed_partial_visit_retry(scratch):
 
     df = pd.read_csv(res / "tables" / "measurements.csv")
     assert len(df) == 2 * 2 * 2 + 5
-    cell = df[(df["round"] == 1) & (df["arm"] == "candidate") & (df["length"] == 412)]
+    cell = df[(df["round"] == 1) & (df["arm"] == "candidate") & (df["condition"] == a)]
     assert cell[["retry", "selected"]].values.tolist() == [[0, False], [1, False], [2, True]]
     assert cell["reason"].tolist()[:2] == ["superseded by retry 2", "superseded by retry 2"]
-    assert df["selected"].sum() == 8, "every (round, arm, length) has exactly one selected record"
+    assert df["selected"].sum() == 8, "every (round, arm, condition) has exactly one selected record"
     summary = read_artifact(res / "stats" / "summary.json", "summary")["comparisons"]["candidate"]
-    assert sorted((r["round"], r["length"], r["retry"], r["selected"]) for r in summary["disclosures"]["retries"]) == [
-        (1, 412, 1, False), (1, 412, 2, True), (1, 452, 1, True), (2, 412, 1, True), (2, 452, 1, True)]
+    assert sorted((r["round"], r["condition"], r["retry"], r["selected"]) for r in summary["disclosures"]["retries"]) == [
+        (1, a, 1, False), (1, a, 2, True), (1, b, 1, True), (2, a, 1, True), (2, b, 1, True)]
 
     readme = (res / "publish" / "README.md").read_text()
     assert ("Retries: 3 disclosed: 0 engine-fault re-attempt(s) of a measurement job and 3 partial-visit "
             "validation retry(ies) (3 validator timeout).") in readme
-    assert "- r01-candidate retry 1, length 412 (partial visit, validator timeout): the visit's own " \
+    assert "- r01-candidate retry 1, `in412-out48` (partial visit, validator timeout): the visit's own " \
            "measurement was excluded: case python_function timeout:" in readme
-    assert "- r01-candidate retry 2, length 412 (partial visit, validator timeout): retry 1 was excluded" in readme
+    assert "- r01-candidate retry 2, `in412-out48` (partial visit, validator timeout): retry 1 was excluded" in readme
     assert readme.count("its new record passed and is the one used") == 4
     assert readme.count("its new record was excluded too") == 1
     landing = (res / "report" / "landing.rst").read_text()
-    assert "- 1\n     - candidate\n     - 412\n     - 1\n     - 2\n     - used" in landing, landing
+    assert "- 1\n     - candidate\n     - in412-out48\n     - 1\n     - 2\n     - used" in landing, landing
     assert read_artifact(res / "audit.json", "audit")["ok"]
     assert verify_bundle(res / "publish") == []
 
@@ -437,7 +438,7 @@ def test_three_arm_run_passes_the_audit_and_verifies(tiny3_run):
     summary = read_artifact(res / "stats" / "summary.json", "summary")
     # the order is candidates' (an artifact's keys are written sorted)
     assert summary["candidates"] == ["int8", "grow"] and sorted(summary["comparisons"]) == ["grow", "int8"]
-    assert summary["params"]["family_size"] == 2 * 2 * 1  # candidates x primary metrics x lengths
+    assert summary["params"]["family_size"] == 2 * 2 * 1  # candidates x primary metrics x conditions
     ranks = sorted(p["family_rank"] for c in summary["comparisons"].values()
                    for by in c["paired"].values() for p in by.values() if p["role"] == "primary")
     assert ranks == [1, 2, 3, 4]
