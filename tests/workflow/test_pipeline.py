@@ -87,7 +87,7 @@ def test_every_artifact_validates_and_the_bundle_verifies(tiny_run):
         data = json.loads(path.read_text())
         assert "schema" in data, f"{path} carries no schema id"
         kind, version = parse_schema_id(data["schema"])
-        read_artifact(path, kind, version)  # raises, naming the field, if it fails its schema
+        read_artifact(path, kind)  # raises, naming the field, if it fails its schema
         kinds.add(kind)
     assert {"plan", "source", "build", "fixture", "prompts", "warmup", "measure", "output", "validate", "summary",
             "manifest", "environment", "fixture_manifest"} <= kinds
@@ -415,7 +415,7 @@ def test_three_arm_run_passes_the_audit_and_verifies(tiny3_run):
     res = tiny3_run / "results" / "tiny3"
     for path in json_artifacts(res):
         kind, version = parse_schema_id(json.loads(path.read_text())["schema"])
-        read_artifact(path, kind, version)
+        read_artifact(path, kind)
     assert read_artifact(res / "audit.json", "audit")["ok"] is True
     # every candidate's patches re-applied alone to the clean source, every verdict recomputed
     assert verify_bundle(res / "publish", clean_source=res / "src" / "baseline") == []
@@ -432,8 +432,8 @@ def test_three_arm_run_passes_the_audit_and_verifies(tiny3_run):
     for v in plan["visits"]:
         if v["arm"] != "baseline":
             body = read_artifact(res / "validate" / f"{v['id']}.json", "validate")
-            own = res / "private" / "outputs" / f"r{v['round']:02d}-baseline-400.json"
-            assert body["inputs"]["baseline_output.400"] == sha256_file(own), v["id"]
+            own = res / "private" / "outputs" / f"r{v['round']:02d}-baseline-in400-out8.json"
+            assert body["inputs"]["baseline_output.in400-out8"] == sha256_file(own), v["id"]
 
     summary = read_artifact(res / "stats" / "summary.json", "summary")
     # the order is candidates' (an artifact's keys are written sorted)
@@ -452,8 +452,38 @@ def test_three_arm_run_passes_the_audit_and_verifies(tiny3_run):
     assert "# pairbench: `int8`, `grow` against `baseline`" in readme
     assert "Holm's step-down procedure across the 4 primary comparisons (2 candidates" in readme
     # one verdict table over both candidates, in the candidates' order
-    verdicts = [m.group(1, 2) for m in re.finditer(r"^\| `(\w+)` \| 400 \| `(\w+)` \| \*\*", readme, re.M)]
+    verdicts = [m.group(1, 2) for m in re.finditer(r"^\| `(\w+)` \| `in400-out8` \| `(\w+)` \| \*\*", readme, re.M)]
     assert verdicts == [("int8", "decode_tok_s"), ("int8", "prefill_tok_s"), ("grow", "decode_tok_s"),
                         ("grow", "prefill_tok_s")]
     landing = (res / "report" / "landing.rst").read_text()
     assert "``int8``" in landing and "``grow``" in landing
+
+
+def test_two_output_lengths_are_two_conditions_end_to_end(tmp_path_factory):
+    """output_tokens as a list: every condition is measured, gated, tabled, judged and reported,
+    and the bundle recomputes."""
+    work = finished_run(tmp_path_factory, "outputs2", "tests/config/outputs2.yaml")
+    res = work / "results" / "outputs2"
+    plan = read_artifact(res / "plan.json", "plan")
+    assert plan["factors"] == ["input_tokens", "output_tokens"]
+    assert plan["conditions"] == [{"id": "in400-out4", "input_tokens": 400, "output_tokens": 4},
+                                  {"id": "in400-out8", "input_tokens": 400, "output_tokens": 8}]
+    assert sorted(p.name for p in (res / "fixtures").iterdir()) == ["in400-out4.json", "in400-out8.json"]
+    for v in plan["visits"]:
+        records = read_artifact(res / "measure" / f"{v['id']}.json", "measure")["records"]
+        assert [(r["condition"], r["completion_tokens"]) for r in records] == [("in400-out4", 4), ("in400-out8", 8)]
+        assert all(r["ok"] and r["gates"]["completion_tokens"] for r in records)
+    df = pd.read_csv(res / "tables" / "measurements.csv")
+    assert list(df.columns[:5]) == ["round", "arm", "condition", "input_tokens", "output_tokens"]
+    assert df.groupby("condition")["completion_tokens"].unique().to_dict() == {"in400-out4": [4], "in400-out8": [8]}
+    paired = pd.read_csv(res / "tables" / "paired.csv")
+    primary = paired[paired["role"] == "primary"]
+    assert primary[["condition", "output_tokens", "metric"]].values.tolist() == [
+        ["in400-out4", 4, "decode_tok_s"], ["in400-out4", 4, "prefill_tok_s"],
+        ["in400-out8", 8, "decode_tok_s"], ["in400-out8", 8, "prefill_tok_s"]]
+    summary = read_artifact(res / "stats" / "summary.json", "summary")
+    assert summary["params"]["family_size"] == 2 * 2  # primary metrics x conditions
+    readme = (res / "publish" / "README.md").read_text()
+    assert "`in400-out4` (400 input tokens, 4 output tokens); `in400-out8` (400 input tokens, 8 output tokens)" in readme
+    assert read_artifact(res / "audit.json", "audit")["ok"] is True
+    assert verify_bundle(res / "publish") == []
