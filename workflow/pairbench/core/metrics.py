@@ -45,12 +45,12 @@ def _metrics(*ms: Metric) -> dict[str, Metric]:
 METRICS: dict[str, Metric] = _metrics(
     Metric("decode_tok_s", "tok/s", True, "decode throughput", "decode"),
     Metric("prefill_tok_s", "tok/s", True, "prefill throughput", "prefill"),
+    Metric("ttft_ms", "ms", False, "time to first token", "prefill"),
+    Metric("e2e_ms", "ms", False, "end-to-end time", "e2e"),
     Metric("engine_decode_tok_s", "tok/s", True, "engine-reported decode throughput", "decode",
            record=("engine", "decode_tok_s")),
     Metric("engine_prefill_tok_s", "tok/s", True, "engine-reported prefill throughput", "prefill",
            record=("engine", "prefill_tok_s")),
-    Metric("ttft_ms", "ms", False, "time to first token", "prefill"),
-    Metric("e2e_ms", "ms", False, "end-to-end time", "e2e"),
     Metric("kv_bytes", "bytes", False, "KV cache size", "kv memory", memory=True),
     Metric("peak_rss_bytes", "bytes", False, "peak resident memory", "process memory", memory=True),
 )

@@ -1,0 +1,72 @@
+"""One registry per concept: where a schema or a default must spell out names, they agree with the
+registry (metrics, condition factors), and every artifact kind's version is its schema's ``$id``."""
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pairbench.analysis import tables
+from pairbench.core import artifacts, conditions
+from pairbench.core.config import STATS_DEFAULTS
+from pairbench.core.metrics import (DEFAULT_MEMORY, DEFAULT_METRICS, DEFAULT_SECONDARY, MEMORY_METRICS, METRICS,
+                                    SPEED_METRICS)
+
+SCHEMAS = Path(__file__).resolve().parents[2] / "workflow" / "schemas"
+
+
+def test_the_config_schema_lists_the_registry_s_metrics_and_defaults():
+    stats = yaml.safe_load((SCHEMAS / "config.schema.yaml").read_text())["properties"]["stats"]["properties"]
+    for key, allowed, default in (("metrics", SPEED_METRICS, DEFAULT_METRICS),
+                                  ("secondary", SPEED_METRICS, DEFAULT_SECONDARY),
+                                  ("memory", MEMORY_METRICS, DEFAULT_MEMORY)):
+        assert stats[key]["items"]["enum"] == list(allowed), key
+        assert stats[key]["default"] == list(default) == STATS_DEFAULTS[key], key
+
+
+def test_stats_params_lists_the_registry_s_metrics():
+    props = json.loads((SCHEMAS / "stats_params.schema.json").read_text())["properties"]
+    assert props["metrics"]["items"]["enum"] == props["secondary"]["items"]["enum"] == list(SPEED_METRICS)
+    assert props["memory"]["items"]["enum"] == list(MEMORY_METRICS)
+
+
+def test_every_metric_has_a_column_and_a_record_field():
+    cols = tables.columns(["input_tokens", "output_tokens"])
+    assert set(METRICS) <= set(cols)
+    steady = json.loads((SCHEMAS / "measure.schema.json").read_text())["properties"]["records"]["items"]
+    for name, m in METRICS.items():
+        node = steady
+        for key in m.record or (name,):
+            assert key in node["properties"], f"{name}: {key} is not a field of a steady record"
+            node = node["properties"][key]
+            node = next((b for b in node.get("anyOf", node.get("oneOf", [node])) if b.get("properties")), node)
+
+
+def test_condition_factors_are_record_fields_and_plan_enums():
+    steady = json.loads((SCHEMAS / "measure.schema.json").read_text())["properties"]["records"]["items"]
+    plan = json.loads((SCHEMAS / "plan.schema.json").read_text())["properties"]
+    names = [f.name for f in conditions.FACTORS]
+    assert set(names) <= set(steady["properties"])
+    assert plan["factors"]["items"]["enum"] == names
+    assert set(names) <= set(plan["conditions"]["items"]["properties"])
+
+
+@pytest.mark.parametrize("path", sorted(SCHEMAS.glob("*.schema.json")), ids=lambda p: p.name)
+def test_each_schema_s_id_is_its_kind_and_version(path):
+    s = json.loads(path.read_text())
+    kind = path.name.removesuffix(".schema.json")
+    got_kind, version = artifacts.parse_schema_id(s["$id"])
+    assert got_kind == kind and version >= 1
+    const = s.get("properties", {}).get("schema", {}).get("const")
+    assert const in (None, s["$id"]), f"{path.name}: schema.const {const} is not its $id {s['$id']}"
+
+
+def test_a_loader_rejects_an_unknown_version_naming_it(tmp_path):
+    body = {"schema": "pairbench.plan/v1", "label": "x"}
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(body))
+    current = artifacts.current_version("plan")
+    with pytest.raises(artifacts.ArtifactError,
+                       match=rf"plan.json: unknown version v1 of plan \(this pairbench reads plan v{current}"):
+        artifacts.read_artifact(path, "plan")
