@@ -137,6 +137,59 @@ def diagnostic_request(url: str, timeout: float, seed: int, engine: ArmEngine) -
             "e2e_ms": r.e2e_s * 1e3, **engine.counts(_reply(r), streamed_tokens=len(r.token_times))}
 
 
+def steady_request(engine: ArmEngine, srv, client, *, messages: list[dict], cond: Condition, seed: int,
+                   timeout: float, server_log: Path, label: str, where: str) -> tuple[StreamResult, tuple]:
+    """One steady streamed request and the engine's gates on its reply: ``(result, gated)``.
+
+    An engine fault (the request fails, the stream breaks or stalls) raises :class:`VisitError`
+    naming *where*, with the server's exit status if it died.
+    """
+    n_tok = None
+    try:
+        path, body = engine.request(messages, cond.output_tokens, seed)
+        if engine.profile.data["tokens"]["prompt"] == "tokenize":  # its only prompt count
+            n_tok = len(engine.tokenize(client, srv.url, messages))
+        engine.flush(client, srv.url)  # unmeasured; only for engines that need it
+        req_log = server_log.stat().st_size
+        result = stream_chat(srv.url, body, timeout, path=path, on_token=RequestProgress(label, cond.output_tokens))
+    except (ClientError, EngineError) as exc:
+        try:  # a crashed server may take a moment to be reaped
+            code = srv.proc.wait(timeout=1.0)
+        except subprocess.TimeoutExpired:
+            code = None
+        state = "" if code is None else f"; the server exited with status {code}"
+        raise VisitError(f"{where}: engine fault: {exc}{state}") from None
+    log_text = None
+    if engine.needs_log:  # what the server logged during this one request
+        with open(server_log, "rb") as fh:
+            fh.seek(req_log)
+            log_text = fh.read().decode(errors="replace")
+    gated = engine.gates(_reply(result), length=cond.input_tokens, output_tokens=cond.output_tokens,
+                         streamed_tokens=len(result.token_times), tokenize_count=n_tok, log_text=log_text)
+    return result, gated
+
+
+def _host(start: dict, server_cpus, client_cpus, server_cfg: dict) -> dict:
+    """The visit's ``host`` block: load and CPU state at start and end, pinning, external load."""
+    end = hostload.snapshot()
+    threshold = server_cfg.get("external_load")
+    return {"load1_start": start["load1"], "load1_end": end["load1"], "cpus": start["cpus"],
+            "cpu_mhz": start["cpu_mhz"], "governor": start["governor"], "server_cpus": server_cpus,
+            "client_cpus": client_cpus, "external_load_threshold": threshold,
+            "external_load": hostload.external_load(start["load1"], threshold) if threshold is not None else None}
+
+
+def _server(engine: ArmEngine, srv, server_log: Path, log_start: int) -> dict:
+    """The visit's ``server`` block: launch facts, and the prefix hits its part of the log shows."""
+    facts = srv.facts
+    with open(server_log, "rb") as fh:  # this visit's part of the server log
+        fh.seek(log_start)
+        hits = count_log_prefix_hits(engine.profile, fh.read().decode(errors="replace"))
+    return {"ready_s": facts.get("ready_s"), "exit_code": facts.get("exit_code"), "stop": facts.get("stop"),
+            "argv": facts.get("argv"), "engine": engine.name, "cold_cache_proof": engine.profile.cold_cache_proof,
+            "log_prefix_hits": hits}
+
+
 def run_visit(*, visit: dict, engine: ArmEngine, plan: dict, prompts: dict[str, dict], fixtures: dict[str, dict],
               server_cfg: dict, server_log: Path, inputs: dict, attempt: int = 1, pid_path: Path | None = None,
               only: list[str] | None = None) -> tuple[dict, dict[str, dict]]:
@@ -155,7 +208,6 @@ def run_visit(*, visit: dict, engine: ArmEngine, plan: dict, prompts: dict[str, 
     CPU state at start and end are recorded under ``host``.
     """
     round_, arm = visit["round"], visit["arm"]
-    timeout = server_cfg["request_timeout_s"]
     repeats = int(plan.get("repeats", 1))
     records, outputs = [], {}
 
@@ -173,36 +225,16 @@ def run_visit(*, visit: dict, engine: ArmEngine, plan: dict, prompts: dict[str, 
     try:
         with srv:
             version = engine.version(client, srv.url)
-            first = diagnostic_request(srv.url, timeout, plan["seed"], engine)
+            first = diagnostic_request(srv.url, server_cfg["request_timeout_s"], plan["seed"], engine)
             for repeat, cond in ((k, c) for k in range(1, repeats + 1) for c in conds):
                 rnd = next(r for r in prompts[cond.id]["rounds"] if r["round"] == round_)
                 fx = next(r for r in fixtures[cond.id]["rounds"] if r["round"] == round_)
                 label = f"{visit['id']} arm={arm} round={round_} condition={cond.id}" + (
                     f" repeat={repeat}/{repeats}" if repeats > 1 else "")
                 progress_log.info("[measure] %s: request sent (attempt %d)", label, attempt)
-                n_tok = None
-                try:
-                    path, body = engine.request(rnd["messages"], cond.output_tokens, plan["seed"])
-                    if engine.profile.data["tokens"]["prompt"] == "tokenize":  # its only prompt count
-                        n_tok = len(engine.tokenize(client, srv.url, rnd["messages"]))
-                    engine.flush(client, srv.url)  # unmeasured; only for engines that need it
-                    req_log = server_log.stat().st_size
-                    result = stream_chat(srv.url, body, timeout, path=path,
-                                         on_token=RequestProgress(label, cond.output_tokens))
-                except (ClientError, EngineError) as exc:
-                    try:  # a crashed server may take a moment to be reaped
-                        code = srv.proc.wait(timeout=1.0)
-                    except subprocess.TimeoutExpired:
-                        code = None
-                    state = "" if code is None else f"; the server exited with status {code}"
-                    raise VisitError(f"{where(cond)}: engine fault: {exc}{state}") from None
-                log_text = None
-                if engine.needs_log:  # what the server logged during this one request
-                    with open(server_log, "rb") as fh:
-                        fh.seek(req_log)
-                        log_text = fh.read().decode(errors="replace")
-                gated = engine.gates(_reply(result), length=cond.input_tokens, output_tokens=cond.output_tokens,
-                                     streamed_tokens=len(result.token_times), tokenize_count=n_tok, log_text=log_text)
+                result, gated = steady_request(engine, srv, client, messages=rnd["messages"], cond=cond,
+                                               seed=plan["seed"], timeout=server_cfg["request_timeout_s"],
+                                               server_log=server_log, label=label, where=where(cond))
                 rec = steady_record(result, condition=cond, round_=round_, arm=arm,
                                     prompt_sha256=fx["prompt_sha256"], gated=gated)
                 rec.update({"visit_index": visit["index"], "attempt": attempt, "repeat": repeat})
@@ -210,37 +242,24 @@ def run_visit(*, visit: dict, engine: ArmEngine, plan: dict, prompts: dict[str, 
                     rec["flags"].append("server: exited during the request")
                     rec["ok"] = False
                 records.append(rec)
+                texts = {"text": result.text, "token_ids": result.token_ids}
                 if repeat == 1:
-                    outputs[cond.id] = {"text": result.text, "token_ids": result.token_ids}
+                    outputs[cond.id] = texts
                 else:
-                    outputs[cond.id].setdefault("repeats", []).append(
-                        {"repeat": repeat, "text": result.text, "token_ids": result.token_ids})
+                    outputs[cond.id].setdefault("repeats", []).append({"repeat": repeat, **texts})
     except ServerError as exc:
         raise VisitError(f"{where(conds[0])}: the engine failed to start: {exc}") from None
     finally:
         if restore is not None:
             hostload.pin_self(restore)
-    end = hostload.snapshot()
-    threshold = server_cfg.get("external_load")
-    host = {"load1_start": start["load1"], "load1_end": end["load1"], "cpus": start["cpus"],
-            "cpu_mhz": start["cpu_mhz"], "governor": start["governor"], "server_cpus": server_cpus,
-            "client_cpus": client_cpus, "external_load_threshold": threshold,
-            "external_load": hostload.external_load(start["load1"], threshold) if threshold is not None else None}
-    facts = srv.facts
-    with open(server_log, "rb") as fh:  # this visit's part of the server log
-        fh.seek(log_start)
-        hits = count_log_prefix_hits(engine.profile, fh.read().decode(errors="replace"))
-    server = {"ready_s": facts.get("ready_s"), "exit_code": facts.get("exit_code"), "stop": facts.get("stop"),
-              "argv": facts.get("argv"), "engine": engine.name, "cold_cache_proof": engine.profile.cold_cache_proof,
-              "log_prefix_hits": hits}
     body = {
         "visit": {k: visit[k] for k in ("index", "round", "arm", "position", "id")},
         "attempt": attempt,
-        "server": server,
+        "server": _server(engine, srv, server_log, log_start),
         "native_version": version,
         "first_request": first,
         "records": records,
-        "host": host,
+        "host": _host(start, server_cpus, client_cpus, server_cfg),
         "complete": all(r["prompt_tokens"] is not None for r in records),
         "duration_s": time.perf_counter() - t_visit,
         "inputs": inputs,
