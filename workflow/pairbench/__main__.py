@@ -24,7 +24,7 @@ from typing import Callable
 
 
 def _verify(args: argparse.Namespace) -> int:
-    from pairbench.publish.verify import verify_bundle
+    from pairbench.publish.verify import bundle_versions, verify_bundle
 
     problems = verify_bundle(args.bundle, clean_source=args.source)
     for p in problems:
@@ -34,7 +34,8 @@ def _verify(args: argparse.Namespace) -> int:
         return 1
     checked = ("MANIFEST hashes, schemas, fixture hashes, scripts, every verdict and number recomputed from "
                "tables/measurements.csv" + (", patches and patched-file hashes" if args.source else ""))
-    print(f"OK: {args.bundle} verified ({checked})")
+    versions = ", ".join(f"{k} v{v}" for k, v in bundle_versions(args.bundle).items())
+    print(f"OK: {args.bundle} verified ({checked}); schemas: {versions}")
     return 0
 
 

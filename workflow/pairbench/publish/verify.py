@@ -212,6 +212,20 @@ def verify_bundle(bundle_dir: str | os.PathLike, *, clean_source: str | os.PathL
     return problems
 
 
+def bundle_versions(bundle_dir: str | os.PathLike) -> dict[str, int]:
+    """``{kind: version}`` of the bundle's MANIFEST and of every file it lists with a schema id."""
+    manifest = json.loads((Path(bundle_dir) / MANIFEST).read_text())
+    ids = [manifest.get("schema"), *(e.get("schema") for e in manifest.get("files", []))]
+    out = {}
+    for sid in ids:
+        try:
+            kind, version = parse_schema_id(sid)
+        except ValueError:
+            continue
+        out[kind] = version
+    return dict(sorted(out.items()))
+
+
 def _content_problems(rel: str, path: Path, entry: Mapping[str, Any]) -> list[str]:
     suffix = path.suffix.lower()
     schema = entry.get("schema")
