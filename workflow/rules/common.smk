@@ -21,6 +21,7 @@ from pairbench.core import config as pb_config
 from pairbench.core import plan as pb_plan
 from pairbench.core.artifacts import read_artifact
 from pairbench.core.layout import PER_ARM, Layout
+from pairbench.measure import node as pb_node
 from pairbench.validate import retries as pb_retries
 
 
@@ -109,6 +110,24 @@ def measure_group(cfg):
 def measure_resources(cfg):
     """Resources of a measuring job, which launches every arm (config `resources`, docs/cluster.md)."""
     return pb_config.job_resources(cfg, "measure", arms(cfg))
+
+
+def visit_resources(cfg):
+    """A visit's resources: a measuring job's, and on a cluster, for the rounds after the first
+    block of an adaptive run, the first block's node (``--nodelist``): each block is a job group of
+    its own, which Slurm could otherwise place anywhere."""
+    res = measure_resources(cfg)
+    if on_cluster(workflow) and pb_plan.adaptive(cfg) is not None:
+        res["slurm_extra"] = lambda wc: pinned_extra(cfg, wc.visit)
+    return res
+
+
+def pinned_extra(cfg, visit_id):
+    first = visits(cfg)[0]["id"]
+    node = None
+    if visit_by_id(cfg, visit_id)["round"] > pb_plan.adaptive(cfg)["min"]:
+        node = read_artifact(L.output(first, condition_ids(cfg)[0]), "output").get("node")
+    return pb_node.pin_extra(cfg["resources"]["extra"], node)
 
 
 def other_resources(cfg):

@@ -17,7 +17,7 @@ rule measure:
     params:
         **visit_params(CFG),
     resources:
-        **measure_resources(CFG),
+        **visit_resources(CFG),
         # Snakemake's attempt number (1 = first), recorded in the artifact; see `retries` below.
         attempt=lambda wc, attempt: attempt,
     # An engine fault fails the visit; Snakemake re-attempts it this many times (config `retries`).

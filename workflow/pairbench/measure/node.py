@@ -27,3 +27,12 @@ def pseudonym(host: str, secret: bytes) -> str:
     """``node-<8 hex>`` of *host* under *secret*."""
     digest = hashlib.sha256(b"pairbench.node/v1\0" + secret + b"\0" + host.encode()).hexdigest()
     return f"node-{digest[:8]}"
+
+
+def pin_extra(extra: str | None, node: str | None) -> str:
+    """The ``slurm_extra`` of a visit after the first block of rounds: *extra* (config
+    ``resources.extra``) plus ``--nodelist=<node>``, the node the first block ran on, so every block
+    of an adaptive run lands on one node. A config that names its own node list keeps it."""
+    extra = (extra or "").strip()
+    named = any(t.startswith(("-w", "--nodelist")) for t in extra.split())
+    return extra if not node or named else f"{extra} --nodelist={node}".strip()
