@@ -48,7 +48,7 @@ rule provenance:
     output:
         provenance=report(L.provenance, caption="../report/provenance.rst", category="4 Audit"),
     params:
-        run_dir=L.res,
+        run_dir=lambda wc, output: str(Path(output.provenance).parent),
         root=str(ROOT),
         config_sha256=pb_plan.full_config_sha256(CFG),
     resources:
@@ -70,7 +70,7 @@ rule audit:
     output:
         audit=report(L.audit, caption="../report/audit.rst", category="4 Audit"),
     params:
-        run_dir=L.res,
+        run_dir=lambda wc, output: str(Path(output.audit).parent),
     resources:
         **other_resources(CFG),
     log:

@@ -22,7 +22,7 @@ rule publish:
         manifest=L.manifest,
         report=L.report,
     params:
-        res_dir=L.res,
+        res_dir=lambda wc, output: str(Path(output.manifest).parent.parent),
         root=str(ROOT),
     resources:
         **other_resources(CFG),

@@ -64,7 +64,7 @@ rule retire:
         retired=L.retired,
     params:
         chain=lambda wc: {v: len(validation_chain(CFG, v)) - 1 for v in run_visit_ids(CFG)},
-        res_dir=L.res,
+        res_dir=lambda wc, output: str(Path(output.retired).parent.parent),
     resources:
         **other_resources(CFG),
     log:
