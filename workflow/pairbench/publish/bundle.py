@@ -240,54 +240,14 @@ def build_bundle(
     out_dir = Path(out_dir)
     private_dir = Path(private_dir)
     allowlist = tuple(allowlist)
-    categorical = frozenset(categorical)
     pseudonyms: dict[str, str] = {}
-    prepared: dict[str, bytes] = {}
-    entries: dict[str, dict] = {}
-    excluded: list[str] = []
-
-    for name, src in files.items():
-        rel = _norm(name)
-        if rel == MANIFEST:
-            raise PublishError(f"{MANIFEST}: written by build_bundle itself; do not pass it in files")
-        if rel.startswith("patches/"):
-            raise PublishError(f"{rel}: pass patches through build_bundle(patches=...), which strips identities")
-        if not allowed(rel, allowlist):
-            excluded.append(rel)
-            continue
-        prepared[rel], entries[rel] = _prepare(rel, _read_source(rel, src), identifiers, pseudonyms, categorical)
-
-    patch_order: list[str] = []
-    for name, src in (patches or {}).items():
-        base = PurePosixPath(_norm(name)).name
-        rel = f"patches/{base if base.endswith('.patch') else base + '.patch'}"
-        if rel in prepared:
-            raise PublishError(f"{rel}: two patches map to the same bundle name")
-        if not allowed(rel, allowlist):
-            raise PublishError(f"{rel}: patches are not on the allowlist")
-        raw = _read_source(rel, src)
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError:
-            raise PublishError(f"{rel}: patch is not UTF-8 text") from None
-        text = sanitize.scrub_text(sanitize.strip_patch(text, roots=patch_roots), identifiers, pseudonyms)
-        prepared[rel], entries[rel] = text.encode("utf-8"), {"schema": None}
-        patch_order.append(rel)
-
+    prepared, entries, excluded = _prepare_files(files, allowlist, identifiers, pseudonyms, frozenset(categorical))
+    patch_order = _prepare_patches(patches or {}, prepared, entries, allowlist, identifiers, pseudonyms, patch_roots)
     rel_of = {name: patch_order[i] for i, name in enumerate(patches or {})}
     sets = {cand: ([rel_of[n] for n in names], dict(sorted(files.items())))
             for cand, (names, files) in (patch_sets or {}).items()}
     if clean_source is not None:
-        for cand, (rels, files) in (sets or {None: (patch_order, patched_files or {})}).items():
-            who = f"candidate {cand}: " if cand else ""
-            with tempfile.TemporaryDirectory(prefix="pairbench-apply-") as tmp:
-                try:
-                    tree = apply_patches(clean_source, [(rel, prepared[rel]) for rel in rels], tmp)
-                except PatchError as exc:
-                    raise PublishError(f"{who}stripped patch no longer applies: {exc}") from None
-                problems = patched_file_problems(tree, files)
-                if problems:
-                    raise PublishError(f"{who}patched source differs from the measured one:\n" + "\n".join(problems))
+        _check_patches_apply(clean_source, sets or {None: (patch_order, patched_files or {})}, prepared)
 
     # The report line: N detectors, M files (everything prepared + MANIFEST.json), 0 findings, since
     # any finding aborts the publication below.
@@ -303,52 +263,10 @@ def build_bundle(
     private_dir.mkdir(parents=True, exist_ok=True)
     tmp_bundle = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.building-", dir=out_dir.parent))
     try:
-        for rel, data in prepared.items():
-            dest = tmp_bundle / rel
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            dest.write_bytes(data)
-        manifest = {
-            "inputs": {},
-            "pairbench_version": __version__,
-            "files": [{"path": rel, "sha256": sha256_bytes(prepared[rel]), "size_bytes": len(prepared[rel]), **entries[rel]}
-                      for rel in sorted(prepared)],
-            "source": {"patches": patch_order, "patched_files": dict(sorted((patched_files or {}).items())),
-                       **({"candidates": {c: {"patches": r, "patched_files": f} for c, (r, f) in sets.items()}}
-                          if sets else {})},
-        }
-        write_artifact(tmp_bundle / MANIFEST, "manifest", manifest)
-        # mkdtemp/mkstemp make 0700/0600; a bundle is meant to be shared: directories 0755, files 0644.
-        for p in [tmp_bundle, *tmp_bundle.rglob("*")]:
-            p.chmod(0o755 if p.is_dir() else 0o644)
-
-        findings = leakgate.scan(tmp_bundle, identifiers)
-        gate = {
-            "detectors": detectors,
-            "files": leakgate.bundle_files(tmp_bundle),
-            "findings": [f.private_dict() for f in findings],
-            "excluded": sorted(excluded),
-            "report_line": leakgate.report_line(len(findings), detectors, n_files),
-        }
-        private_result = private_dir / "leakgate.json"
-        atomic_write_text(private_result, dumps(gate))
-        atomic_write_text(private_dir / "pseudonyms.json", dumps(pseudonyms))
-        if findings:
-            raise LeakGateError(
-                f"leak gate: {len(findings)} finding(s) in the bundle for {out_dir}; nothing was published "
-                f"(full result: {private_result}):\n" + leakgate.format_findings(findings),
-                findings,
-            )
-        if gate["files"] != sorted([*prepared, MANIFEST]):
-            raise PublishError(f"bundle holds unexpected files: {sorted(set(gate['files']) - set(prepared))}")
-
-        # Move into place: the old bundle (if any) aside, the new one in, the old one deleted.
-        old = None
-        if out_dir.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.old-", dir=out_dir.parent))
-            os.replace(out_dir, old / "bundle")
-        os.replace(tmp_bundle, out_dir)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+        _write_tree(tmp_bundle, prepared, _manifest(prepared, entries, patch_order, patched_files, sets))
+        private_result = _leak_gate(tmp_bundle, out_dir, private_dir, prepared, identifiers=identifiers,
+                                    detectors=detectors, n_files=n_files, excluded=excluded, pseudonyms=pseudonyms)
+        _move_into_place(tmp_bundle, out_dir)
     finally:
         if tmp_bundle.exists():
             shutil.rmtree(tmp_bundle, ignore_errors=True)
@@ -364,3 +282,126 @@ def build_bundle(
         "private_result": str(private_result),
         "pseudonyms": str(private_dir / "pseudonyms.json"),
     }
+
+
+def _prepare_files(files: Mapping[str, str | os.PathLike | bytes], allowlist: tuple[str, ...], identifiers,
+                   pseudonyms: dict[str, str], categorical: frozenset[str]) -> tuple[dict[str, bytes], dict[str, dict], list[str]]:
+    """Scrub and check every allowlisted one of *files*; their final bytes and MANIFEST entry fields
+    (by bundle path), and the bundle paths left out as not allowlisted."""
+    prepared: dict[str, bytes] = {}
+    entries: dict[str, dict] = {}
+    excluded: list[str] = []
+    for name, src in files.items():
+        rel = _norm(name)
+        if rel == MANIFEST:
+            raise PublishError(f"{MANIFEST}: written by build_bundle itself; do not pass it in files")
+        if rel.startswith("patches/"):
+            raise PublishError(f"{rel}: pass patches through build_bundle(patches=...), which strips identities")
+        if not allowed(rel, allowlist):
+            excluded.append(rel)
+            continue
+        prepared[rel], entries[rel] = _prepare(rel, _read_source(rel, src), identifiers, pseudonyms, categorical)
+    return prepared, entries, excluded
+
+
+def _prepare_patches(patches: Mapping[str, str | os.PathLike], prepared: dict[str, bytes], entries: dict[str, dict],
+                     allowlist: tuple[str, ...], identifiers, pseudonyms: dict[str, str],
+                     patch_roots: Iterable[str]) -> list[str]:
+    """Strip and scrub each of *patches* into *prepared* and *entries* as ``patches/<name>.patch``;
+    their bundle paths, in application order."""
+    patch_order: list[str] = []
+    for name, src in patches.items():
+        base = PurePosixPath(_norm(name)).name
+        rel = f"patches/{base if base.endswith('.patch') else base + '.patch'}"
+        if rel in prepared:
+            raise PublishError(f"{rel}: two patches map to the same bundle name")
+        if not allowed(rel, allowlist):
+            raise PublishError(f"{rel}: patches are not on the allowlist")
+        raw = _read_source(rel, src)
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise PublishError(f"{rel}: patch is not UTF-8 text") from None
+        text = sanitize.scrub_text(sanitize.strip_patch(text, roots=patch_roots), identifiers, pseudonyms)
+        prepared[rel], entries[rel] = text.encode("utf-8"), {"schema": None}
+        patch_order.append(rel)
+    return patch_order
+
+
+def _check_patches_apply(clean_source: str | os.PathLike, sets: Mapping[str | None, tuple[list[str], Mapping[str, str]]],
+                         prepared: Mapping[str, bytes]) -> None:
+    """Each set (candidate, or None for the only one -> its stripped patches' bundle paths, in order;
+    the files they patch -> sha256) must apply to *clean_source* and give files of those hashes."""
+    for cand, (rels, files) in sets.items():
+        who = f"candidate {cand}: " if cand else ""
+        with tempfile.TemporaryDirectory(prefix="pairbench-apply-") as tmp:
+            try:
+                tree = apply_patches(clean_source, [(rel, prepared[rel]) for rel in rels], tmp)
+            except PatchError as exc:
+                raise PublishError(f"{who}stripped patch no longer applies: {exc}") from None
+            problems = patched_file_problems(tree, files)
+            if problems:
+                raise PublishError(f"{who}patched source differs from the measured one:\n" + "\n".join(problems))
+
+
+def _manifest(prepared: Mapping[str, bytes], entries: Mapping[str, dict], patch_order: list[str],
+              patched_files: Mapping[str, str] | None, sets: Mapping[str, tuple[list[str], dict]]) -> dict:
+    """The MANIFEST.json body: every prepared file's hash, size and entry fields, and the source's patches."""
+    return {
+        "inputs": {},
+        "pairbench_version": __version__,
+        "files": [{"path": rel, "sha256": sha256_bytes(prepared[rel]), "size_bytes": len(prepared[rel]), **entries[rel]}
+                  for rel in sorted(prepared)],
+        "source": {"patches": patch_order, "patched_files": dict(sorted((patched_files or {}).items())),
+                   **({"candidates": {c: {"patches": r, "patched_files": f} for c, (r, f) in sets.items()}}
+                      if sets else {})},
+    }
+
+
+def _write_tree(tmp_bundle: Path, prepared: Mapping[str, bytes], manifest: dict) -> None:
+    """Write the prepared files and MANIFEST.json under *tmp_bundle*, with modes for sharing."""
+    for rel, data in prepared.items():
+        dest = tmp_bundle / rel
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_bytes(data)
+    write_artifact(tmp_bundle / MANIFEST, "manifest", manifest)
+    # mkdtemp/mkstemp make 0700/0600; a bundle is meant to be shared: directories 0755, files 0644.
+    for p in [tmp_bundle, *tmp_bundle.rglob("*")]:
+        p.chmod(0o755 if p.is_dir() else 0o644)
+
+
+def _leak_gate(tmp_bundle: Path, out_dir: Path, private_dir: Path, prepared: Mapping[str, bytes], *,
+               identifiers, detectors, n_files: int, excluded: list[str], pseudonyms: dict[str, str]) -> Path:
+    """Scan the built bundle and write the full result and the pseudonyms under *private_dir*; raise
+    if it found anything or the bundle holds files other than the prepared ones. The result's path."""
+    findings = leakgate.scan(tmp_bundle, identifiers)
+    gate = {
+        "detectors": detectors,
+        "files": leakgate.bundle_files(tmp_bundle),
+        "findings": [f.private_dict() for f in findings],
+        "excluded": sorted(excluded),
+        "report_line": leakgate.report_line(len(findings), detectors, n_files),
+    }
+    private_result = private_dir / "leakgate.json"
+    atomic_write_text(private_result, dumps(gate))
+    atomic_write_text(private_dir / "pseudonyms.json", dumps(pseudonyms))
+    if findings:
+        raise LeakGateError(
+            f"leak gate: {len(findings)} finding(s) in the bundle for {out_dir}; nothing was published "
+            f"(full result: {private_result}):\n" + leakgate.format_findings(findings),
+            findings,
+        )
+    if gate["files"] != sorted([*prepared, MANIFEST]):
+        raise PublishError(f"bundle holds unexpected files: {sorted(set(gate['files']) - set(prepared))}")
+    return private_result
+
+
+def _move_into_place(tmp_bundle: Path, out_dir: Path) -> None:
+    """Replace *out_dir* by *tmp_bundle*: the old bundle (if any) aside, the new one in, the old one deleted."""
+    old = None
+    if out_dir.exists():
+        old = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.old-", dir=out_dir.parent))
+        os.replace(out_dir, old / "bundle")
+    os.replace(tmp_bundle, out_dir)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
