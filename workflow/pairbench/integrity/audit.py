@@ -174,8 +174,19 @@ def audit_run(run_dir: str | Path, extra_files: Iterable[str | Path] = ()) -> Au
     if not run_dir.is_dir():
         result.add(str(run_dir), "schema", "run folder does not exist")
         return result
+    sha_of = _hash_files(result, run_dir)
+    by_sha = _index_by_sha(sha_of, extra_files)
+    recorded = _read_provenance(result, run_dir, sha_of)
+    _check_retired(result, run_dir, sha_of)
+    nodes = _check_artifacts(result, run_dir, sha_of, by_sha, recorded)
+    check_placement(result, nodes)
+    _check_provenance(result, run_dir, sha_of, recorded)
+    return result
 
-    # Hash every file once: the index that input hashes resolve against.
+
+def _hash_files(result: AuditResult, run_dir: Path) -> dict[str, str]:
+    """Hash every file of *run_dir* once (relative path -> sha256): the index that input hashes
+    resolve against. A temporary file is a warning, not a file of the run."""
     sha_of: dict[str, str] = {}
     for path in sorted(run_dir.rglob("*")):
         if not path.is_file():
@@ -185,6 +196,12 @@ def audit_run(run_dir: str | Path, extra_files: Iterable[str | Path] = ()) -> Au
             result.warnings.append(f"{rel}: temporary file left by an interrupted write (not an artifact; safe to delete)")
             continue
         sha_of[rel] = sha256_file(path)
+    result.counts["files"] = len(sha_of)
+    return sha_of
+
+
+def _index_by_sha(sha_of: dict[str, str], extra_files: Iterable[str | Path]) -> dict[str, list[str]]:
+    """sha256 -> the run's files (relative paths) and the *extra_files* (as given) with that content."""
     by_sha: dict[str, list[str]] = defaultdict(list)
     for rel, sha in sha_of.items():
         by_sha[sha].append(rel)
@@ -192,9 +209,12 @@ def audit_run(run_dir: str | Path, extra_files: Iterable[str | Path] = ()) -> Au
         extra = Path(extra)
         if extra.is_file():
             by_sha[sha256_file(extra)].append(str(extra))
-    result.counts["files"] = len(sha_of)
+    return by_sha
 
-    # What provenance recorded, if it exists: lets a broken link name the file that changed.
+
+def _read_provenance(result: AuditResult, run_dir: Path, sha_of: dict[str, str]) -> dict[str, dict]:
+    """What ``provenance.json`` recorded (path -> entry), if it exists and is valid, else ``{}``: lets
+    a broken link name the file that changed."""
     recorded: dict[str, dict] = {}
     prov_path = run_dir / "provenance.json"
     if prov_path.exists():
@@ -204,14 +224,16 @@ def audit_run(run_dir: str | Path, extra_files: Iterable[str | Path] = ()) -> Au
             recorded = {a["path"]: a for a in prov["artifacts"]}
         except ArtifactError as exc:
             result.add("provenance.json", "schema", str(exc))
-    path_of_recorded_sha = {a["sha256"]: p for p, a in recorded.items()}
+    return recorded
 
+
+def _check_retired(result: AuditResult, run_dir: Path, sha_of: dict[str, str]) -> None:
+    """Retired validation retries: a warning that they are kept; and the retire rule's record, by which
+    every retry it moved is kept under ``private/superseded/`` and out of the run."""
     retired = [rel for rel in sha_of if rel.startswith(RETIRED_PREFIX)]
     if retired:
         result.warnings.append(f"{len(retired)} file(s) under {RETIRED_PREFIX}: retired validation retries, "
                                "kept but no longer part of the run (not audited)")
-
-    # The retire rule's record: every retry it moved is kept under private/superseded/ and out of the run.
     retired_record = run_dir / "private" / "retired.json"
     if retired_record.is_file():
         try:
@@ -223,28 +245,18 @@ def audit_run(run_dir: str | Path, extra_files: Iterable[str | Path] = ()) -> Au
         except ArtifactError as exc:
             result.add("private/retired.json", "schema", str(exc))
 
-    # 1 + 2 + 4: schema, inputs, manifests; and the node each visit ran on, for 5.
+
+def _check_artifacts(result: AuditResult, run_dir: Path, sha_of: dict[str, str], by_sha: dict[str, list[str]],
+                     recorded: dict[str, dict]) -> dict[str, str]:
+    """Checks 1, 2 and 4 (schema, inputs, manifests) over every JSON file of the run; returns the node
+    each visit ran on (visit artifact -> node pseudonym), for check 5."""
+    path_of_recorded_sha = {a["sha256"]: p for p, a in recorded.items()}
     nodes: dict[str, str] = {}
     for rel in sorted(sha_of):
         if not rel.endswith(".json") or rel.startswith(RETIRED_PREFIX):
             continue
-        path = run_dir / rel
-        try:
-            data = json.loads(path.read_text())
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            if not rel.startswith(RAW_JSON_PREFIXES):
-                result.add(rel, "schema", f"corrupt artifact, not valid JSON ({exc})")
-            continue
-        schema = data.get("schema") if isinstance(data, dict) else None
-        if not (isinstance(schema, str) and schema.startswith("pairbench.")):
-            if not rel.startswith(RAW_JSON_PREFIXES):
-                result.add(rel, "schema", "JSON file without a pairbench 'schema' field")
-            continue
-        try:
-            kind, _ = parse_schema_id(schema)
-            data = read_artifact(path, kind)
-        except (ArtifactError, ValueError) as exc:
-            result.add(rel, "schema", str(exc).replace(str(path), rel))
+        data = _read_json_artifact(result, run_dir, rel)
+        if data is None:
             continue
         result.counts["artifacts"] += 1
         if rel.startswith("measure/") and (data.get("host") or {}).get("node"):
@@ -255,24 +267,49 @@ def audit_run(run_dir: str | Path, extra_files: Iterable[str | Path] = ()) -> Au
         root = _manifest_root(run_dir, rel, data)
         if root is not None:
             _check_manifest(result, rel, data, root, run_dir, sha_of)
+    return nodes
 
-    check_placement(result, nodes)
 
-    # 3: provenance hashes, both ways.
-    if recorded:
-        for prel, entry in sorted(recorded.items()):
-            result.counts["provenance_entries"] += 1
-            now = sha_of.get(prel)
-            if now is None:
-                result.add(prel, "provenance", "recorded in provenance.json but missing")
-            elif now != entry["sha256"]:
-                result.add(prel, "provenance",
-                           f"sha256 {now[:12]}… differs from provenance.json's {entry['sha256'][:12]}…: "
-                           "modified after the run")
-        for rel in covered_files(run_dir):
-            if rel not in recorded:
-                result.add(rel, "unrecorded", "file is not recorded in provenance.json (added after the run?)")
-    return result
+def _read_json_artifact(result: AuditResult, run_dir: Path, rel: str) -> dict | None:
+    """The JSON file *rel*, re-validated against its schema; None, with a finding unless it may be
+    raw JSON (:data:`RAW_JSON_PREFIXES`), if it is not valid JSON or not a valid pairbench artifact."""
+    path = run_dir / rel
+    try:
+        data = json.loads(path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        if not rel.startswith(RAW_JSON_PREFIXES):
+            result.add(rel, "schema", f"corrupt artifact, not valid JSON ({exc})")
+        return None
+    schema = data.get("schema") if isinstance(data, dict) else None
+    if not (isinstance(schema, str) and schema.startswith("pairbench.")):
+        if not rel.startswith(RAW_JSON_PREFIXES):
+            result.add(rel, "schema", "JSON file without a pairbench 'schema' field")
+        return None
+    try:
+        kind, _ = parse_schema_id(schema)
+        return read_artifact(path, kind)
+    except (ArtifactError, ValueError) as exc:
+        result.add(rel, "schema", str(exc).replace(str(path), rel))
+        return None
+
+
+def _check_provenance(result: AuditResult, run_dir: Path, sha_of: dict[str, str], recorded: dict[str, dict]) -> None:
+    """Check 3: every file *recorded* in provenance still hashes as recorded, and every covered file
+    is recorded (nothing to check when there is no valid provenance)."""
+    if not recorded:
+        return
+    for prel, entry in sorted(recorded.items()):
+        result.counts["provenance_entries"] += 1
+        now = sha_of.get(prel)
+        if now is None:
+            result.add(prel, "provenance", "recorded in provenance.json but missing")
+        elif now != entry["sha256"]:
+            result.add(prel, "provenance",
+                       f"sha256 {now[:12]}… differs from provenance.json's {entry['sha256'][:12]}…: "
+                       "modified after the run")
+    for rel in covered_files(run_dir):
+        if rel not in recorded:
+            result.add(rel, "unrecorded", "file is not recorded in provenance.json (added after the run?)")
 
 
 def check_placement(result: AuditResult, nodes: dict[str, str]) -> None:
