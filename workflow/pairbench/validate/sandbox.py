@@ -375,21 +375,22 @@ def run_python_tests(
         return _result("error", f"the task's tests cannot be checked outside the sandbox: {exc}", start)
 
     tmp = tempfile.mkdtemp(prefix="pairbench-sandbox-")
+    try:
+        return _supervise(code, steps, tmp, start, timeout_s=timeout_s, cpu_s=cpu_s, mem_bytes=mem_bytes,
+                          max_output_bytes=max_output_bytes, audit=_audit)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _supervise(code: str, steps: list[assertions.Step], tmp: str, start: float, *, timeout_s: float, cpu_s: int,
+               mem_bytes: int, max_output_bytes: int, audit: bool) -> dict:
+    """Start the child in *tmp* with *code* as its candidate, hold the conversation and return the
+    result; the child's whole process group is killed on the way out, whatever happened."""
     proc = None
     channel = None
     try:
         candidate = Path(tmp) / "candidate.py"
         candidate.write_text(code)
-        env = {
-            "PATH": "/usr/bin:/bin",
-            "LANG": "C.UTF-8",
-            "LC_ALL": "C.UTF-8",
-            "HOME": tmp,
-            "TMPDIR": tmp,
-            "PAIRBENCH_SANDBOX_LANDLOCK": "1",
-            # Tests switch the audit layer off to show that the kernel layer holds on its own.
-            "PAIRBENCH_SANDBOX_AUDIT": "1" if _audit else "0",
-        }
         request_r, request_w = os.pipe()
         reply_r, reply_w = os.pipe()
         prefix = _unshare_prefix()
@@ -397,7 +398,7 @@ def run_python_tests(
                 str(candidate)]
         try:
             proc = subprocess.Popen(
-                argv, cwd=tmp, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                argv, cwd=tmp, env=_child_env(tmp, audit), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE, pass_fds=(request_r, reply_w), start_new_session=True,
                 # setrlimit must run in the child before exec; _limits only calls setrlimit there.
                 preexec_fn=_limits(cpu_s, mem_bytes),  # noqa: PLW1509
@@ -419,30 +420,8 @@ def run_python_tests(
             t.start()
 
         channel = _Channel(request_w, reply_r, deadline=start + timeout_s)
-        ready = None
-        try:
-            ready = channel.recv()
-            if ready.get("phase") != "ready":
-                raise _Broken("a first message that is not 'ready'")
-            verdict, reason = _converse(channel, steps)
-        except _Deadline:
-            verdict, reason = "timeout", f"wall-clock limit of {timeout_s:g} s exceeded"
-        except _Broken as exc:
-            verdict, reason = ("fail", f"the sandboxed code broke the result protocol: it sent {exc}") \
-                if ready is not None else ("error", f"sandbox failed to start: it sent {exc}")
-        except _Gone:
-            # A dying child's pipe closes as it exits; one still running a moment later closed it itself.
-            try:
-                proc.wait(timeout=min(max(start + timeout_s - time.monotonic(), 0.05), _EXIT_GRACE_S))
-                gone = None
-            except subprocess.TimeoutExpired:
-                gone = ("fail", "the sandboxed code closed the result pipe before the tests finished")
-            if gone is None:
-                # stderr is complete once the child has exited (its group may live on until killed)
-                threads[1].join(timeout=1)
-                tail = sinks["err"].get("data", b"")[-300:].decode("utf-8", "replace").strip()
-                gone = _exit_verdict(proc, ready is not None, cpu_s, tail)
-            verdict, reason = gone
+        verdict, reason, ready = _hold_conversation(channel, steps, proc, threads[1], sinks["err"],
+                                                    timeout_s=timeout_s, cpu_s=cpu_s)
         _kill_group(proc)
         proc.wait()
         channel.close()
@@ -451,27 +430,80 @@ def run_python_tests(
         proc.stdout.close()
         proc.stderr.close()
         duration = time.monotonic() - start
-
-        out_total = sinks["out"].get("total", 0) + sinks["err"].get("total", 0)
-        truncated = (sinks["out"].get("total", 0) > max_output_bytes
-                     or sinks["err"].get("total", 0) > max_output_bytes)
-        # The child's own layers come in its first message, sent before the candidate existed in it.
-        child_layers = (ready or {}).get("isolation")
-        child_layers = {x for x in child_layers if isinstance(x, str)} if isinstance(child_layers, list) else set()
-        applied = {"env", "tmpdir", "rlimit", "wall", "output"} | ({"netns"} if prefix else set())
-        applied |= child_layers & {"landlock-fs", "landlock-net", "landlock-scope", "audit"}
-        if truncated:
-            reason += f" (output truncated: {out_total} bytes, {max_output_bytes} kept per stream)"
-        return {"verdict": verdict, "reason": reason, "duration_s": round(duration, 6),
-                "isolation": [layer for layer in LAYERS if layer in applied],
-                "output_bytes": out_total, "output_truncated": truncated}
+        return _outcome(verdict, reason, duration, ready, bool(prefix), sinks, max_output_bytes)
     finally:
         if channel is not None:
             channel.close()
         if proc is not None and proc.poll() is None:
             _kill_group(proc)
             proc.wait()
-        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _child_env(tmp: str, audit: bool) -> dict[str, str]:
+    """The child's whole environment, built from nothing (the ``env`` layer)."""
+    return {
+        "PATH": "/usr/bin:/bin",
+        "LANG": "C.UTF-8",
+        "LC_ALL": "C.UTF-8",
+        "HOME": tmp,
+        "TMPDIR": tmp,
+        "PAIRBENCH_SANDBOX_LANDLOCK": "1",
+        # Tests switch the audit layer off to show that the kernel layer holds on its own.
+        "PAIRBENCH_SANDBOX_AUDIT": "1" if audit else "0",
+    }
+
+
+def _hold_conversation(channel: _Channel, steps: list[assertions.Step], proc: subprocess.Popen,
+                       err_drain: threading.Thread, err_sink: dict, *, timeout_s: float,
+                       cpu_s: int) -> tuple[str, str, dict | None]:
+    """Wait for the child's 'ready', then converse; the verdict, its reason, and the first message
+    (None if none came)."""
+    ready = None
+    try:
+        ready = channel.recv()
+        if ready.get("phase") != "ready":
+            raise _Broken("a first message that is not 'ready'")
+        verdict, reason = _converse(channel, steps)
+    except _Deadline:
+        verdict, reason = "timeout", f"wall-clock limit of {timeout_s:g} s exceeded"
+    except _Broken as exc:
+        verdict, reason = ("fail", f"the sandboxed code broke the result protocol: it sent {exc}") \
+            if ready is not None else ("error", f"sandbox failed to start: it sent {exc}")
+    except _Gone:
+        verdict, reason = _gone_verdict(proc, ready is not None, channel.deadline, cpu_s, err_drain, err_sink)
+    return verdict, reason, ready
+
+
+def _gone_verdict(proc: subprocess.Popen, started: bool, deadline: float, cpu_s: int,
+                  err_drain: threading.Thread, err_sink: dict) -> tuple[str, str]:
+    """The verdict once the child closed its reply pipe. A dying child's pipe closes as it exits;
+    one still running a moment later closed it itself."""
+    try:
+        proc.wait(timeout=min(max(deadline - time.monotonic(), 0.05), _EXIT_GRACE_S))
+    except subprocess.TimeoutExpired:
+        return "fail", "the sandboxed code closed the result pipe before the tests finished"
+    # stderr is complete once the child has exited (its group may live on until killed)
+    err_drain.join(timeout=1)
+    tail = err_sink.get("data", b"")[-300:].decode("utf-8", "replace").strip()
+    return _exit_verdict(proc, started, cpu_s, tail)
+
+
+def _outcome(verdict: str, reason: str, duration: float, ready: dict | None, netns: bool, sinks: dict,
+             max_output_bytes: int) -> dict:
+    """The result of a conversation that took place: the output counts, and the layers that applied."""
+    out_total = sinks["out"].get("total", 0) + sinks["err"].get("total", 0)
+    truncated = (sinks["out"].get("total", 0) > max_output_bytes
+                 or sinks["err"].get("total", 0) > max_output_bytes)
+    # The child's own layers come in its first message, sent before the candidate existed in it.
+    child_layers = (ready or {}).get("isolation")
+    child_layers = {x for x in child_layers if isinstance(x, str)} if isinstance(child_layers, list) else set()
+    applied = {"env", "tmpdir", "rlimit", "wall", "output"} | ({"netns"} if netns else set())
+    applied |= child_layers & {"landlock-fs", "landlock-net", "landlock-scope", "audit"}
+    if truncated:
+        reason += f" (output truncated: {out_total} bytes, {max_output_bytes} kept per stream)"
+    return {"verdict": verdict, "reason": reason, "duration_s": round(duration, 6),
+            "isolation": [layer for layer in LAYERS if layer in applied],
+            "output_bytes": out_total, "output_truncated": truncated}
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
