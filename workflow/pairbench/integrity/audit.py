@@ -70,6 +70,7 @@ class AuditResult:
         default_factory=lambda: {"artifacts": 0, "files": 0, "input_links": 0, "provenance_entries": 0}
     )
     provenance_sha256: str | None = None
+    versions: dict[str, int] = field(default_factory=dict)  # artifact kind -> its schema version
 
     @property
     def ok(self) -> bool:
@@ -84,6 +85,7 @@ class AuditResult:
             "label": self.label,
             "ok": self.ok,
             "counts": dict(self.counts),
+            "versions": dict(sorted(self.versions.items())),
             "findings": [f.__dict__ for f in self.findings],
             "warnings": list(self.warnings),
             "inputs": {"provenance": self.provenance_sha256} if self.provenance_sha256 else {},
@@ -259,10 +261,12 @@ def _check_artifacts(result: AuditResult, run_dir: Path, sha_of: dict[str, str],
         if data is None:
             continue
         result.counts["artifacts"] += 1
+        kind, version = parse_schema_id(data["schema"])
+        result.versions[kind] = version
         if rel.startswith("measure/") and (data.get("host") or {}).get("node"):
             nodes[rel] = data["host"]["node"]
         _check_inputs(result, rel, data, by_sha, recorded, path_of_recorded_sha, sha_of)
-        if parse_schema_id(data["schema"])[0] == "source" and rel.startswith("source/"):
+        if kind == "source" and rel.startswith("source/"):
             _check_source_tree(result, rel, data, run_dir)
         root = _manifest_root(run_dir, rel, data)
         if root is not None:
@@ -407,6 +411,7 @@ def main(argv: list[str] | None = None) -> int:
                f"{c['provenance_entries']} provenance entries checked, {c['files']} files hashed")
     if args.out:
         write_audit(result, args.out)
+    summary += "; schemas: " + ", ".join(f"{k} v{v}" for k, v in sorted(result.versions.items()))
     if result.ok:
         print(f"audit OK: {args.run_dir}: {summary}")
         return 0
