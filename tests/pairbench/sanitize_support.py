@@ -104,7 +104,7 @@ def planted_run(tmp_path: Path, facts: dict) -> dict:
     env = artifacts.write_artifact(run / "environment.json", "environment", envfacts.public(facts))
     assert env
     fixtures = publish.fixture_manifest([
-        {"length": 256, "prompt_tokens": 256,
+        {"condition": "in256-out64", "prompt_tokens": 256,
          "messages": [{"role": "system", "content": "You are a terse assistant."},
                       {"role": "user", "content": "Summarise the frozen paragraph about river deltas."}],
          "text": "<|im_start|>system\nYou are a terse assistant.<|im_end|>\n"},
@@ -122,7 +122,7 @@ def planted_run(tmp_path: Path, facts: dict) -> dict:
         "scripts/replot.py": str(DATA / "scripts" / "replot.py"),
         # private material the pipeline might hand over by mistake: never copied
         "logs/server.log": str(DATA / "server.log"),
-        "outputs/r01-candidate-256.json": str(DATA / "model_output.json"),
+        "outputs/r01-candidate-in256-out64.json": str(DATA / "model_output.json"),
     }
     return {
         "files": files,

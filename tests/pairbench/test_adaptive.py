@@ -10,12 +10,14 @@ from pairbench.analysis import adaptive
 ADAPT = {"min": 8, "max": 12, "block": 2, "target_halfwidth": 0.02}
 
 
-def frame(d_by_length, rounds=None, arm="B"):
+def frame(d_by_input, rounds=None, arm="B"):
+    """Baseline A at 100, *arm* at 100 exp(d), at each input length's condition (64 output tokens)."""
     rows = []
-    for length, d in d_by_length.items():
+    for n, d in d_by_input.items():
+        cond = {"condition": f"in{n}-out64", "input_tokens": n, "output_tokens": 64}
         for r, di in enumerate(d[:rounds] if rounds else d, start=1):
-            rows += [{"round": r, "arm": "A", "length": length, "selected": True, "decode_tok_s": 100.0},
-                     {"round": r, "arm": arm, "length": length, "selected": True, "decode_tok_s": 100.0 * math.exp(di)}]
+            rows += [{"round": r, "arm": "A", **cond, "selected": True, "decode_tok_s": 100.0},
+                     {"round": r, "arm": arm, **cond, "selected": True, "decode_tok_s": 100.0 * math.exp(di)}]
     return pd.DataFrame(rows)
 
 
@@ -29,16 +31,16 @@ def decide(df, rounds_done=8, candidates=("B",), **kw):
 
 
 def two_candidates(d_b, d_c):
-    """Baseline A, candidates B and C; one length each (256), C's rows added to B's frame."""
+    """Baseline A, candidates B and C; one condition each (in256-out64), C's rows added to B's frame."""
     both = pd.concat([frame({256: d_b}), frame({256: d_c}, arm="C")], ignore_index=True)
-    return both.drop_duplicates(["round", "arm", "length"])
+    return both.drop_duplicates(["round", "arm", "condition"])
 
 
 def test_waits_for_every_candidate():
     d = decide(two_candidates(ramp(0.0, 0.001), ramp(0.0, 0.05)), candidates=("B", "C"), block=3)
     assert d["decision"] == "continue" and "measure rounds 9-11" in d["reason"]
-    assert "the widest primary interval is ±" in d["reason"] and "(C: decode_tok_s at 256)" in d["reason"]
-    assert d["width_level"] == pytest.approx(0.025)  # alpha / (2 candidates x 1 metric x 1 length)
+    assert "the widest primary interval is ±" in d["reason"] and "(C: decode_tok_s at in256-out64)" in d["reason"]
+    assert d["width_level"] == pytest.approx(0.025)  # alpha / (2 candidates x 1 metric x 1 condition)
     assert [(c["candidate"], c["half_width"] <= 0.02) for c in d["comparisons"]] == [("B", True), ("C", False)]
     assert decide(two_candidates(ramp(0.0, 0.001), ramp(0.0, 0.002)), candidates=("B", "C"))["decision"] == "stop"
 

@@ -4,6 +4,7 @@ import re
 
 import pytest
 
+from pairbench.core.conditions import Condition
 from pairbench.measure import fixtures as pb_fixtures
 from pairbench.validate import tasks
 
@@ -26,10 +27,16 @@ def word_tokenizer(messages):
 SALTS = {"1": "aa11bb22", "2": "cc33dd44", "3": "ee55ff66"}
 
 
+def cond(input_tokens: int) -> Condition:
+    return Condition.of(input_tokens=input_tokens, output_tokens=8)
+
+
 @pytest.mark.parametrize("tokenize", [byte_tokenizer, word_tokenizer])
 @pytest.mark.parametrize("length", [450, 1000])
 def test_every_round_is_exactly_n_tokens(tokenize, length):
-    fixture, prompts = pb_fixtures.build_fixture(length, 8, 0, SALTS, "a", tokenize)
+    fixture, prompts = pb_fixtures.build_fixture(cond(length), 0, SALTS, "a", tokenize)
+    assert (fixture["condition"], fixture["input_tokens"], fixture["output_tokens"]) == (f"in{length}-out8", length, 8)
+    assert prompts["condition"] == f"in{length}-out8"
     assert [r["prompt_tokens"] for r in fixture["rounds"]] == [length] * 3
     for rnd in prompts["rounds"]:
         assert len(tokenize(rnd["messages"])) == length
@@ -40,21 +47,21 @@ def test_every_round_is_exactly_n_tokens(tokenize, length):
 
 
 def test_fixture_is_deterministic():
-    a = pb_fixtures.build_fixture(600, 8, 0, SALTS, "a", word_tokenizer)
-    b = pb_fixtures.build_fixture(600, 8, 0, SALTS, "a", word_tokenizer)
+    a = pb_fixtures.build_fixture(cond(600), 0, SALTS, "a", word_tokenizer)
+    b = pb_fixtures.build_fixture(cond(600), 0, SALTS, "a", word_tokenizer)
     assert a == b
-    c = pb_fixtures.build_fixture(600, 8, 1, SALTS, "a", word_tokenizer)
+    c = pb_fixtures.build_fixture(cond(600), 1, SALTS, "a", word_tokenizer)
     assert c[0]["rounds"][0]["prompt_sha256"] != a[0]["rounds"][0]["prompt_sha256"]
 
 
 def test_token_ids_sha256_is_of_the_ids():
-    fixture, prompts = pb_fixtures.build_fixture(500, 8, 0, SALTS, "a", byte_tokenizer)
+    fixture, prompts = pb_fixtures.build_fixture(cond(500), 0, SALTS, "a", byte_tokenizer)
     ids = prompts["rounds"][0]["token_ids"]
     assert fixture["rounds"][0]["token_ids_sha256"] == pb_fixtures.token_ids_sha256(ids)
 
 
 def test_arms_that_disagree_fail_with_both_counts():
-    fixture, prompts = pb_fixtures.build_fixture(500, 8, 0, SALTS, "a", byte_tokenizer)
+    fixture, prompts = pb_fixtures.build_fixture(cond(500), 0, SALTS, "a", byte_tokenizer)
     pb_fixtures.check_tokenizer(fixture, prompts, "b", byte_tokenizer)
     assert fixture["checked_by"] == ["a", "b"]
     with pytest.raises(pb_fixtures.FixtureError, match=r"a counts 500 tokens, c counts 501"):
@@ -65,4 +72,4 @@ def test_arms_that_disagree_fail_with_both_counts():
 
 def test_length_below_the_fixed_part_is_a_clear_error():
     with pytest.raises(pb_fixtures.FixtureError, match=r"lengths: 64 is shorter than the fixed part"):
-        pb_fixtures.build_fixture(64, 8, 0, SALTS, "a", byte_tokenizer)
+        pb_fixtures.build_fixture(cond(64), 0, SALTS, "a", byte_tokenizer)

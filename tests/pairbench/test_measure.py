@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from pairbench.core.conditions import Condition
 from pairbench.measure import visit as pb_measure
 from pairbench.engines.client import StreamResult
 from pairbench.engines.server import Server, ServerError
@@ -12,10 +13,12 @@ from pairbench.engines.server import Server, ServerError
 FAKE_SRC = Path(__file__).resolve().parents[1] / "fakes"
 LENGTHS = [120, 150]
 OUT = 6
+CONDS = [Condition.of(input_tokens=n, output_tokens=OUT) for n in LENGTHS]  # in120-out6, in150-out6
 
 
 def plan():
-    return {"lengths": LENGTHS, "output_tokens": OUT, "seed": 0, "max_context": 512}
+    return {"factors": ["input_tokens", "output_tokens"], "conditions": [c.to_dict() for c in CONDS], "seed": 0,
+            "max_context": 512}
 
 
 def prompts_for(length):
@@ -32,8 +35,8 @@ def run(tmp_path, embedded_engine):
 
 
 def _run(tmp_path, engine, timeout, repeats=1, server=None):
-    prompts = {n: {"rounds": [{"round": 1, **prompts_for(n)}]} for n in LENGTHS}
-    fixtures = {n: {"rounds": [{"round": 1, "prompt_sha256": "0" * 64}]} for n in LENGTHS}
+    prompts = {c.id: {"condition": c.id, "rounds": [{"round": 1, **prompts_for(c.input_tokens)}]} for c in CONDS}
+    fixtures = {c.id: {"condition": c.id, "rounds": [{"round": 1, "prompt_sha256": "0" * 64}]} for c in CONDS}
     server_cfg = {"threads": None, "startup_timeout_s": 30, "request_timeout_s": timeout, "stop_timeout_s": 5,
                   **(server or {})}
     return pb_measure.run_visit(
@@ -46,25 +49,26 @@ def test_clean_visit_passes_every_gate(run):
     body, outputs = run()
     assert body["complete"] and body["first_request"]["ok"]
     assert body["native_version"] == "fake-engine 0.1.0-fake"
-    for rec, n in zip(body["records"], LENGTHS):
+    for rec, c in zip(body["records"], CONDS):
         assert rec["ok"], rec["flags"]
-        assert rec["prompt_tokens"] == n and rec["completion_tokens"] == OUT and rec["tokens_cached"] == 0
+        assert (rec["condition"], rec["input_tokens"], rec["output_tokens"]) == (c.id, c.input_tokens, OUT)
+        assert rec["prompt_tokens"] == c.input_tokens and rec["completion_tokens"] == OUT and rec["tokens_cached"] == 0
         assert rec["ttft_ms"] > 0 and rec["e2e_ms"] >= rec["ttft_ms"]
         assert rec["decode_tok_s"] > 0 and rec["engine"]["decode_tok_s"] > 0
-        assert len(outputs[n]["token_ids"]) == OUT
+        assert len(outputs[c.id]["token_ids"]) == OUT
     assert body["server"]["stop"] == "sigterm"
 
 
-def test_repeats_send_every_length_in_turn_and_record_the_host(tmp_path, embedded_engine):
+def test_repeats_send_every_condition_in_turn_and_record_the_host(tmp_path, embedded_engine):
     import os
 
     body, outputs = _run(tmp_path, embedded_engine(FAKE_SRC), 30.0, repeats=3,
                          server={"pin": "auto", "external_load": 0.5})
-    assert [(r["repeat"], r["length"]) for r in body["records"]] == [(k, n) for k in (1, 2, 3) for n in LENGTHS]
+    assert [(r["repeat"], r["condition"]) for r in body["records"]] == [(k, c.id) for k in (1, 2, 3) for c in CONDS]
     assert all(r["ok"] for r in body["records"])
-    for n in LENGTHS:
-        assert [x["repeat"] for x in outputs[n]["repeats"]] == [2, 3]
-        assert outputs[n]["repeats"][0]["token_ids"] == outputs[n]["token_ids"]  # greedy: the same output
+    for c in CONDS:
+        assert [x["repeat"] for x in outputs[c.id]["repeats"]] == [2, 3]
+        assert outputs[c.id]["repeats"][0]["token_ids"] == outputs[c.id]["token_ids"]  # greedy: the same output
     host = body["host"]
     assert set(host) == {"load1_start", "load1_end", "cpus", "cpu_mhz", "governor", "server_cpus", "client_cpus",
                          "external_load", "external_load_threshold"}
@@ -78,6 +82,7 @@ def test_repeats_send_every_length_in_turn_and_record_the_host(tmp_path, embedde
 def test_wrong_prompt_count_is_flagged_and_kept(run):
     body, _ = run("--prompt-extra", "1")
     for rec, n in zip(body["records"], LENGTHS):
+        assert rec["input_tokens"] == n
         assert not rec["ok"] and rec["gates"]["prompt_tokens"] is False
         assert f"prompt_tokens: got {n + 1}, planned {n}" in rec["flags"]
         assert rec["decode_tok_s"] is not None, "a flagged record keeps its measurements"
@@ -94,13 +99,14 @@ def test_warm_cache_is_flagged(run):
     body, _ = run("--report-cached", "32")
     rec = body["records"][0]
     assert rec["gates"]["cold_cache"] is False and rec["tokens_cached"] == 32
-    assert f"cold_cache: evaluated {rec['length'] - 32} of {rec['length']} prompt tokens, 32 cached" in rec["flags"], rec["flags"]
+    n = rec["input_tokens"]
+    assert f"cold_cache: evaluated {n - 32} of {n} prompt tokens, 32 cached" in rec["flags"], rec["flags"]
 
 
-# Engine faults are not samples: they fail the visit naming visit, arm, round and length (issue 7;
+# Engine faults are not samples: they fail the visit naming visit, arm, round and condition (issue 7;
 # the config's `retries` re-attempts it). tests/recovery/test_faults.py covers each fault in depth.
 def test_malformed_sse_fails_the_visit(run):
-    with pytest.raises(pb_measure.VisitError, match=r"visit r01-a \(arm a, round 1, length 120, attempt 1\): "
+    with pytest.raises(pb_measure.VisitError, match=r"visit r01-a \(arm a, round 1, condition in120-out6, attempt 1\): "
                                                     r"engine fault: malformed SSE: event 1 is not JSON"):
         run("--malformed-sse", timeout=10.0)
 
@@ -108,12 +114,12 @@ def test_malformed_sse_fails_the_visit(run):
 def test_crash_mid_stream_fails_the_visit(run):
     # The fake dies 3 tokens into the first request (a diagnostic, kept apart); the first steady
     # request then finds no server.
-    with pytest.raises(pb_measure.VisitError, match=r"length 120, attempt 1\): engine fault: .*exited with status 9"):
+    with pytest.raises(pb_measure.VisitError, match=r"condition in120-out6, attempt 1\): engine fault: .*exited with status 9"):
         run("--crash-after", "3", timeout=10.0)
 
 
 def test_hanging_engine_times_out_and_fails_the_visit(run):
-    with pytest.raises(pb_measure.VisitError, match=r"length 120, attempt 1\): engine fault: request timed out"):
+    with pytest.raises(pb_measure.VisitError, match=r"condition in120-out6, attempt 1\): engine fault: request timed out"):
         run("--hang", timeout=1.0)
 
 

@@ -42,8 +42,12 @@ def test_visits_are_numbered_in_run_order():
 
 def test_salts_differ_per_round_and_depend_on_seed():
     plan = pb_plan.make_plan(cfg(), REPO)
-    assert len(set(plan["salts"].values())) == 4
+    assert list(plan["salts"]) == ["in400-out8"]
+    assert len(set(plan["salts"]["in400-out8"].values())) == 4
     assert pb_plan.make_plan(cfg(seed=1), REPO)["salts"] != plan["salts"]
+    # ... and per condition: no two rounds or conditions share a prompt prefix
+    two = pb_plan.make_plan(cfg(lengths=[400, 480]), REPO)["salts"]
+    assert len({s for by_round in two.values() for s in by_round.values()}) == 8
 
 
 def test_same_config_same_plan_and_hash():

@@ -11,8 +11,10 @@ import pytest
 
 from pairbench.analysis import plots
 from pairbench.analysis import stats
+from pairbench.analysis.measurements import StatsInputError
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "stats"
+DRIFT_METRICS = ("decode_tok_s", "ttft_ms")
 
 
 def summary_for(df: pd.DataFrame, candidates=("B",), **kw) -> dict:
@@ -47,36 +49,48 @@ def test_plot_ratios_shows_every_candidate_in_its_own_colour(tmp_path):
     assert has_colour(one, plots.CANDIDATE_COLOURS[0]) and not has_colour(one, plots.CANDIDATE_COLOURS[1])
 
 
-def test_plot_ratios_grid_grows_with_lengths_and_metrics(tmp_path):
+def test_plot_ratios_grid_grows_with_conditions_and_metrics(tmp_path):
     df = pd.read_csv(DATA / "aa_contended.csv")
     small, big = tmp_path / "small.png", tmp_path / "big.png"
-    plots.plot_ratios(summary_for(df[df["length"] == df["length"].min()], metrics=["decode_tok_s"], secondary=[]), small)
+    one_condition = df[df["input_tokens"] == df["input_tokens"].min()]
+    plots.plot_ratios(summary_for(one_condition, metrics=["decode_tok_s"], secondary=[]), small)
     plots.plot_ratios(summary_for(df, metrics=["decode_tok_s"], secondary=["ttft_ms"]), big)
     h_small, w_small = matplotlib.image.imread(small).shape[:2]
     h_big, w_big = matplotlib.image.imread(big).shape[:2]
-    assert w_big > 1.5 * w_small and h_big > 1.5 * h_small  # 2 lengths x 2 metrics against 1 x 1
+    assert w_big > 1.5 * w_small and h_big > 1.5 * h_small  # 2 conditions x 2 metrics against 1 x 1
 
 
 def test_plot_ratios_rejects_an_empty_summary(tmp_path):
-    with pytest.raises(stats.StatsInputError, match="no paired results"):
+    with pytest.raises(StatsInputError, match="no candidates or metrics to plot"):
         plots.plot_ratios({"baseline": "A", "candidates": [], "comparisons": {}, "params": {"noise": 0.01}},
                           tmp_path / "x.png")
     assert not (tmp_path / "x.png").exists()
 
 
+def test_plot_ratios_without_any_pair_draws_a_figure_that_says_so(tmp_path):
+    # no selected record at all: no condition to pair, yet the run's report still gets its figure
+    df = pd.read_csv(DATA / "aa_contended.csv").assign(selected=False)
+    summary = summary_for(df, metrics=["decode_tok_s"])
+    assert summary["conditions"] == [] and summary["comparisons"]["B"]["paired"] == {}
+    out = tmp_path / "ratios.png"
+    plots.plot_ratios(summary, out)
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not has_colour(out, plots.CANDIDATE_COLOURS[0])  # nothing drawn but the explanation
+
+
 def test_plot_drift_draws_each_arm_and_marks_excluded_rows(tmp_path):
     out = tmp_path / "drift.png"
-    plots.plot_drift(pd.read_csv(DATA / "known.csv"), out)
+    plots.plot_drift(pd.read_csv(DATA / "known.csv"), out, DRIFT_METRICS)
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert has_colour(out, "C0") and has_colour(out, "C1")  # one colour per arm
     one, both = tmp_path / "one.png", tmp_path / "both.png"
     df = pd.read_csv(DATA / "aa_contended.csv")
-    plots.plot_drift(df[df["length"] == df["length"].min()], one)
-    plots.plot_drift(df, both)
+    plots.plot_drift(df[df["input_tokens"] == df["input_tokens"].min()], one, DRIFT_METRICS)
+    plots.plot_drift(df, both, DRIFT_METRICS)
     assert matplotlib.image.imread(both).shape[1] > matplotlib.image.imread(one).shape[1]
 
 
 def test_plot_drift_names_a_missing_column(tmp_path):
     df = pd.read_csv(DATA / "known.csv").drop(columns=["ttft_ms"])
-    with pytest.raises(stats.StatsInputError, match="ttft_ms"):
-        plots.plot_drift(df, tmp_path / "d.png")
+    with pytest.raises(StatsInputError, match="ttft_ms"):
+        plots.plot_drift(df, tmp_path / "d.png", DRIFT_METRICS)

@@ -57,7 +57,7 @@ def test_planted_identifiers_never_reach_the_bundle(planted):
         assert b"zq" not in low, f"{rel} still holds a planted 'zq' identifier"
         for planted_value in planted_strings():
             assert planted_value.lower().encode() not in low, f"{rel} leaks {planted_value!r}"
-    assert result["excluded"] == ["logs/server.log", "outputs/r01-candidate-256.json"]
+    assert result["excluded"] == ["logs/server.log", "outputs/r01-candidate-in256-out64.json"]
     assert result["findings"] == 0 and result["files"] == len(files) and result["patches_checked"]
     line = re.fullmatch(r"0 findings by detect-secrets \((\d+) plugins, independent of the scrubber\), by the "
                         r"scrubber's own 15 pattern rules and this machine's literal identifiers \((\d+) categories\) "
@@ -84,9 +84,9 @@ def test_manifest_lists_every_file_with_hash_and_schema(planted):
     manifest = json.loads((planted["out"] / "MANIFEST.json").read_text())
     entries = {e["path"]: e for e in manifest["files"]}
     assert entries["environment.json"]["schema"] == "pairbench.environment/v1"
-    assert entries["fixtures.json"]["schema"] == "pairbench.fixture_manifest/v1"
+    assert entries["fixtures.json"]["schema"] == "pairbench.fixture_manifest/v2"
     assert entries["tables/measurements.csv"]["schema"] == "pairbench.table/v1"
-    assert entries["tables/measurements.csv"]["categorical"] == ["arm", "length", "round"]
+    assert entries["tables/measurements.csv"]["categorical"] == ["arm", "condition", "round"]
     assert entries["README.md"]["schema"] is None
     assert manifest["source"] == {"patches": ["patches/0001-int8-path.patch", "patches/0002-version-tag.patch"],
                                   "patched_files": json.loads((DATA / "patched_files.json").read_text())}

@@ -9,9 +9,9 @@ import pytest
 
 from pairbench.analysis import runfacts, stats, tables
 from pairbench.core.artifacts import dumps, schema_id
+from pairbench.publish.assemble import stats_params
 from pairbench.publish.recompute import recompute_problems
 from pairbench.publish.statistics import statistics_section
-from pairbench.stages.publish import stats_params
 
 
 def measurements(effect=0.95, rounds=10, unproven_round=None, extra=()):
@@ -20,7 +20,8 @@ def measurements(effect=0.95, rounds=10, unproven_round=None, extra=()):
     for r in range(1, rounds + 1):
         for i, (arm, k) in enumerate((("A", 1.0), ("B", effect), *extra)):
             noise = 1 + 0.002 * ((r * 7 + (arm != "A") * 3 * i) % 5 - 2)
-            rows.append({"round": r, "arm": arm, "length": 64, "repeat": 1, "ok": True,
+            rows.append({"round": r, "arm": arm, "condition": "in64-out64", "input_tokens": 64, "output_tokens": 64,
+                         "repeat": 1, "ok": True,
                          "cold_cache": None if r == unproven_round else True, "selected": True, "reason": "",
                          "decode_tok_s": 20.0 * k * noise, "prefill_tok_s": 400.0 * noise, "ttft_ms": 160.0 / noise,
                          "e2e_ms": 3300.0 / noise, "prompt_tokens": 64, "kv_bytes": 1000 if arm == "A" else 260,
@@ -61,7 +62,7 @@ def test_a_forged_verdict_is_named(bundle):
     df.loc[df["metric"] == "decode_tok_s", "verdict"] = "faster"
     df.to_csv(path, index=False)
     [problem] = recompute_problems(bundle)
-    assert problem.startswith("tables/paired.csv: row 2 (candidate B, length 64, metric decode_tok_s): column 'verdict' is "
+    assert problem.startswith("tables/paired.csv: row 2 (candidate B, condition in64-out64, metric decode_tok_s): column 'verdict' is "
                               "'faster', the measurements give 'slower'")
 
 
@@ -70,7 +71,7 @@ def test_a_forged_number_is_named(bundle):
     df = pd.read_csv(path)
     df.loc[df["metric"] == "kv_bytes", "ratio"] = 0.2
     df.to_csv(path, index=False)
-    assert any("tables/memory.csv: row 2 (candidate B, length 64, metric kv_bytes): column 'ratio' is 0.2" in p
+    assert any("tables/memory.csv: row 2 (candidate B, condition in64-out64, metric kv_bytes): column 'ratio' is 0.2" in p
                for p in recompute_problems(bundle))
 
 
@@ -125,7 +126,7 @@ def test_a_forged_verdict_of_the_second_candidate_is_named(three_arms):
     df.loc[row, "verdict"] = "faster"
     df.to_csv(path, index=False)
     problems = recompute_problems(three_arms)
-    assert any(p.startswith(f"tables/paired.csv: row {df.index[row][0] + 2} (candidate C, length 64, metric "
+    assert any(p.startswith(f"tables/paired.csv: row {df.index[row][0] + 2} (candidate C, condition in64-out64, metric "
                             "decode_tok_s): column 'verdict' is 'faster'") for p in problems)
 
 

@@ -12,7 +12,7 @@ def _rec(missing=None, sandboxed=True):
         if missing is not None:
             v["isolation"] = {"applied": [layer for layer in ALL if layer not in missing], "missing": list(missing)}
         verdicts["python_function"] = v
-    return {"length": 8, "output_sha256": "0" * 64, "selected": True, "verdicts": verdicts}
+    return {"condition": "in8-out8", "output_sha256": "0" * 64, "selected": True, "verdicts": verdicts}
 
 
 def _validations(*records_per_visit):
@@ -58,8 +58,9 @@ def test_the_run_section_states_only_what_the_summary_records():
     from pairbench.analysis import stats
     from pairbench.publish.statistics import statistics_section
 
-    rows = [{"round": r, "arm": a, "length": 64, "selected": True, "decode_tok_s": 100.0 * (1.0 if a == "A" else 1.02)
-             * math.exp(0.001 * ((r * 3) % 7))} for r in range(1, 11) for a in ("A", "B")]
+    rows = [{"round": r, "arm": a, "condition": "in64-out64", "input_tokens": 64, "output_tokens": 64, "selected": True,
+             "decode_tok_s": 100.0 * (1.0 if a == "A" else 1.02) * math.exp(0.001 * ((r * 3) % 7))}
+            for r in range(1, 11) for a in ("A", "B")]
     s = stats.summarize_all(pd.DataFrame(rows), baseline="A", candidates=["B"], metrics=["decode_tok_s"])
     s["run"] = {"rounds": {"adaptive": True, "planned": 16, "run": 10, "min": 8, "max": 16, "block": 2,
                            "target_halfwidth": 0.02, "stop_reason": "stopped after 10 rounds: every primary interval "
@@ -88,12 +89,15 @@ def test_landing_has_one_verdict_table_over_every_candidate():
     from pairbench.publish.landing import verdict_rows
 
     paired = pd.DataFrame([
-        {"candidate": "int8", "length": 256, "metric": "decode_tok_s", "role": "primary", "hl_ratio": 0.91,
+        {"candidate": "int8", "condition": "in256-out64", "input_tokens": 256, "output_tokens": 64,
+         "metric": "decode_tok_s", "role": "primary", "hl_ratio": 0.91,
          "ci_low": 0.88, "ci_high": 0.94, "ci_level": 0.9875, "verdict": "slower"},
-        {"candidate": "int8", "length": 256, "metric": "ttft_ms", "role": "secondary", "hl_ratio": 1.0,
+        {"candidate": "int8", "condition": "in256-out64", "input_tokens": 256, "output_tokens": 64,
+         "metric": "ttft_ms", "role": "secondary", "hl_ratio": 1.0,
          "ci_low": 0.9, "ci_high": 1.1, "ci_level": 0.95, "verdict": None},
-        {"candidate": "grow", "length": 256, "metric": "decode_tok_s", "role": "primary", "hl_ratio": 1.0,
+        {"candidate": "grow", "condition": "in256-out64", "input_tokens": 256, "output_tokens": 64,
+         "metric": "decode_tok_s", "role": "primary", "hl_ratio": 1.0,
          "ci_low": None, "ci_high": None, "ci_level": 0.975, "verdict": "inconclusive"}])
     assert verdict_rows(paired) == [
-        ["``int8``", "256", "``decode_tok_s``", "0.910", "[0.880, 0.940] (98.8%)", "slower"],
-        ["``grow``", "256", "``decode_tok_s``", "1.000", "unbounded", "inconclusive"]]
+        ["``int8``", "``in256-out64``", "``decode_tok_s``", "0.910", "[0.880, 0.940] (98.8%)", "slower"],
+        ["``grow``", "``in256-out64``", "``decode_tok_s``", "1.000", "unbounded", "inconclusive"]]

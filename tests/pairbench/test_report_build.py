@@ -31,7 +31,7 @@ def test_no_build_section_for_engines_that_are_not_compiled():
 
 
 def test_crosscheck_section_states_the_agreement():
-    row = {"length": 256, "quantity": "prefill", "test": "pp256", "n_depth": 0, "metric": "engine_prefill_tok_s",
+    row = {"condition": "in256-out64", "quantity": "prefill", "test": "pp256", "n_depth": 0, "metric": "engine_prefill_tok_s",
            "baseline_tok_s": 150.0, "candidate_tok_s": 225.0, "baseline_stddev_tok_s": 3.0,
            "candidate_stddev_tok_s": 4.0, "tool_ratio": 1.5, "tool_direction": "faster", "pairbench_ratio": 1.48,
            "pairbench_ci_low": 1.45, "pairbench_ci_high": 1.52, "verdict": "faster", "direction": "agree",
@@ -39,7 +39,7 @@ def test_crosscheck_section_states_the_agreement():
     body = {"baseline": "baseline", "candidate": "candidate", "tool": "llama-bench", "noise": 0.01, "rounds": 3,
             "rows": [row], "direction_counts": {"agree": 1, "disagree": 0, "undecided": 0}, "size_within_ci": 1}
     text = "\n".join(crosscheck_section(body))
-    assert "| 256 | prefill | `pp256` | 150.0 ± 3.0 | 225.0 ± 4.0 | 1.500 | 1.480 [1.450, 1.520] | faster | agree | within CI |" in text
+    assert "| `in256-out64` | prefill | `pp256` | 150.0 ± 3.0 | 225.0 ± 4.0 | 1.500 | 1.480 [1.450, 1.520] | faster | agree | within CI |" in text
     assert ("**llama-bench and pairbench agree on the direction of the effect in 1 of 1 comparisons. "
             "llama-bench's ratio lies inside pairbench's confidence interval in 1 of 1.**") in text
     assert crosscheck_section(None) == []

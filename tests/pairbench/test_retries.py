@@ -6,8 +6,13 @@ from pairbench.core import naming
 from pairbench.validate import retries
 
 
-def entry(length, ok=True, flags=(), **verdicts):
-    return {"length": length, "ok": ok, "flags": list(flags), "selected": False,
+def cid(input_tokens):
+    """The condition id of *input_tokens* input tokens (64 output tokens)."""
+    return f"in{input_tokens}-out64"
+
+
+def entry(input_tokens, ok=True, flags=(), **verdicts):
+    return {"condition": cid(input_tokens), "ok": ok, "flags": list(flags), "selected": False,
             "verdicts": {case: {"verdict": v, "reason": f"{case} said {v}"} for case, v in verdicts.items()}}
 
 
@@ -20,7 +25,7 @@ def test_a_timeout_earns_a_retry_naming_the_case():
     v = validation(entry(256, python_function="timeout", token_counts="pass"),
                    entry(1024, python_function="pass", token_counts="pass"))
     assert retries.retry_reasons(v, ["timeout"]) == {
-        256: {"reason": "case python_function timeout: python_function said timeout", "kinds": ["timeout"]}}
+        "in256-out64": {"reason": "case python_function timeout: python_function said timeout", "kinds": ["timeout"]}}
 
 
 def test_only_records_whose_every_reason_is_retryable_are_retried():
@@ -31,10 +36,10 @@ def test_only_records_whose_every_reason_is_retryable_are_retried():
                    entry(4, ok=False, flags=["prompt_tokens: got 257, planned 256"], token_counts="fail"),
                    entry(5, python_function="pass", matches_baseline="skipped"))
     assert retries.retry_reasons(v, ["timeout"]) == {}
-    assert set(retries.retry_reasons(v, ["timeout", "fail"])) == {1, 3}
-    assert set(retries.retry_reasons(v, ["timeout", "gate"])) == {2}
-    assert set(retries.retry_reasons(v, ["timeout", "fail", "gate"])) == {1, 2, 3, 4}
-    why = retries.retry_reasons(v, ["timeout", "gate"])[2]
+    assert set(retries.retry_reasons(v, ["timeout", "fail"])) == {cid(1), cid(3)}
+    assert set(retries.retry_reasons(v, ["timeout", "gate"])) == {cid(2)}
+    assert set(retries.retry_reasons(v, ["timeout", "fail", "gate"])) == {cid(1), cid(2), cid(3), cid(4)}
+    why = retries.retry_reasons(v, ["timeout", "gate"])[cid(2)]
     assert why == {"reason": "gate cold_cache: 7 prompt tokens came from the cache; "
                              "case python_function timeout: python_function said timeout",
                    "kinds": ["gate", "timeout"]}
@@ -67,9 +72,9 @@ def test_keys_and_labels_match_the_file_names():
 def measure(visit_id, records, attempt=1, retry=0, reasons=()):
     rnd, arm = int(visit_id[1:3]), visit_id.split("-", 1)[1]
     body = {"visit": {"id": visit_id, "round": rnd, "arm": arm}, "attempt": attempt,
-            "records": [{"length": n} for n in records]}
+            "records": [{"condition": cid(n), "input_tokens": n, "output_tokens": 64} for n in records]}
     if retry:
-        body.update({"retry": retry, "retry_reasons": [{"length": n, "reason": f"case python_function {k}: x",
+        body.update({"retry": retry, "retry_reasons": [{"condition": cid(n), "reason": f"case python_function {k}: x",
                                                         "kinds": [k]} for n, k in reasons]})
     return body
 
@@ -77,8 +82,8 @@ def measure(visit_id, records, attempt=1, retry=0, reasons=()):
 def table(rows):
     import pandas as pd
 
-    return pd.DataFrame([dict(zip(("round", "arm", "length", "attempt", "retry", "selected", "reason"), r))
-                         for r in rows])
+    return pd.DataFrame([dict(zip(("round", "arm", "condition", "attempt", "retry", "selected", "reason"),
+                                  (rnd, arm, cid(n), *rest))) for rnd, arm, n, *rest in rows])
 
 
 def test_report_lists_every_retry_with_its_reason_and_outcome():
@@ -97,13 +102,13 @@ def test_report_lists_every_retry_with_its_reason_and_outcome():
     assert ("Retries: 3 disclosed: 1 engine-fault re-attempt(s) of a measurement job and 2 partial-visit "
             "validation retry(ies) (2 validator timeout).") in text
     assert "- r01-c: attempt 2: an engine fault failed the earlier attempt(s)" in text
-    assert ("- r02-c retry 1, length 256 (partial visit, validator timeout): the visit's own measurement was "
+    assert ("- r02-c retry 1, `in256-out64` (partial visit, validator timeout): the visit's own measurement was "
             "excluded: case python_function timeout: x. Re-measured after every visit; its new record was "
             "excluded too and then superseded by retry 2;") in text
-    assert "- r02-c retry 1, length 1024 (partial visit, validator timeout): the visit's own measurement " \
+    assert "- r02-c retry 1, `in1024-out64` (partial visit, validator timeout): the visit's own measurement " \
            "was excluded: case python_function timeout: x. Re-measured after every visit; its new record " \
            "passed and is the one used;" in text
-    assert "- r02-c retry 2, length 256 (partial visit, validator timeout): retry 1 was excluded" in text
+    assert "- r02-c retry 2, `in256-out64` (partial visit, validator timeout): retry 1 was excluded" in text
     assert text.count("its new record was excluded too;") == 1
     assert "Retries: none" in "\n".join(retries_section(measures[:1], df.iloc[:2]))
 
@@ -114,7 +119,8 @@ def test_landing_page_has_a_row_per_retried_record():
     df = table([(1, "b", 256, 1, 0, True, ""), (1, "c", 256, 2, 0, True, ""), (1, "c", 1024, 2, 0, True, ""),
                 (2, "c", 256, 1, 0, False, "superseded by retry 2"), (2, "c", 256, 1, 1, False, "superseded by retry 2"),
                 (2, "c", 256, 1, 2, True, ""), (2, "c", 1024, 1, 1, False, "case python_function timeout")])
-    assert retry_rows(df) == [["1", "c", "256", "2", "0", "used"], ["1", "c", "1024", "2", "0", "used"],
-                              ["2", "c", "256", "1", "1", "superseded by retry 2"],
-                              ["2", "c", "1024", "1", "1", "excluded"], ["2", "c", "256", "1", "2", "used"]]
+    assert retry_rows(df) == [["1", "c", "in256-out64", "2", "0", "used"], ["1", "c", "in1024-out64", "2", "0", "used"],
+                              ["2", "c", "in256-out64", "1", "1", "superseded by retry 2"],
+                              ["2", "c", "in1024-out64", "1", "1", "excluded"],
+                              ["2", "c", "in256-out64", "1", "2", "used"]]
     assert retry_rows(df.drop(columns=["attempt", "retry"])) == []

@@ -26,7 +26,8 @@ def test_detector_finds_and_scrubber_removes(detector, text):
 NEGATIVES = [
     "python 3.11.7, torch 2.13.0+cpu, pairbench 0.1.0, driver 550.54.15, CUDA 12.4",
     "pin: gguf==0.10.0.1 and tokenizers>=0.20.3.4, release v1.2.3.4",
-    "round,arm,length,ttft_ms\n1,baseline,256,120.5\n2,candidate,1024,1.25e3\n",
+    "round,arm,condition,input_tokens,output_tokens,ttft_ms\n1,baseline,in256-out64,256,64,120.5\n"
+    "2,candidate,in1024-out64,1024,64,1.25e3\n",
     '{"prompt_tokens": 256, "max_tokens": 64, "tokens_cached": 0, "kv_bytes": 1048576}',
     '{"sha256": "2d711642b726b04401627ca9fbac32f5c8530fb1903cc4db02258717921a4881"}',
     "index 308af67..87748c7 100644",

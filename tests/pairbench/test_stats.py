@@ -20,6 +20,7 @@ import scipy.stats
 
 from pairbench.core import artifacts
 from pairbench.analysis import signrank, stats, verdicts as pb_verdicts
+from pairbench.analysis.describe import default_trim, trimmed_mean
 from pairbench.analysis.tables import summary_tables
 from pairbench.publish.statistics import statistics_section
 
@@ -43,7 +44,7 @@ def expected():
 
 
 def verdicts(summary: dict, role: str = "primary") -> dict:
-    return {(length, m): p["verdict"] for length, by in summary["paired"].items()
+    return {(cid, m): p["verdict"] for cid, by in summary["paired"].items()
             for m, p in by.items() if p["role"] == role}
 
 
@@ -63,20 +64,25 @@ def stamped(summary: dict) -> dict:
 KNOWN = {"baseline": "stock", "candidate": "patched", "metrics": ["decode_tok_s"], "secondary": ["ttft_ms"]}
 
 
-def frame(d_by_length: dict, metric: str = "decode_tok_s", base: float = 100.0) -> pd.DataFrame:
+def cond(input_tokens: int) -> dict:
+    """The table's condition columns at one input length (64 output tokens): the id, one per factor."""
+    return {"condition": f"in{input_tokens}-out64", "input_tokens": input_tokens, "output_tokens": 64}
+
+
+def frame(d_by_input: dict, metric: str = "decode_tok_s", base: float = 100.0) -> pd.DataFrame:
     """Baseline *base* in every round, candidate base * exp(d): the log differences are exactly d."""
     rows = []
-    for length, d in d_by_length.items():
+    for n, d in d_by_input.items():
         for r, di in enumerate(d, start=1):
-            rows.append({"round": r, "arm": "A", "length": length, "selected": True, metric: base})
-            rows.append({"round": r, "arm": "B", "length": length, "selected": True, metric: base * math.exp(di)})
+            rows.append({"round": r, "arm": "A", **cond(n), "selected": True, metric: base})
+            rows.append({"round": r, "arm": "B", **cond(n), "selected": True, metric: base * math.exp(di)})
     return pd.DataFrame(rows)
 
 
 def one(d, metric="decode_tok_s", **kw) -> dict:
     s = stats.summarize(frame({64: d}, metric), baseline="A", candidate="B", metrics=[metric], secondary=[],
                         memory=[], **kw)
-    return s["paired"]["64"][metric]
+    return s["paired"]["in64-out64"][metric]
 
 
 def ramp(center: float, step: float, n: int = 10) -> list[float]:
@@ -126,7 +132,7 @@ def test_hodges_lehmann_matches_brute_force_walsh_averages():
     for n in (1, 2, 7, 10, 13):
         x = rng.normal(size=n)
         walsh = [(a + b) / 2 for a, b in itertools.combinations_with_replacement(x, 2)]
-        assert float(stats.hodges_lehmann(x)) == pytest.approx(statistics.median(walsh))
+        assert float(signrank.hodges_lehmann(x)) == pytest.approx(statistics.median(walsh))
 
 
 # --------------------------------------------------------------------------- every verdict path
@@ -205,7 +211,8 @@ def test_no_path_from_missing_values_to_a_claim():
     df = frame({64: ramp(math.log(2.0), 0.01, n=7)})
     df.loc[(df["arm"] == "B") & (df["round"] == 1), "decode_tok_s"] = 0.0
     df.loc[(df["arm"] == "B") & (df["round"] == 2), "decode_tok_s"] = np.nan
-    p = stats.summarize(df, baseline="A", candidate="B", metrics=["decode_tok_s"])["paired"]["64"]["decode_tok_s"]
+    s = stats.summarize(df, baseline="A", candidate="B", metrics=["decode_tok_s"])
+    p = s["paired"]["in64-out64"]["decode_tok_s"]
     assert (p["n_pairs"], p["n_invalid_pairs"], p["verdict"]) == (5, 2, "inconclusive")
 
 
@@ -213,7 +220,7 @@ def test_secondary_metrics_are_shown_not_tested():
     df = frame({64: ramp(math.log(1.05), 0.002)})
     df["ttft_ms"] = 1000.0 / df["decode_tok_s"]
     s = stats.summarize(df, baseline="A", candidate="B", metrics=["decode_tok_s"], secondary=["ttft_ms"])
-    p = s["paired"]["64"]["ttft_ms"]
+    p = s["paired"]["in64-out64"]["ttft_ms"]
     assert p["role"] == "secondary" and p["verdict"] is None and p["ci_low"] is not None
     assert s["params"]["family_size"] == 1
 
@@ -228,30 +235,31 @@ def holm_frame(strong_a: bool) -> pd.DataFrame:
 
 def test_holm_judges_the_second_claim_at_alpha_over_one():
     s = stats.summarize(holm_frame(True), baseline="A", candidate="B", metrics=["decode_tok_s"])
-    a, b = s["paired"]["256"]["decode_tok_s"], s["paired"]["512"]["decode_tok_s"]
+    a, b = s["paired"]["in256-out64"]["decode_tok_s"], s["paired"]["in512-out64"]["decode_tok_s"]
     assert a["claim_p"] == pytest.approx(2 / 1024) and b["claim_p"] == pytest.approx(2 / 64)
     assert (a["family_rank"], a["ci_level"]) == (1, pytest.approx(1 - 0.05 / 2))
     assert (b["family_rank"], b["ci_level"]) == (2, pytest.approx(1 - 0.05))
     assert a["verdict"] == b["verdict"] == "faster"
     bonf = stats.summarize(holm_frame(True), baseline="A", candidate="B", metrics=["decode_tok_s"],
-                           multiplicity="bonferroni")["paired"]["512"]["decode_tok_s"]
+                           multiplicity="bonferroni")["paired"]["in512-out64"]["decode_tok_s"]
     assert bonf["verdict"] == "inconclusive"  # 0.03125 is not below 0.05 / 2
 
 
 def test_holm_stops_at_the_first_comparison_it_cannot_claim():
     s = stats.summarize(holm_frame(False), baseline="A", candidate="B", metrics=["decode_tok_s"])
-    b = s["paired"]["512"]["decode_tok_s"]
+    b = s["paired"]["in512-out64"]["decode_tok_s"]
     assert b["family_rank"] == 1 and b["ci_level"] == pytest.approx(0.975) and b["verdict"] == "inconclusive"
-    assert s["paired"]["256"]["decode_tok_s"]["ci_level"] == pytest.approx(0.975)  # stopped: same level
+    assert s["paired"]["in256-out64"]["decode_tok_s"]["ci_level"] == pytest.approx(0.975)  # stopped: same level
     none = stats.summarize(holm_frame(False), baseline="A", candidate="B", metrics=["decode_tok_s"],
-                           multiplicity="none")["paired"]["512"]["decode_tok_s"]
+                           multiplicity="none")["paired"]["in512-out64"]["decode_tok_s"]
     assert none["verdict"] == "faster"
 
 
-def arms_frame(d_by_arm: dict, length: int = 64, base: float = 100.0) -> pd.DataFrame:
+def arms_frame(d_by_arm: dict, input_tokens: int = 64, base: float = 100.0) -> pd.DataFrame:
     """Baseline A at *base* in rounds 1..10; each candidate base * exp(d) in rounds 1..len(d)."""
-    rows = [{"round": r, "arm": "A", "length": length, "selected": True, "decode_tok_s": base} for r in range(1, 11)]
-    rows += [{"round": r, "arm": arm, "length": length, "selected": True, "decode_tok_s": base * math.exp(di)}
+    rows = [{"round": r, "arm": "A", **cond(input_tokens), "selected": True, "decode_tok_s": base}
+            for r in range(1, 11)]
+    rows += [{"round": r, "arm": arm, **cond(input_tokens), "selected": True, "decode_tok_s": base * math.exp(di)}
              for arm, d in d_by_arm.items() for r, di in enumerate(d, start=1)]
     return pd.DataFrame(rows)
 
@@ -271,7 +279,7 @@ def test_one_candidate_run_is_the_pair_summary():
 def test_holm_family_spans_every_candidate():
     run = stats.summarize_all(arms_frame({"B": STRONG, "C": SIX}), baseline="A", candidates=["B", "C"],
                               metrics=["decode_tok_s"], secondary=[], memory=[])
-    b, c = (run["comparisons"][k]["paired"]["64"]["decode_tok_s"] for k in ("B", "C"))
+    b, c = (run["comparisons"][k]["paired"]["in64-out64"]["decode_tok_s"] for k in ("B", "C"))
     assert (b["family_rank"], b["ci_level"], b["verdict"]) == (1, pytest.approx(1 - 0.05 / 2), "faster")
     assert (c["family_rank"], c["ci_level"], c["verdict"]) == (2, pytest.approx(1 - 0.05), "faster")
     assert run["params"]["family_size"] == 2 and run["params"]["width_level"] == pytest.approx(0.025)
@@ -282,18 +290,18 @@ def test_a_third_candidate_that_claims_nothing_raises_the_bar_for_the_others():
     # alone with B, C's 0.03125 is judged at 0.05 (above); with a null D, Holm stops at C: 0.05 / 2
     run = stats.summarize_all(arms_frame({"B": STRONG, "C": SIX, "D": ramp(0.0, 0.05)}), baseline="A",
                               candidates=["B", "C", "D"], metrics=["decode_tok_s"], secondary=[], memory=[])
-    got = {k: run["comparisons"][k]["paired"]["64"]["decode_tok_s"] for k in ("B", "C", "D")}
+    got = {k: run["comparisons"][k]["paired"]["in64-out64"]["decode_tok_s"] for k in ("B", "C", "D")}
     assert {k: (p["family_rank"], round(1 - p["ci_level"], 6), p["verdict"]) for k, p in got.items()} == {
         "B": (1, round(0.05 / 3, 6), "faster"), "C": (2, 0.025, "inconclusive"), "D": (3, 0.025, "inconclusive")}
     alone = stats.summarize(arms_frame({"C": SIX}), baseline="A", candidate="C", metrics=["decode_tok_s"],
                             secondary=[], memory=[])
-    assert alone["paired"]["64"]["decode_tok_s"]["verdict"] == "faster"
+    assert alone["paired"]["in64-out64"]["decode_tok_s"]["verdict"] == "faster"
 
 
 def test_bonferroni_across_candidates_splits_alpha_by_the_whole_family():
     run = stats.summarize_all(arms_frame({"B": STRONG, "C": SIX}), baseline="A", candidates=["B", "C"],
                               metrics=["decode_tok_s"], secondary=[], memory=[], multiplicity="bonferroni")
-    c = run["comparisons"]["C"]["paired"]["64"]["decode_tok_s"]
+    c = run["comparisons"]["C"]["paired"]["in64-out64"]["decode_tok_s"]
     assert (c["ci_level"], c["verdict"]) == (pytest.approx(1 - 0.025), "inconclusive")
 
 
@@ -303,13 +311,13 @@ def test_the_report_has_one_verdict_table_over_every_candidate():
                                                 memory=[]))
     assert "Candidates `B`, `C`, each against baseline `A`" in md
     assert ("Holm's step-down procedure across the 2 primary comparisons (2 candidates × primary metrics × "
-            "lengths, one family)") in md
+            "conditions, one family)") in md
     # B, n = 10 at 2.5%: c = 5 (P(T <= 5) = 10/1024), so [W(6), W(50)] = 1.2 exp(∓0.03);
     # C, n = 6 at 5%: c = 0, so the extreme Walsh averages, 1.2 exp(∓0.025)
     table = [line for line in md.splitlines() if line.startswith("| `")]
-    assert table == ["| `B` | 64 | `decode_tok_s` | **faster** | 1.2000 | 1.1645–1.2365 (97.50%) | 10 |",
-                     "| `C` | 64 | `decode_tok_s` | **faster** | 1.2000 | 1.1704–1.2304 (95.00%) | 6 |"]
-    assert "- unpaired (partial visit): `A` round 7, 64 tokens has no partner in `C` against `A`" in md
+    assert table == ["| `B` | `in64-out64` | `decode_tok_s` | **faster** | 1.2000 | 1.1645–1.2365 (97.50%) | 10 |",
+                     "| `C` | `in64-out64` | `decode_tok_s` | **faster** | 1.2000 | 1.1704–1.2304 (95.00%) | 6 |"]
+    assert "- unpaired (partial visit): `A` round 7, `in64-out64` has no partner in `C` against `A`" in md
     assert "no partner in `B`" not in md
 
 
@@ -376,7 +384,7 @@ def memory_frame(rss_varies: bool) -> pd.DataFrame:
 
 def test_constant_memory_gets_the_exact_ratio_and_no_test():
     s = stats.summarize(memory_frame(False), baseline="A", candidate="B", metrics=["decode_tok_s"])
-    kv = s["memory"]["256"]["kv_bytes"]
+    kv = s["memory"]["in256-out64"]["kv_bytes"]
     assert kv["exact"] is True and kv["ratio"] == pytest.approx(13.1 / 50.9) and kv["verdict"] == "smaller"
     assert kv["test"] is None and s["params"]["memory_family_size"] == 0
     md = report(memory_frame(False), baseline="A", candidate="B", metrics=["decode_tok_s"])
@@ -386,16 +394,17 @@ def test_constant_memory_gets_the_exact_ratio_and_no_test():
 
 def test_varying_memory_is_tested_in_its_own_family():
     s = stats.summarize(memory_frame(True), baseline="A", candidate="B", metrics=["decode_tok_s"])
-    rss = s["memory"]["256"]["peak_rss_bytes"]
+    rss = s["memory"]["in256-out64"]["peak_rss_bytes"]
     assert rss["exact"] is False and rss["verdict"] == "smaller" and rss["test"]["ci_high"] < 0.99
     assert s["params"]["memory_family_size"] == 1 and s["params"]["family_size"] == 1
-    assert s["paired"]["256"]["decode_tok_s"]["ci_level"] == pytest.approx(0.95)  # speed family untouched
+    assert s["paired"]["in256-out64"]["decode_tok_s"]["ci_level"] == pytest.approx(0.95)  # speed family untouched
 
 
 def test_memory_not_recorded_is_said_so():
     df = memory_frame(False)
     df["peak_rss_bytes"] = 0
-    m = stats.summarize(df, baseline="A", candidate="B", metrics=["decode_tok_s"])["memory"]["256"]["peak_rss_bytes"]
+    s = stats.summarize(df, baseline="A", candidate="B", metrics=["decode_tok_s"])
+    m = s["memory"]["in256-out64"]["peak_rss_bytes"]
     assert m["ratio"] is None and m["verdict"] == "inconclusive" and m["reason"] == "not recorded for A and B"
 
 
@@ -405,15 +414,16 @@ def test_the_paired_unit_is_the_visit_median_of_its_repeats():
     rows = []
     for r in range(1, 11):
         for rep, (a, b) in enumerate([(100, 110), (100, 111), (100, 300)], start=1):  # one wild repeat
-            rows += [{"round": r, "arm": "A", "length": 8, "repeat": rep, "selected": True, "decode_tok_s": a},
-                     {"round": r, "arm": "B", "length": 8, "repeat": rep, "selected": True, "decode_tok_s": b}]
+            rows += [{"round": r, "arm": "A", **cond(8), "repeat": rep, "selected": True, "decode_tok_s": a},
+                     {"round": r, "arm": "B", **cond(8), "repeat": rep, "selected": True, "decode_tok_s": b}]
     s = stats.summarize(pd.DataFrame(rows), baseline="A", candidate="B", metrics=["decode_tok_s"])
-    p = s["paired"]["8"]["decode_tok_s"]
+    p = s["paired"]["in8-out64"]["decode_tok_s"]
     assert [q["ratio"] for q in p["pairs"]] == [pytest.approx(1.11)] * 10
     assert p["pairs"][0]["n_candidate"] == 3 and s["counts"]["max_repeats"] == 3
-    assert s["arms"]["B"]["8"]["decode_tok_s"]["n"] == 30 and s["arms"]["B"]["8"]["decode_tok_s"]["n_visits"] == 10
+    b = s["arms"]["B"]["in8-out64"]["decode_tok_s"]
+    assert b["n"] == 30 and b["n_visits"] == 10
     dup = pd.concat([pd.DataFrame(rows), pd.DataFrame(rows[:1])])
-    with pytest.raises(stats.StatsInputError, match="length 8, round 1, repeat 1"):
+    with pytest.raises(stats.StatsInputError, match="condition in8-out64, round 1, repeat 1"):
         stats.summarize(dup, baseline="A", candidate="B", metrics=["decode_tok_s"])
 
 
@@ -422,66 +432,66 @@ def test_a_pair_whose_side_a_validation_retry_measured_is_dropped_and_disclosed(
     df["retry"] = 0
     df.loc[(df["arm"] == "B") & (df["round"] == 3), "retry"] = 1
     s = stats.summarize(df, baseline="A", candidate="B", metrics=["decode_tok_s"])
-    p = s["paired"]["64"]["decode_tok_s"]
+    p = s["paired"]["in64-out64"]["decode_tok_s"]
     assert (p["n_pairs"], p["n_dropped_pairs"], p["n_invalid_pairs"]) == (9, 1, 0)
-    assert s["disclosures"]["dropped_pairs"] == [{"length": 64, "round": 3, "arm": "B"}]
-    assert s["arms"]["B"]["64"]["decode_tok_s"]["n"] == 10  # the cell still counts per arm
-    assert ("pair dropped: round 3, 64 tokens: the `B` cell was re-measured"
+    assert s["disclosures"]["dropped_pairs"] == [{"condition": "in64-out64", "round": 3, "arm": "B"}]
+    assert s["arms"]["B"]["in64-out64"]["decode_tok_s"]["n"] == 10  # the cell still counts per arm
+    assert ("pair dropped: round 3, `in64-out64`: the `B` cell was re-measured"
             in report(df, baseline="A", candidate="B", metrics=["decode_tok_s"]))
 
 
 # --------------------------------------------------------------------------- known answers
 
 def test_estimators_on_hand_derived_values():
-    assert stats.trimmed_mean([1, 2, 3, 4, 5, 6, 7, 8, 20, 100], 1) == pytest.approx(6.875)
-    assert stats.trimmed_mean([1, 2, 3, 4, 5, 6, 7, 8, 20, 100], 0) == pytest.approx(15.6)
-    assert np.isnan(stats.trimmed_mean([1, 2], 1))
-    assert float(stats.hodges_lehmann(np.array([0.0, 1.0, 2.0, 3.0]))) == pytest.approx(1.5)
-    assert stats.min_attainable_wilcoxon_p(5) == pytest.approx(0.0625)
-    assert stats.min_attainable_wilcoxon_p(6) == pytest.approx(0.03125)
-    assert [stats.default_trim(n) for n in (3, 4, 5, 9, 10, 19, 20)] == [0, 0, 1, 1, 1, 1, 2]
+    assert trimmed_mean([1, 2, 3, 4, 5, 6, 7, 8, 20, 100], 1) == pytest.approx(6.875)
+    assert trimmed_mean([1, 2, 3, 4, 5, 6, 7, 8, 20, 100], 0) == pytest.approx(15.6)
+    assert np.isnan(trimmed_mean([1, 2], 1))
+    assert float(signrank.hodges_lehmann(np.array([0.0, 1.0, 2.0, 3.0]))) == pytest.approx(1.5)
+    assert signrank.min_attainable_p(5) == pytest.approx(0.0625)
+    assert signrank.min_attainable_p(6) == pytest.approx(0.03125)
+    assert [default_trim(n) for n in (3, 4, 5, 9, 10, 19, 20)] == [0, 0, 1, 1, 1, 1, 2]
 
 
 def test_per_arm_known_answers(known, expected):
     _, s = known
-    for arm, by_len in expected["arms"].items():
-        for length, by_metric in by_len.items():
+    for arm, by_cond in expected["arms"].items():
+        for cid, by_metric in by_cond.items():
             for metric, want in by_metric.items():
-                got = s["arms"][arm][length][metric]
+                got = s["arms"][arm][cid][metric]
                 for key in ("n", "median", "min", "max", "trimmed_mean", "trim_per_end"):
-                    assert got[key] == pytest.approx(want[key]), (arm, length, metric, key)
+                    assert got[key] == pytest.approx(want[key]), (arm, cid, metric, key)
 
 
 def test_paired_known_answers(known, expected):
     _, s = known
-    for length, by_metric in expected["paired"].items():
+    for cid, by_metric in expected["paired"].items():
         for metric, want in by_metric.items():
-            got = s["paired"][length][metric]
+            got = s["paired"][cid][metric]
             for key, value in want.items():
                 if key != "why":
                     assert (got[key] == pytest.approx(value)) if not isinstance(value, str) else got[key] == value, key
-    k = np.log2([p["ratio"] for p in s["paired"]["256"]["decode_tok_s"]["pairs"]])
+    k = np.log2([p["ratio"] for p in s["paired"]["in256-out64"]["decode_tok_s"]["pairs"]])
     walsh = [(a + b) / 2 for a, b in itertools.combinations_with_replacement(k, 2)]
-    assert s["paired"]["256"]["decode_tok_s"]["hl_ratio"] == pytest.approx(2 ** statistics.median(walsh))
+    assert s["paired"]["in256-out64"]["decode_tok_s"]["hl_ratio"] == pytest.approx(2 ** statistics.median(walsh))
 
 
 def test_explicit_trim_is_per_end_and_too_large_a_trim_gives_null():
     df = load("known.csv")
     s = stats.summarize(df, baseline="stock", candidate="patched", metrics=["decode_tok_s"], trim=2)
-    d = s["arms"]["stock"]["256"]["decode_tok_s"]
+    d = s["arms"]["stock"]["in256-out64"]["decode_tok_s"]
     assert d["trim_per_end"] == 2 and d["trimmed_mean"] == pytest.approx((3 + 4 + 5 + 6 + 7 + 8) / 6)
-    assert s["arms"]["stock"]["512"]["decode_tok_s"]["trimmed_mean"] is None  # 4 samples, 2+2 dropped
+    assert s["arms"]["stock"]["in512-out64"]["decode_tok_s"]["trimmed_mean"] is None  # 4 samples, 2+2 dropped
 
 
 def test_only_selected_rows_count_and_the_rest_are_listed_with_reasons(known):
     _, s = known
-    assert s["arms"]["stock"]["256"]["decode_tok_s"]["max"] == 100  # the 999 of the failed row is out
+    assert s["arms"]["stock"]["in256-out64"]["decode_tok_s"]["max"] == 100  # the 999 of the failed row is out
     excluded = {(e["arm"], e["round"], e["reason"]) for e in s["disclosures"]["excluded"]}
     assert excluded == {("stock", 11, "prompt_tokens: got 257, planned 256"),
                         ("patched", 3, "superseded: visit retried after connection reset")}
     assert s["counts"] == {"rows": 30, "selected": 28, "excluded": 2, "retries": 1, "unpaired": 0,
                            "dropped_pairs": 0, "max_repeats": 1}
-    assert s["disclosures"]["retries"] == [{"arm": "patched", "length": 256, "round": 3, "attempt": 2, "retry": 0,
+    assert s["disclosures"]["retries"] == [{"arm": "patched", "condition": "in256-out64", "round": 3, "attempt": 2, "retry": 0,
                                             "selected": False}]
 
 
@@ -510,26 +520,26 @@ def test_injected_effect_on_recorded_aa_shifts_estimate_and_interval_by_exactly_
     inj = df.copy()
     inj.loc[inj["arm"] == "B", "decode_tok_s"] *= k
     s = stats.summarize(inj, baseline="A", candidate="B", metrics=["decode_tok_s"], memory=[], multiplicity="none")
-    for length, by in s["paired"].items():
-        a, b = base["paired"][length]["decode_tok_s"], by["decode_tok_s"]
+    for cid, by in s["paired"].items():
+        a, b = base["paired"][cid]["decode_tok_s"], by["decode_tok_s"]
         for key in ("hl_ratio", "median_ratio", "ci_low", "ci_high"):
             if a[key] is not None:
-                assert b[key] == pytest.approx(k * a[key], rel=1e-9), (length, key)
+                assert b[key] == pytest.approx(k * a[key], rel=1e-9), (cid, key)
 
 
 # --------------------------------------------------------------------------- disclosures
 
 def test_slow_samples_are_flagged_and_retained(known, expected):
     df, s = known
-    got = {(f["arm"], f["length"], f["metric"], f["round"]): f for f in s["disclosures"]["slow_samples"]
+    got = {(f["arm"], f["condition"], f["metric"], f["round"]): f for f in s["disclosures"]["slow_samples"]
            if f["arm"] == "stock"}
-    want = {(w["arm"], w["length"], w["metric"], w["round"]): w for w in expected["slow_samples"]}
+    want = {(w["arm"], w["condition"], w["metric"], w["round"]): w for w in expected["slow_samples"]}
     assert got.keys() == want.keys()
     for key, w in want.items():
         assert got[key]["side"] == w["side"]
         assert got[key]["robust_z"] == pytest.approx(w["robust_z"], abs=1e-3)
-    assert s["arms"]["stock"]["256"]["ttft_ms"]["max"] == 200
-    assert s["arms"]["stock"]["256"]["ttft_ms"]["n"] == 10
+    assert s["arms"]["stock"]["in256-out64"]["ttft_ms"]["max"] == 200
+    assert s["arms"]["stock"]["in256-out64"]["ttft_ms"]["n"] == 10
     assert "retained" in report(df, **KNOWN)
 
 
@@ -545,10 +555,10 @@ def test_median_trimmed_disagreement_of_the_seed_report_is_disclosed():
 
 def test_unpaired_rounds_are_disclosed_and_left_out_of_pairs():
     df = load("known.csv")
-    df = df[~((df["arm"] == "patched") & (df["round"] == 2) & (df["length"] == 256))]
+    df = df[~((df["arm"] == "patched") & (df["round"] == 2) & (df["condition"] == "in256-out64"))]
     s = stats.summarize(df, baseline="stock", candidate="patched", metrics=["decode_tok_s"])
-    assert s["disclosures"]["unpaired"] == [{"arm": "stock", "length": 256, "round": 2}]
-    assert s["paired"]["256"]["decode_tok_s"]["n_pairs"] == 9
+    assert s["disclosures"]["unpaired"] == [{"arm": "stock", "condition": "in256-out64", "round": 2}]
+    assert s["paired"]["in256-out64"]["decode_tok_s"]["n_pairs"] == 9
     assert ("unpaired (partial visit): `stock` round 2"
             in report(df, baseline="stock", candidate="patched", metrics=["decode_tok_s"]))
 
@@ -558,7 +568,7 @@ def test_unpaired_rounds_are_disclosed_and_left_out_of_pairs():
     (lambda d: d.drop(columns=["ttft_ms"]), "ttft_ms"),
     (lambda d: d.assign(selected="maybe"), "selected"),
     (lambda d: d.assign(decode_tok_s="fast"), "decode_tok_s"),
-    (lambda d: pd.concat([d, d.iloc[[0]]]), "more than one selected row for arm 'stock', length 256, round 1"),
+    (lambda d: pd.concat([d, d.iloc[[0]]]), "more than one selected row for arm 'stock', condition in256-out64, round 1"),
     (lambda d: d.assign(ok=d["round"] != 4), "selected but failed a gate .* round 4"),
 ])
 def test_bad_input_names_the_culprit(mutate, match):
@@ -589,8 +599,8 @@ def test_summary_validates_against_schema_and_round_trips(tmp_path, known):
 def test_schema_rejects_a_verdict_outside_the_vocabulary(known):
     df, _ = known
     bad = json.loads(json.dumps(stamped(whole(df, **KNOWN))))
-    bad["comparisons"]["patched"]["paired"]["256"]["decode_tok_s"]["verdict"] = "no detectable difference"
-    with pytest.raises(artifacts.ArtifactError, match="comparisons/patched/paired/256/decode_tok_s/verdict"):
+    bad["comparisons"]["patched"]["paired"]["in256-out64"]["decode_tok_s"]["verdict"] = "no detectable difference"
+    with pytest.raises(artifacts.ArtifactError, match="comparisons/patched/paired/in256-out64/decode_tok_s/verdict"):
         artifacts.validate("summary", bad)
 
 
@@ -607,20 +617,21 @@ def test_tables_hold_only_numbers_and_allowlisted_categories(known):
     assert len(tables["summary"]) == 2 * 2 * 2 and len(tables["paired"]) == 2 * 2
     assert len(tables["ratios"]) == 10 * 2 + 4 * 2
     assert set(tables["paired"]["candidate"]) == {"patched"}
-    allowed = {"candidate", "arm", "metric", "verdict", "role"}
+    allowed = {"candidate", "arm", "condition", "metric", "verdict", "role"}
     for name, t in tables.items():
         for col in (t.columns if len(t) else []):
             if col not in allowed:
                 assert pd.api.types.is_numeric_dtype(t[col]) or pd.api.types.is_bool_dtype(t[col]), (name, col)
-    row = tables["paired"].set_index(["candidate", "length", "metric"]).loc[("patched", 512, "decode_tok_s")]
+    row = tables["paired"].set_index(["candidate", "condition", "metric"]).loc[("patched", "in512-out64", "decode_tok_s")]
     assert row["hl_ratio"] == pytest.approx(2 ** 1.5) and row["verdict"] == "inconclusive"
 
 
 def test_report_speaks_plain_language():
     md = report(frame({64: ramp(math.log(1.041), 0.004)}), baseline="A", candidate="B", metrics=["decode_tok_s"])
     assert md.startswith("## Statistics")
-    line = next(l for l in md.splitlines() if "at 64 tokens" in l and "decode" in l)
-    assert line.startswith("- **faster**: decode throughput (`decode_tok_s`) at 64 tokens is 4.1% higher")
+    line = next(l for l in md.splitlines() if "at 64 input tokens, 64 output tokens" in l and "decode" in l)
+    assert line.startswith("- **faster**: decode throughput (`decode_tok_s`) at 64 input tokens, 64 output tokens "
+                           "is 4.1% higher")
     assert "95.00% interval" in line and "p = " in line
     inc = report(frame({64: ramp(0.0, 0.02)}), baseline="A", candidate="B", metrics=["decode_tok_s"])
     line = next(l for l in inc.splitlines() if l.startswith("- **inconclusive**"))

@@ -1,7 +1,7 @@
 """Simulation study of the verdict procedure on noise resampled from real A/A runs of the engine.
 
 The pools are the per-round paired log differences (visit medians, as the statistics pair them) of
-each A/A recording in tests/data/stats/aa_*.csv, one pool per file × primary metric × length. A
+each A/A recording in tests/data/stats/aa_*.csv, one pool per file × primary metric × condition. A
 replicate draws n of them with replacement and flips each sign at random: the arms of an A/A run are
 exchangeable, so swapping which visit is called "baseline" is as likely as not, and the resampled
 differences are exactly symmetric about 0, as paired differences of identical arms are. Adding a
@@ -11,8 +11,8 @@ Checked (seeded, so deterministic):
 
 - the Hodges–Lehmann interval covers δ in ≥ 94% of replicates at n = 6, 10 and 20;
 - on identical arms (δ = 0) the rate of faster/slower claims is ≤ alpha, for one comparison and,
-  with Holm, for the family of primary metrics × lengths of a run, and for two candidates sharing
-  the baseline's visits (candidates × lengths, correlated comparisons);
+  with Holm, for the family of primary metrics × conditions of a run, and for two candidates sharing
+  the baseline's visits (candidates × conditions, correlated comparisons);
 - with precision-based adaptive stopping (width only, :mod:`pairbench.analysis.adaptive`'s rule),
   coverage stays ≥ 94% and the identical-arms false-claim rate stays ≤ alpha.
 """
@@ -26,7 +26,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pairbench.analysis import signrank, stats, verdicts
+from pairbench.analysis import signrank, verdicts
+from pairbench.analysis.pairing import paired_differences
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "stats"
 ALPHA, NOISE = 0.05, 0.01
@@ -37,7 +38,7 @@ def pools() -> list[np.ndarray]:
     out = []
     for path in sorted(DATA.glob("aa_*.csv")):
         df = pd.read_csv(path)
-        d = stats.paired_differences(df, baseline="A", candidate="B", metrics=["decode_tok_s", "prefill_tok_s"])
+        d = paired_differences(df, baseline="A", candidate="B", metrics=["decode_tok_s", "prefill_tok_s"])
         out += [v for v in d.values() if v.size >= 6 and np.std(v) > 0]
     return out
 
@@ -106,7 +107,7 @@ def family_claims(comps: list) -> bool:
 
 
 def test_identical_arms_family_wise_with_holm():
-    # a run's family: 2 primary metrics x 2 lengths, each its own pool, judged together with Holm
+    # a run's family: 2 primary metrics x 2 conditions, each its own pool, judged together with Holm
     rng = np.random.default_rng(7)
     reps, n, family = 1500, 10, 4
     any_claim = 0
@@ -119,14 +120,14 @@ def test_identical_arms_family_wise_with_holm():
 
 
 def test_identical_arms_family_wise_across_candidates_sharing_the_baseline():
-    # three identical arms: two candidates x 2 lengths, one Holm family. Each arm's visit gets its own
+    # three identical arms: two candidates x 2 conditions, one Holm family. Each arm's visit gets its own
     # noise (a pool's differences over sqrt 2, random signs), so both candidates' differences share
     # the baseline's noise: correlated comparisons (r = 0.5), which Holm's bound does not need to exclude
     rng = np.random.default_rng(11)
-    reps, n, lengths = 1500, 10, 2
+    reps, n, conditions = 1500, 10, 2
     any_claim = 0
     for r in range(reps):
-        chosen = [POOLS[k] for k in rng.choice(len(POOLS), size=lengths, replace=len(POOLS) < lengths)]
+        chosen = [POOLS[k] for k in rng.choice(len(POOLS), size=conditions, replace=len(POOLS) < conditions)]
         comps = []
         for i, pool in enumerate(chosen):
             base, *cands = draw(rng, pool, 3, n) / math.sqrt(2)

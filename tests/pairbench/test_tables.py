@@ -6,8 +6,14 @@ import pytest
 from pairbench.analysis import tables
 
 
+def cid(length):
+    """The condition id of *length* input tokens (8 output tokens)."""
+    return f"in{length}-out8"
+
+
 def record(arm, rnd, length, ok=True, flags=(), gates=None, decode=100.0):
-    return {"round": rnd, "arm": arm, "length": length, "visit_index": 2 * rnd - (arm == "a"), "attempt": 0, "ok": ok,
+    return {"round": rnd, "arm": arm, "condition": cid(length), "input_tokens": length, "output_tokens": 8,
+            "visit_index": 2 * rnd - (arm == "a"), "attempt": 0, "ok": ok,
             "gates": gates or {"prompt_tokens": True, "completion_tokens": True, "cold_cache": True},
             "flags": list(flags), "ttft_ms": 10.0, "e2e_ms": 100.0, "prefill_tok_s": 1000.0, "decode_tok_s": decode,
             "engine": {"prefill_tok_s": 1200.0, "decode_tok_s": decode * 1.01}, "prompt_tokens": length,
@@ -20,7 +26,7 @@ def visit(arm, rnd, *records):
 
 def verdicts(length, **cases):
     v = {c: {"verdict": verdict, "reason": "x"} for c, verdict in cases.items()}
-    return {"length": length, "selected": all(x["verdict"] in ("pass", "skipped") for x in v.values()), "verdicts": v}
+    return {"condition": cid(length), "selected": all(x["verdict"] in ("pass", "skipped") for x in v.values()), "verdicts": v}
 
 
 def test_selection_joins_gates_and_validation():
@@ -32,7 +38,10 @@ def test_selection_joins_gates_and_validation():
         ("r01-b", 0): {"records": [verdicts(400, token_counts="fail"), verdicts(480, token_counts="pass")]},
     }
     df = tables.measurements_frame(measures, validations)
-    assert list(df.columns) == tables.COLUMNS
+    assert list(df.columns) == tables.columns(["input_tokens", "output_tokens"])
+    assert list(df.columns[:5]) == ["round", "arm", "condition", "input_tokens", "output_tokens"]
+    assert df[["condition", "input_tokens", "output_tokens"]].values.tolist() == [
+        ["in400-out8", 400, 8], ["in480-out8", 480, 8]] * 2
     assert df["selected"].tolist() == [True, False, False, True]
     assert df["reason"].tolist() == ["", "case done_marker fail", "gate prompt_tokens + case token_counts fail", ""]
     assert df.loc[0, "engine_decode_tok_s"] == 101.0
@@ -46,8 +55,8 @@ def test_a_validation_retry_supersedes_the_record_it_re_measured():
         ("r01-a", 1): {"records": [verdicts(480, python_function="pass")]},
     }
     df = tables.measurements_frame(measures, validations)
-    assert df[["length", "retry", "selected", "reason"]].values.tolist() == [
-        [400, 0, True, ""], [480, 0, False, "superseded by retry 1"], [480, 1, True, ""]]
+    assert df[["condition", "retry", "selected", "reason"]].values.tolist() == [
+        ["in400-out8", 0, True, ""], ["in480-out8", 0, False, "superseded by retry 1"], ["in480-out8", 1, True, ""]]
     assert df[df["selected"]]["decode_tok_s"].tolist() == [100.0, 90.0], "the retry's record counts, once"
     # a retry that fails again is the latest record: excluded for its own reason, not superseded
     validations[("r01-a", 1)] = {"records": [verdicts(480, python_function="timeout")]}
@@ -60,7 +69,7 @@ def test_unvalidated_records_are_not_selected_and_reasons_stay_short():
     assert not df.loc[0, "selected"] and df.loc[0, "reason"] == "not validated"
     failed = record("a", 1, 400, ok=False, flags=["prompt_tokens: got 401, planned 400"],
                     gates={"prompt_tokens": False, "completion_tokens": False, "cold_cache": False})
-    many = {"length": 400, "selected": False,
+    many = {"condition": cid(400), "selected": False,
             "verdicts": {c: {"verdict": "timeout", "reason": ""} for c in ("token_counts", "done_marker",
                                                                             "python_function", "matches_baseline")}}
     reason = tables.short_reason(failed, many)
@@ -70,9 +79,10 @@ def test_unvalidated_records_are_not_selected_and_reasons_stay_short():
 
 
 def test_timing_agreement_is_client_over_engine():
-    df = pd.DataFrame([{"arm": "a", "length": 400, "ok": True, "decode_tok_s": 99.0, "engine_decode_tok_s": 100.0,
+    df = pd.DataFrame([{"arm": "a", "condition": cid(400), "ok": True, "decode_tok_s": 99.0, "engine_decode_tok_s": 100.0,
                         "prefill_tok_s": 50.0, "engine_prefill_tok_s": 100.0}] * 3)
     row = tables.timing_agreement(df).iloc[0]
+    assert (row["arm"], row["condition"]) == ("a", "in400-out8")
     assert round(row["decode_disagreement"], 6) == -0.01 and round(row["prefill_disagreement"], 6) == -0.5
 
 
@@ -81,8 +91,8 @@ def test_an_unproven_cold_cache_is_excluded_unless_the_config_opts_in():
     measures = [visit("a", 1, unproven, record("a", 1, 480))]
     validations = {("r01-a", 0): {"records": [verdicts(400, token_counts="pass"), verdicts(480, token_counts="pass")]}}
     df = tables.measurements_frame(measures, validations)
-    assert df[["length", "cold_cache", "selected", "reason"]].values.tolist() == [
-        [400, None, False, "gate cold_cache unproven"], [480, True, True, ""]]
+    assert df[["condition", "cold_cache", "selected", "reason"]].values.tolist() == [
+        ["in400-out8", None, False, "gate cold_cache unproven"], ["in480-out8", True, True, ""]]
     opted = tables.measurements_frame(measures, validations, allow_unproven_cold_cache=True)
     assert opted["selected"].tolist() == [True, True]
     # a proven failure is never rescued by the opt-in
@@ -98,14 +108,16 @@ def test_repeats_are_rows_of_their_own_matched_to_their_validation():
     vals = [{**verdicts(n, token_counts="pass" if (k, n) != (2, 480) else "fail"), "repeat": k}
             for k in (1, 2) for n in (400, 480)]
     df = tables.measurements_frame([visit("a", 1, *recs)], {("r01-a", 0): {"records": vals}})
-    assert df[["repeat", "length", "selected", "decode_tok_s"]].values.tolist() == [
-        [1, 400, True, 10.0], [1, 480, True, 10.0], [2, 400, True, 20.0], [2, 480, False, 20.0]]
+    assert df[["repeat", "condition", "selected", "decode_tok_s"]].values.tolist() == [
+        [1, "in400-out8", True, 10.0], [1, "in480-out8", True, 10.0], [2, "in400-out8", True, 20.0],
+        [2, "in480-out8", False, 20.0]]
 
 
 def test_cold_cache_cross_check_catches_a_reused_prefix_the_counters_hide():
     from pairbench.analysis import coldcheck
 
-    rows = [{"arm": "a", "length": n, "prompt_tokens": n, "selected": True, "ttft_ms": ms}
+    rows = [{"arm": "a", "condition": f"in{n}-out64", "input_tokens": n, "prompt_tokens": n, "selected": True,
+             "ttft_ms": ms}
             for n, ms in ((256, 600.0), (256, 610.0), (256, 590.0), (1024, 2500.0), (1024, 2450.0), (1024, 2550.0))]
     [honest] = coldcheck.cross_check(pd.DataFrame(rows))
     assert honest["ok"] and honest["scaling_ok"] and honest["shortcuts"] == 0

@@ -21,12 +21,13 @@ GOOD_ADD = "```python\ndef add(a, b):\n    return a + b\n```\n# adds\n# two numb
 BAD_ADD = "```python\ndef add(a, b):\n    return a - b\n```\n# subtracts, by mistake\n"
 
 
-def _fixture(task="add", length=256, output_tokens=8):
-    return {"length": length, "output_tokens": output_tokens, "task": task}
+def _fixture(task="add", input_tokens=256, output_tokens=8):
+    return {"input_tokens": input_tokens, "output_tokens": output_tokens, "task": task}
 
 
-def _record(prompt_tokens=256, completion_tokens=8, length=256, text=GOOD_ADD):
-    return {"length": length, "prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+def _record(prompt_tokens=256, completion_tokens=8, input_tokens=256, text=GOOD_ADD):
+    return {"condition": f"in{input_tokens}-out8", "input_tokens": input_tokens, "output_tokens": 8,
+            "prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
             "output_sha256": hashlib.sha256(text.encode()).hexdigest()}
 
 
@@ -210,7 +211,7 @@ def test_unknown_case_is_named():
 def test_bad_inputs_are_named():
     with pytest.raises(ValueError, match="fixture lacks 'task'"):
         run_cases(["done_marker"], record=_record(), output=_output(),
-                  fixture={"length": 1, "output_tokens": 8}, baseline_output=None)
+                  fixture={"input_tokens": 1, "output_tokens": 8}, baseline_output=None)
     with pytest.raises(ValueError, match="unknown task 'nope'"):
         _run(["done_marker"], fixture=_fixture(task="nope"))
     with pytest.raises(ValueError, match="min_agreement"):
@@ -231,8 +232,9 @@ def test_artifact_from_all_cases_validates_and_carries_no_text():
     entries = [validate.record_entry(_record(), _fixture(), good),
                validate.record_entry(_record(text=BAD_ADD), _fixture(), bad)]
     assert entries[0]["selected"] and not entries[1]["selected"]
+    assert [e["condition"] for e in entries] == ["in256-out8"] * 2
     assert entries[1]["excluded_because"][0].startswith("python_function: fail:")
-    doc = {"schema": "pairbench.validate/v1", "inputs": {"measure": "0" * 64}, "round": 1,
+    doc = {"schema": artifacts.schema_id("validate"), "inputs": {"measure": "0" * 64}, "round": 1,
            "arm": "candidate", "attempt": 1, "cases": list(validate.CASES),
            "options": dict(validate.DEFAULT_OPTIONS), "records": entries}
     artifacts.validate("validate", doc)
@@ -261,7 +263,7 @@ def test_python_function_records_which_isolation_layers_applied(monkeypatch):
     assert entry["verdicts"]["python_function"]["isolation"] == {
         "applied": ["env", "tmpdir", "rlimit", "wall", "output", "audit"],
         "missing": ["netns", "landlock-fs", "landlock-net", "landlock-scope"]}
-    doc = {"schema": "pairbench.validate/v1", "inputs": {}, "round": 1, "arm": "baseline", "attempt": 1,
+    doc = {"schema": artifacts.schema_id("validate"), "inputs": {}, "round": 1, "arm": "baseline", "attempt": 1,
            "cases": ["python_function"], "records": [entry]}
     artifacts.validate("validate", doc)
     entry["verdicts"]["python_function"]["isolation"]["applied"].append("seccomp")  # not a layer we have

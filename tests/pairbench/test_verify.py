@@ -107,12 +107,12 @@ def test_changed_fixture_text(bundle):
     data["fixtures"][0]["messages"][1]["content"] = "Summarise a different paragraph."
     f.write_text(dumps(data))
     rehash(b, "fixtures.json")
-    assert verify_bundle(b) == ["fixtures.json: fixtures[0] (length 256): messages_sha256 does not recompute from the messages"]
+    assert verify_bundle(b) == ["fixtures.json: fixtures[0] (condition in256-out64): messages_sha256 does not recompute from the messages"]
     data["fixtures"][0]["messages_sha256"] = messages_sha256(data["fixtures"][0]["messages"])
     data["fixtures"][0]["text"] += " "
     f.write_text(dumps(data))
     rehash(b, "fixtures.json")
-    assert verify_bundle(b) == ["fixtures.json: fixtures[0] (length 256): text_sha256 does not recompute from the text"]
+    assert verify_bundle(b) == ["fixtures.json: fixtures[0] (condition in256-out64): text_sha256 does not recompute from the text"]
 
 
 def test_schema_violations(bundle):
