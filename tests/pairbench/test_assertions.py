@@ -146,7 +146,7 @@ def test_runner_refuses_deep_or_large_values():
 def test_the_catalogue_keeps_every_expected_value_out_of_the_child():
     """Every task's tests are top-level asserts whose only non-literal operands are calls of the
     task's function on literal arguments: the child is asked for those calls and nothing else."""
-    from pairbench.validate.tasks import TASKS
+    from pairbench.core.tasks import TASKS
 
     for task in TASKS:
         steps = plan(task.tests)

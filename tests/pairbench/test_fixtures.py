@@ -6,7 +6,7 @@ import pytest
 
 from pairbench.core.conditions import Condition
 from pairbench.measure import fixtures as pb_fixtures
-from pairbench.validate import tasks
+from pairbench.core import tasks
 
 
 def byte_tokenizer(messages):

@@ -11,7 +11,7 @@ from pairbench.analysis import runfacts, stats, tables
 from pairbench.core.artifacts import dumps, schema_id
 from pairbench.publish.assemble import stats_params
 from pairbench.publish.recompute import recompute_problems
-from pairbench.publish.statistics import statistics_section
+from pairbench.publish.stats_section import statistics_section
 
 
 def measurements(effect=0.95, rounds=10, unproven_round=None, extra=()):

@@ -56,7 +56,7 @@ def test_the_run_section_states_only_what_the_summary_records():
     import pandas as pd
 
     from pairbench.analysis import stats
-    from pairbench.publish.statistics import statistics_section
+    from pairbench.publish.stats_section import statistics_section
 
     rows = [{"round": r, "arm": a, "condition": "in64-out64", "input_tokens": 64, "output_tokens": 64, "selected": True,
              "decode_tok_s": 100.0 * (1.0 if a == "A" else 1.02) * math.exp(0.001 * ((r * 3) % 7))}

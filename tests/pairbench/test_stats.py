@@ -22,7 +22,7 @@ from pairbench.core import artifacts
 from pairbench.analysis import signrank, stats, verdicts as pb_verdicts
 from pairbench.analysis.describe import default_trim, trimmed_mean
 from pairbench.analysis.tables import summary_tables
-from pairbench.publish.statistics import statistics_section
+from pairbench.publish.stats_section import statistics_section
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "stats"
 LOG101 = math.log(1.01)

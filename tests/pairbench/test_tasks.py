@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from pairbench.validate import tasks
+from pairbench.core import tasks
 from pairbench.validate.sandbox import run_python_tests
 
 # One right and one plausible wrong body per task: the tests must tell them apart.
@@ -63,7 +63,7 @@ def test_render_task_shows_the_signature_and_asks_for_comments():
 
 def test_task_for_is_deterministic_across_processes(repo_root):
     here = [tasks.task_for(n).name for n in (64, 128, 256, 512, 1024, 2048)]
-    code = ("from pairbench.validate import tasks; "
+    code = ("from pairbench.core import tasks; "
             "print(','.join(tasks.task_for(n).name for n in (64, 128, 256, 512, 1024, 2048)))")
     there = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                            env={"PYTHONPATH": str(repo_root / "workflow"), "PYTHONHASHSEED": "123"})

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from pairbench.core import artifacts
-from pairbench.validate import tasks
+from pairbench.core import tasks
 from pairbench.validate import cases as validate
 from pairbench.validate.cases import extract_function, is_selected, run_cases
 

@@ -260,7 +260,7 @@ arms:
           FAKE_ENGINE_ONCE_TEXT: "def add(a, b):\\n    while True:\\n        pass\\n"}
 baseline: baseline
 candidate: candidate
-lengths: [412, 452]  # both fixtures ask for add() (pairbench.validate.tasks.task_for)
+lengths: [412, 452]  # both fixtures ask for add() (pairbench.core.tasks.task_for)
 output_tokens: 48
 rounds: 2
 seed: 0

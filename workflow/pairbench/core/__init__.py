@@ -1,7 +1,13 @@
-"""Core: what every stage stands on.
+"""Core: what every stage stands on. It imports nothing else of pairbench.
 
-- ``artifacts``: versioned, schema-checked JSON artifacts, written atomically, with sha256 helpers.
+- ``artifacts``: versioned, schema-checked JSON artifacts, written atomically, with sha256 helpers;
+  an artifact kind's version is its schema's ``$id``.
+- ``conditions``: what a request is measured under (the factors, the condition ids).
+- ``metrics``: the registry of metrics (unit, orientation, question, where a record holds it).
 - ``config``: the checks a JSON Schema cannot express, and resolved views of the config.
-- ``plan``: the run plan (arms, lengths, the counterbalanced visit order, salts, the config hash).
+- ``order``: visit orders (abba, random, williams); ``plan``: the run plan (arms, conditions,
+  visit order, salts, the config hash); ``naming``: visit and retry names.
+- ``layout``: every path of a run folder.
+- ``tasks``: the catalogue of Python-function-completion tasks a fixture ends with.
 - ``cache``: the user's pairbench cache folder (made-once things shared across runs).
 """

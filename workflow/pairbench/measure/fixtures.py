@@ -3,7 +3,7 @@
 Each fixture is one user message: ``Session <salt>.`` (the salt of the round and condition,
 :func:`pairbench.core.plan.salt`)
 then deterministic synthetic prose filler, then a small Python-function-completion task
-(``pairbench.validate.tasks.render_task``), as in a code-completion workload. N counts the whole chat
+(``pairbench.core.tasks.render_task``), as in a code-completion workload. N counts the whole chat
 template (role markers, generation prompt), because that is what the engine prefills.
 
 Exact length: the filler is a deterministic word stream; a binary search over its word count (with
@@ -24,7 +24,7 @@ import random
 from typing import Callable
 
 from pairbench.core.conditions import Condition
-from pairbench.validate import tasks
+from pairbench.core import tasks
 
 Tokenizer = Callable[[list[dict]], list[int]]
 

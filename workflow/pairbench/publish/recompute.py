@@ -29,7 +29,7 @@ import pandas as pd
 from pairbench.analysis import coldcheck, stats as pb_stats, tables as pb_tables
 from pairbench.analysis.measurements import StatsInputError, as_bool
 from pairbench.core.artifacts import ArtifactError, validate
-from pairbench.publish.statistics import statistics_section
+from pairbench.publish.stats_section import statistics_section
 
 PARAMS = "stats_params.json"
 TABLES = ("summary", "paired", "ratios", "memory")

@@ -2,7 +2,7 @@
 
 Sections: what was compared (arms, source versions, patches, native engine strings, model), how it
 was measured (plan, visit order, gates), what passed (gates and validation, with every excluded
-record and its reason), the statistics (:func:`pairbench.publish.statistics.statistics_section`, from ``stats/summary.json``), client against
+record and its reason), the statistics (:func:`pairbench.publish.stats_section.statistics_section`, from ``stats/summary.json``), client against
 engine timings and how far they disagree, and — on their own — warmup and first-request
 diagnostics, which never enter the statistics.
 
@@ -18,7 +18,7 @@ import pandas as pd
 
 from pairbench.core import naming
 from pairbench.core.conditions import label as condition_label, parse_id
-from pairbench.publish.statistics import statistics_section
+from pairbench.publish.stats_section import statistics_section
 from pairbench.validate import retries
 from pairbench.validate.sandbox import LAYERS
 

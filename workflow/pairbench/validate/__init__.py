@@ -1,8 +1,10 @@
 """Validation: the functional cases on every steady record's output.
 
+(The tasks themselves are :mod:`pairbench.core.tasks`: the fixtures end with one.)
+
 - ``cases``: the cases (token counts, done marker, python function, matches baseline) and the
   function extraction from model output.
-- ``tasks``: the catalogue of Python-function-completion tasks a fixture ends with.
+- ``assertions``: the checks a task's tests make.
 - ``sandbox``: model-written code run in a contained subprocess.
 - ``retries``: which records earn a validation retry, and which record then counts.
 - ``probe``: the check that the stock model passes every task (a command, not a stage).

@@ -33,7 +33,7 @@ import re
 import textwrap
 
 from pairbench.validate import sandbox
-from pairbench.validate import tasks
+from pairbench.core import tasks
 
 CASES: tuple[str, ...] = ("token_counts", "done_marker", "python_function", "matches_baseline")
 VERDICTS: tuple[str, ...] = ("pass", "fail", "timeout", "skipped")

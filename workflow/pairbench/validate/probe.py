@@ -3,7 +3,7 @@
 ``python -m pairbench.validate.probe probe --gguf <gguf> --out DIR`` generates each task's output
 with HF transformers (greedy, EOS masked like ``ignore_eos``), stores it, and judges it with the
 validation cases the pipeline runs; ``evaluate --out DIR`` re-judges stored outputs. A task is only
-kept in :mod:`pairbench.validate.tasks` when the stock model passes it (docs/validation.md).
+kept in :mod:`pairbench.core.tasks` when the stock model passes it (docs/validation.md).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from pairbench.validate import cases as validate
-from pairbench.validate.tasks import TASKS, get_task, render_task
+from pairbench.core.tasks import TASKS, get_task, render_task
 
 PROBE_FILLER = (
     "The town library opens at nine in the morning and closes at six in the evening. On weekdays "

@@ -71,7 +71,7 @@ def retry_reasons(validation: dict, retry_on: list[str] | tuple[str, ...]) -> di
                 why = f"repeat {entry['repeat']}: {why}"
             prev = out.get(entry["condition"])
             out[entry["condition"]] = {"reason": f"{prev['reason']}; {why}" if prev else why,
-                                    "kinds": sorted(set(kinds) | set(prev["kinds"] if prev else []))}
+                                       "kinds": sorted(set(kinds) | set(prev["kinds"] if prev else []))}
     return out
 
 
