@@ -279,6 +279,15 @@ def test_visits_on_two_nodes_fail_naming_both_nodes_and_their_visits(run):
         "also compare the nodes; the real names are the 'node' of each visit's private/outputs/*.json")]
 
 
+def test_a_placement_finding_is_written_to_the_audit_record(run, schema_dir, tmp_path):
+    shutil.copy(REAL_SCHEMAS / "audit.schema.json", schema_dir)
+    _visits_on(run, ["node-0123abcd", "node-99999999"])
+    result = audit.audit_run(run)
+    audit.write_audit(result, tmp_path / "audit.json")
+    body = artifacts.read_artifact(tmp_path / "audit.json", "audit")
+    assert not body["ok"] and "placement" in [f["check"] for f in body["findings"]]
+
+
 def test_a_bundle_being_built_beside_provenance_is_not_recorded(run):
     """The publish job builds its bundle in .publish.building-*/ and renames it; a cluster runs
     provenance at the same time, and the audit (after publish) must not miss those files."""
