@@ -14,6 +14,7 @@ from snakemake.utils import validate
 
 from pairbench.core import config as pb_config
 from pairbench.core import plan as pb_plan
+from pairbench.engines.policy import check_engines
 from pairbench.validate import retries as pb_retries
 from pairbench.core.artifacts import read_artifact
 
@@ -36,6 +37,7 @@ def validate_config(config, schema):
     pb_config.schema_check(config, Path(workflow.current_basedir.get_path_or_uri(secret_free=True)) / schema)
     validate(config, schema)
     pb_config.check_config(config, Path(workflow.basedir))
+    check_engines(config)  # every arm's engine profile (core/ knows no profile)
     return pb_config.normalized(config)
 
 
@@ -56,7 +58,7 @@ def crosscheck_arms(cfg):
     profiles both name a cross-check tool, when crosscheck.rounds > 0; else [] (no cross-check job).
     One candidate only: the tool is an independent sanity check of the harness, not a second
     verdict per candidate, and each further arm would add its rounds of the tool to the run."""
-    from pairbench.measure.crosscheck import has_crosscheck
+    from pairbench.measure.toolbench import has_crosscheck
 
     base = pb_config.baseline_arm(cfg)
     if cfg["crosscheck"]["rounds"] < 1 or not has_crosscheck(cfg["arms"][base]):

@@ -180,8 +180,7 @@ def run_visit(*, visit: dict, engine: ArmEngine, plan: dict, prompts: dict[int, 
                 n_tok = None
                 try:
                     path, body = engine.request(rnd["messages"], plan["output_tokens"], plan["seed"])
-                    if engine.profile.data["tokens"]["prompt"] == "tokenize":  # its only prompt count
-                        n_tok = len(engine.tokenize(client, srv.url, rnd["messages"]))
+                    n_tok = engine.prompt_count(client, srv.url, rnd["messages"])  # None: the reply has it
                     engine.flush(client, srv.url)  # unmeasured; only for engines that need it
                     req_log = server_log.stat().st_size
                     result = stream_chat(srv.url, body, timeout, path=path,

@@ -8,13 +8,12 @@ import logging
 from pathlib import Path
 
 from pairbench.core.artifacts import read_artifact, sha256_file, write_artifact
-from pairbench.engines.adapter import ArmEngine, for_arm
+from pairbench.engines.adapter import ArmEngine, for_arm, model_arg
 from pairbench.engines.client import http
-from pairbench.arms.build import model_arg
 from pairbench.integrity import recovery
-from pairbench.measure import crosscheck as pb_crosscheck
 from pairbench.measure import fixtures as pb_fixtures
 from pairbench.measure import node as pb_node
+from pairbench.measure import toolbench as pb_toolbench
 from pairbench.measure import visit as pb_visit
 from pairbench.validate import retries
 
@@ -159,8 +158,8 @@ def crosscheck_stage(*, crosschecks: list[str], raw: list[str], plan: str, build
     plan_body = read_artifact(plan, "plan")
     arms_in = {a: {"config": arm_configs[a], "src_dir": d, "model": model_arg(read_artifact(b, "build"), root)}
                for a, d, b in zip(arms, arm_dirs, builds)}
-    bodies = pb_crosscheck.run_crosscheck(arms_in, lengths=plan_body["lengths"], output_tokens=plan_body["output_tokens"],
-                                          rounds=rounds, raw_out=dict(zip(arms, raw)), log=tool_log)
+    bodies = pb_toolbench.run_toolbench(arms_in, lengths=plan_body["lengths"], output_tokens=plan_body["output_tokens"],
+                                        rounds=rounds, raw_out=dict(zip(arms, raw)), log=tool_log)
     for a, out, b in zip(arms, crosschecks, builds):
         body = {**bodies[a], "inputs": {"plan": sha256_file(plan), "build": sha256_file(b)}}
         log.info("%s: %s", a, ", ".join(f"{t['test']}@d{t['n_depth']} {t['avg_tok_s']:.1f} tok/s" for t in body["tests"]))
