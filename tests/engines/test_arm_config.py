@@ -9,6 +9,7 @@ import yaml
 
 from pairbench.core import config as pb_config
 from pairbench.arms.source import PatchError, export_source
+from pairbench.engines.policy import check_engines
 
 from .test_gitsource import git
 
@@ -43,8 +44,10 @@ def test_normalized_defaults_for_engines():
 
 
 def test_check_config_names_the_culprit(smollm2_gguf):
+    # the engine's profile is the engines layer's to check (core/ knows no profile); common.smk runs both
     with pytest.raises(pb_config.ConfigError, match=r"arms\.b\.engine: .*no profile 'tgi'"):
-        pb_config.check_config(cfg(a={}, b={"engine": "tgi"}), REPO)
+        check_engines(cfg(a={}, b={"engine": "tgi"}))
+    check_engines(cfg(a={}, b={"engine": "vllm"}))
     with pytest.raises(pb_config.ConfigError, match=r"arms\.b\.patches: engine vllm has no source to patch"):
         pb_config.check_config(cfg(a={}, b={"engine": "vllm", "patches": ["p.patch"]}), REPO)
     with pytest.raises(pb_config.ConfigError, match=r"model: engine\(s\) llama-cpp-python need a \.gguf"):

@@ -1,4 +1,5 @@
-"""The llama-bench cross-check: running the tool from an arm's tree, and its comparison with pairbench.
+"""The llama-bench cross-check: running the tool from an arm's tree (pairbench.measure.toolbench), and
+its comparison with pairbench (pairbench.analysis.crosscheck).
 
 A fake ``llama-bench`` (a script in a throwaway tree's build/bin/) prints the recorded outputs in
 tests/data/crosscheck/, chosen by its own arguments, as the real one prints them with ``-o json``.
@@ -13,7 +14,7 @@ import pytest
 
 from pairbench.analysis import crosscheck as ac
 from pairbench.core.artifacts import schema_id, validate
-from pairbench.measure import crosscheck as mc
+from pairbench.measure import toolbench as tb
 from pairbench.publish.bundle import CATEGORICAL_FIELDS, json_field_problems
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "crosscheck"
@@ -38,7 +39,7 @@ sys.stdout.write(pathlib.Path({str(DATA)!r}, "{arm}-" + part + ".json").read_tex
 def run(tmp_path, rounds=2):
     arms = {a: {"config": ARM, "src_dir": fake_tree(tmp_path, a), "model": str(tmp_path / "models" / "m.gguf")}
             for a in ("baseline", "candidate")}
-    bodies = mc.run_crosscheck(arms, lengths=[256, 1024], output_tokens=[64], rounds=rounds,
+    bodies = tb.run_toolbench(arms, lengths=[256, 1024], output_tokens=[64], rounds=rounds,
                                raw_out={a: tmp_path / f"raw-{a}.json" for a in arms}, log=tmp_path / "tool.log")
     return arms, {a: {**b, "inputs": {}} for a, b in bodies.items()}
 
@@ -73,11 +74,11 @@ def test_a_failing_tool_names_the_arm(tmp_path):
     kw = dict(lengths=[256], output_tokens=[64], rounds=1, raw_out={"baseline": tmp_path / "raw.json"},
               log=tmp_path / "x.log")
     (tree / "build" / "bin" / "llama-bench").write_text(f"#!{sys.executable}\nraise SystemExit(2)\n")
-    with pytest.raises(mc.CrosscheckError, match=r"arm baseline: llama-bench exited with status 2; see "):
-        mc.run_crosscheck(arms, **kw)
+    with pytest.raises(tb.ToolbenchError, match=r"arm baseline: llama-bench exited with status 2; see "):
+        tb.run_toolbench(arms, **kw)
     (tree / "build" / "bin" / "llama-bench").unlink()
-    with pytest.raises(mc.CrosscheckError, match=r"llama-bench not found; does the build compile it"):
-        mc.run_crosscheck(arms, **kw)
+    with pytest.raises(tb.ToolbenchError, match=r"llama-bench not found; does the build compile it"):
+        tb.run_toolbench(arms, **kw)
 
 
 def cell(verdict, hl, lo, hi):

@@ -6,7 +6,6 @@ import pytest
 import yaml
 
 from pairbench import engines as E
-from pairbench.arms.build import BuildError, build_external
 
 PROFILES = ["embedded", "llama-cpp-python", "llama-server", "sglang", "vllm"]
 
@@ -218,17 +217,3 @@ def test_opt_in_not_needed_for_embedded_but_needed_for_git_source():
 def test_render_chat_prompt_from_gguf(smollm2_gguf):
     text = E.render_chat_prompt(smollm2_gguf, [{"role": "user", "content": "Hello"}])
     assert text.endswith("<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\n")
-
-
-def test_build_external_runs_build_then_version_and_fails_naming_the_step(tmp_path):
-    tree = tmp_path / "tree"
-    tree.mkdir()
-    arm = {"engine": "llama-server", "threads": 2,
-           "build": ["{python}", "-c", "import pathlib; pathlib.Path('built').write_text('{threads}')"]}
-    out = build_external("cand", arm, tree, tmp_path / "b.log")
-    assert (tree / "built").read_text() == "2"
-    assert [s["step"] for s in out["steps"]] == ["build", "version"]
-    assert out["steps"][1]["exit_code"] == 127 and out["native_version"] is None  # no llama-server binary yet
-    assert out["profile"]["cold_cache_proof"] == "strong"
-    with pytest.raises(BuildError, match=r"arm cand: build step 'build' exited with status 3; see .*b2\.log"):
-        build_external("cand", {**arm, "build": ["{python}", "-c", "raise SystemExit(3)"]}, tree, tmp_path / "b2.log")

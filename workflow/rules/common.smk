@@ -20,6 +20,7 @@ from pairbench.core import conditions as pb_conditions
 from pairbench.core import config as pb_config
 from pairbench.core import plan as pb_plan
 from pairbench.core.artifacts import read_artifact
+from pairbench.engines.policy import check_engines
 from pairbench.core.layout import PER_ARM, Layout
 from pairbench.measure import node as pb_node
 from pairbench.validate import retries as pb_retries
@@ -43,6 +44,7 @@ def validate_config(config, schema):
     pb_config.schema_check(config, Path(workflow.current_basedir.get_path_or_uri(secret_free=True)) / schema)
     validate(config, schema)
     pb_config.check_config(config, Path(workflow.basedir))
+    check_engines(config)  # every arm's engine profile (core/ knows no profile)
     return pb_config.normalized(config)
 
 
@@ -74,7 +76,7 @@ def crosscheck_arms(cfg):
     profiles both name a cross-check tool, when crosscheck.rounds > 0; else [] (no cross-check job).
     One candidate only: the tool is an independent sanity check of the harness, not a second
     verdict per candidate, and each further arm would add its rounds of the tool to the run."""
-    from pairbench.measure.crosscheck import has_crosscheck
+    from pairbench.measure.toolbench import has_crosscheck
 
     base = pb_config.baseline_arm(cfg)
     if cfg["crosscheck"]["rounds"] < 1 or not has_crosscheck(cfg["arms"][base]):
@@ -148,7 +150,7 @@ def arm_patches(cfg, arm):
 
 def arm_source_files(cfg, arm, root):
     """Every file of the arm's source tree, so editing the source re-exports it."""
-    from pairbench.arms.source import source_files
+    from pairbench.core.trees import source_files
 
     if not isinstance(cfg["arms"][arm]["source"], str):
         return []  # a git tag is immutable; an installed engine has no source tree

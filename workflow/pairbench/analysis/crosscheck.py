@@ -1,7 +1,7 @@
 """Do the engine's own benchmark and pairbench agree? The cross-check comparison, computed once.
 
 Inputs: ``stats/summary.json`` (pairbench's paired comparisons) and ``crosscheck/<arm>.json``
-(:mod:`pairbench.measure.crosscheck`) for the baseline and one candidate: the first candidate whose
+(:mod:`pairbench.measure.toolbench`) for the baseline and one candidate: the first candidate whose
 engine names the tool (``common.smk: crosscheck_arms``); the others are not cross-checked. For
 every planned length, two rows:
 

@@ -31,10 +31,10 @@ import os
 import re
 import shutil
 import subprocess
-import time
 from pathlib import Path
 
 from pairbench.core.cache import user_cache
+from pairbench.core.steps import StepError, run_step
 
 LAUNCHERS = ("-DCMAKE_C_COMPILER_LAUNCHER=ccache", "-DCMAKE_CXX_COMPILER_LAUNCHER=ccache")
 
@@ -113,20 +113,15 @@ def _compiler_facts(build_dir: Path, lang: str, env: dict) -> dict | None:
         return m.group(1) if m else None
 
     path = val("COMPILER") or ""
-    line = None
-    if path:
-        try:
-            out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30, env=env)
-            line = (out.stdout.strip().splitlines() or [None])[0]
-        except (OSError, subprocess.TimeoutExpired):
-            line = None
+    line = _version_line([path, "--version"], env) if path else None
     return {"id": val("COMPILER_ID") or "unknown", "version": val("COMPILER_VERSION") or "unknown",
             "name": os.path.basename(path) or "unknown", "version_line": line}
 
 
-def _version_line(argv: list[str]) -> str | None:
+def _version_line(argv: list[str], env: dict | None = None) -> str | None:
+    """The first line *argv* prints (a tool's ``--version``): a fact recorded, not a step; None if it cannot run."""
     try:
-        out = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=30, env=env)
     except (OSError, subprocess.TimeoutExpired):
         return None
     return (out.stdout.strip().splitlines() or [None])[0]
@@ -159,25 +154,15 @@ def cmake_build(arm: str, spec: dict, tree: str | os.PathLike, log: str | os.Pat
     steps = []
 
     def run(step: str, argv: list[str]) -> None:
-        t0 = time.perf_counter()
-        with open(log, "a") as fh:
-            fh.write(f"$ {' '.join(argv)}\n")
-            fh.flush()
-            start = fh.tell()
-            try:
-                proc = subprocess.run(argv, cwd=tree, env=env, stdout=fh, stderr=subprocess.STDOUT,
-                                      timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                raise CMakeBuildError(f"arm {arm}: build step {step!r} exceeded {timeout_s:g} s; see {log}") from None
-        steps.append({"step": step, "argv": argv, "exit_code": proc.returncode,
-                      "duration_s": time.perf_counter() - t0})
-        if proc.returncode != 0:
-            with open(log, errors="replace") as fh:
-                fh.seek(start)
-                err = first_error(fh.read(), tree)
-            where = "first error:\n  " + err.replace("\n", "\n  ") if err else "no error line found"
-            raise CMakeBuildError(f"arm {arm}: build step {step!r} exited with status {proc.returncode}; "
-                                  f"{where}\nsee {log}")
+        try:
+            steps.append(run_step(step, argv, cwd=tree, log=log, env=env, timeout_s=timeout_s,
+                                  subject=f"arm {arm}: build step {step!r}", diagnose=diagnose).record)
+        except StepError as exc:
+            raise CMakeBuildError(str(exc)) from None
+
+    def diagnose(output: str) -> str:
+        err = first_error(output, tree)
+        return "first error:\n  " + err.replace("\n", "\n  ") if err else "no error line found"
 
     run("configure", ["cmake", "-S", ".", "-B", build_dir, *all_flags])
     run("compile", ["cmake", "--build", build_dir, "--target", *targets, "-j", str(jobs)])

@@ -10,4 +10,6 @@
 - ``layout``: every path of a run folder.
 - ``tasks``: the catalogue of Python-function-completion tasks a fixture ends with.
 - ``cache``: the user's pairbench cache folder (made-once things shared across runs).
+- ``trees``: a folder tree's sha256 manifest and one hash over it (an arm's source; the audit).
+- ``steps``: the one step runner (a subprocess as a named step: logged, recorded, its failure named).
 """

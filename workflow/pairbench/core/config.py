@@ -263,21 +263,15 @@ def check_config(config: dict, root: Path) -> None:
     if len(arms) < 2:
         raise ConfigError(f"arms: a paired benchmark needs at least two arms, got {len(arms)} ({', '.join(arms) or 'none'})")
     check_arm_roles(cfg)
-    for name, arm in cfg["arms"].items():
-        from pairbench.engines.profiles import EngineError, load_profile
-
-        try:
-            profile = load_profile(arm["engine"])
-        except EngineError as exc:
-            raise ConfigError(f"arms.{name}.engine: {exc}") from None
+    for name, arm in cfg["arms"].items():  # each arm's engine profile: pairbench.engines.policy.check_engines
         if isinstance(arm["source"], str):
             src = root / arm["source"]
             if not src.is_dir():
                 raise ConfigError(f"arms.{name}.source: directory {arm['source']} does not exist")
-            if profile.name == "embedded" and not (src / "VERSION").is_file():
+            if arm["engine"] == ARM_DEFAULTS["engine"] and not (src / "VERSION").is_file():
                 raise ConfigError(f"arms.{name}.source: {arm['source']} has no VERSION file")
         elif arm["source"] is None and arm["patches"]:
-            raise ConfigError(f"arms.{name}.patches: engine {profile.name} has no source to patch "
+            raise ConfigError(f"arms.{name}.patches: engine {arm['engine']} has no source to patch "
                               f"(give arms.{name}.source: {{git: ..., tag: ...}} or a path)")
         for i, patch in enumerate(arm["patches"]):
             if not (root / patch).is_file():

@@ -1,26 +1,38 @@
-"""Engines: every server an arm can run, driven through one profile-driven adapter.
+"""Engines: every server an arm can run, each described by a profile and driven through its adapter.
 
-- ``profiles``: load and validate ``config/engines/<name>.yaml``; render launch templates.
-- ``policy``: the opt-in for external engines (nothing is built or launched without consent).
+- ``profiles``: load and validate ``config/engines/<name>.yaml``, the typed accessors every other
+  layer reads a profile through (``tokenize_spec``, ``cold_cache_spec``, ``build_spec``,
+  ``build_recipe``, ``crosscheck_spec``...), and the launch templates.
+- ``policy``: the opt-in for external engines (nothing is built or launched without consent) and
+  the check that every arm's engine has a valid profile.
 - ``adapter``: :class:`ArmEngine`, what the stages drive every engine through, the embedded one
-  included: launch, request dialect, tokenizer, gates.
+  included (launch, request dialect, tokenizer, gates), and the registry of its subclasses by
+  profile name (:func:`register_adapter`): a new engine is a profile plus, at most, a small
+  subclass in a module of its own here, imported below.
 - ``evidence``: native token counts and the cold-cache proof, read from a reply or the server log.
 - ``chat``: the prompt text a completions-mode engine is sent (the model's own chat template).
 - ``server``: the server process (its own process group, health probe, SIGTERM then SIGKILL).
+- ``pidfile``: crash hygiene for servers (a pid file per running server; a stale one is killed).
 - ``client``: HTTP, streaming and client-side token timings.
 """
 
-from pairbench.engines.adapter import ArmEngine, arm_adapter, for_arm
+from pairbench.engines.adapter import ArmEngine, adapter_class, arm_adapter, for_arm, model_arg, register_adapter
 from pairbench.engines.chat import render_chat_prompt
 from pairbench.engines.evidence import cold_cache_evidence, count_log_prefix_hits, get_path, native_counts
-from pairbench.engines.policy import check_opt_in, describe_plan, external_arms, plan_opt_in
-from pairbench.engines.profiles import (PLACEHOLDERS, PROFILE_DIR, EngineError, EngineProfile, ExternalEngineNotAllowed,
-                                        LaunchSpec, arm_engine, available_profiles, is_external, launch_spec,
-                                        load_profile, render)
+from pairbench.engines.policy import check_engines, check_opt_in, describe_plan, external_arms, plan_opt_in
+from pairbench.engines.profiles import (PLACEHOLDERS, PROFILE_DIR, BuildRecipe, BuildSpec, ColdCacheSpec,
+                                        CrosscheckSpec, EngineError, EngineProfile, ExternalEngineNotAllowed,
+                                        FlushSpec, LaunchSpec, TokenizeSpec, arm_engine, available_profiles,
+                                        is_external, launch_spec, load_profile, render)
+
+# Adapter subclasses register themselves by profile name when their module is imported: import
+# each one here (none is needed yet: every shipped engine is data in its profile).
 
 __all__ = [
-    "ArmEngine", "EngineError", "EngineProfile", "ExternalEngineNotAllowed", "LaunchSpec", "PLACEHOLDERS",
-    "PROFILE_DIR", "arm_adapter", "arm_engine", "available_profiles", "check_opt_in", "cold_cache_evidence",
-    "count_log_prefix_hits", "describe_plan", "external_arms", "for_arm", "get_path", "is_external",
-    "launch_spec", "load_profile", "native_counts", "plan_opt_in", "render", "render_chat_prompt",
+    "ArmEngine", "BuildRecipe", "BuildSpec", "ColdCacheSpec", "CrosscheckSpec", "EngineError", "EngineProfile",
+    "ExternalEngineNotAllowed", "FlushSpec", "LaunchSpec", "PLACEHOLDERS", "PROFILE_DIR", "TokenizeSpec",
+    "adapter_class", "arm_adapter", "arm_engine", "available_profiles", "check_engines", "check_opt_in",
+    "cold_cache_evidence", "count_log_prefix_hits", "describe_plan", "external_arms", "for_arm", "get_path",
+    "is_external", "launch_spec", "load_profile", "model_arg", "native_counts", "plan_opt_in", "register_adapter",
+    "render", "render_chat_prompt",
 ]

@@ -1,25 +1,41 @@
-"""The one adapter every pipeline stage drives an engine through: launch, dialect, tokenizer, gates.
+"""The adapter every pipeline stage drives an engine through: launch, dialect, tokenizer, gates.
 
-A new engine is a profile in ``config/engines/`` (and at most a small subclass here): the embedded
-engine is an ordinary profile too, so a gate, the launch or the cold-cache evidence is fixed once.
+A new engine is a profile in ``config/engines/`` and, at most, a small subclass of
+:class:`ArmEngine` registered under the profile's name (lm-evaluation-harness's
+``@register_model``)::
+
+    @register_adapter("my-server")
+    class MyServer(ArmEngine):
+        def flush(self, http, url): ...
+
+in a module of its own under ``pairbench/engines/``, imported by the package's ``__init__`` so that
+it is registered before any stage asks. :func:`arm_adapter` and :func:`for_arm` build the class
+registered for the arm's profile, and :class:`ArmEngine` itself for every other profile: the
+embedded engine is an ordinary profile too, so a gate, the launch or the cold-cache evidence is
+fixed once.
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Callable
 
 from pairbench.engines.chat import render_chat_prompt
 from pairbench.engines.evidence import cold_cache_evidence, native_counts
+from pairbench.engines.policy import plan_opt_in
 from pairbench.engines.profiles import REPO, EngineError, EngineProfile, LaunchSpec, arm_engine, launch_spec, load_profile
 from pairbench.engines.server import Server
+
+__all__ = ["ADAPTERS", "ArmEngine", "adapter_class", "arm_adapter", "for_arm", "model_arg", "register_adapter"]
 
 
 class ArmEngine:
     """One arm's engine, as the stages see it: launch, request dialect, tokenizer and gates.
 
-    Every engine goes through this one class, the embedded one included: what differs between
-    engines is data in their profile, not a code path. ``arm`` is the arm's normalized config
+    Every engine goes through this class, the embedded one included: what differs between engines
+    is data in their profile, and where data cannot say it, a small subclass registered under the
+    profile's name (:func:`register_adapter`). ``arm`` is the arm's normalized config
     (``engine``, ``threads``, ``args``, ``env``, ``launch``); ``model`` is what the server is handed
     as ``{model}`` and ``model_path`` the GGUF a completions-mode engine's template comes from.
     """
@@ -62,17 +78,17 @@ class ArmEngine:
     @property
     def needs_log(self) -> bool:
         """Whether the cold-cache evidence is read from the server log, request by request."""
-        cc = self.profile.data["cold_cache"]
-        return cc["proof"] == "evaluated_tokens" and not cc.get("evaluated_field")
+        return self.profile.cold_cache_spec.from_log
 
     def flush(self, http, url: str) -> None:
         """Send the profile's unmeasured flush request (if any) so the next prompt shares no prefix."""
-        fl = self.profile.data["request"].get("flush")
-        if not fl:
+        fl = self.profile.flush_spec
+        if fl is None:
             return
-        resp = http.post(url + fl["path"], json=fl["body"], timeout=60.0)
+        resp = http.post(url + fl.path, json=fl.body, timeout=60.0)
         if resp.status_code != 200:
-            raise EngineError(f"engine {self.name}: flush request {fl['path']}: HTTP {resp.status_code}: {resp.text[:200]}")
+            raise EngineError(f"engine {self.name}: flush request {fl.path}: HTTP {resp.status_code}: "
+                              f"{resp.text[:200]}")
 
     def request(self, messages: list[dict], max_tokens: int, seed: int) -> tuple[str, dict]:
         return self.profile.generation_body(messages=messages, prompt=self.prompt_text(messages),
@@ -80,8 +96,7 @@ class ArmEngine:
 
     def tokenize(self, http, url: str, messages: list[dict]) -> list[int]:
         """The server's own token ids for *messages* as this engine will be sent them."""
-        tok = self.profile.data["tokenize"]
-        if tok.get("input", "text") == "messages":
+        if self.profile.tokenize_spec.input == "messages":
             path, body = self.profile.tokenize_request(messages=messages)
         else:
             path, body = self.profile.tokenize_request(text=self.prompt_text(messages))
@@ -90,10 +105,18 @@ class ArmEngine:
             raise EngineError(f"engine {self.name}: POST {path}: HTTP {resp.status_code}: {resp.text[:200]}")
         reply = resp.json()
         self.profile.token_count(reply)  # cross-checks count against the list
-        return list(reply[tok.get("tokens_field", "tokens")])
+        return list(reply[self.profile.tokenize_spec.tokens_field])
+
+    def prompt_count(self, http, url: str, messages: list[dict]) -> int | None:
+        """The prompt's native token count from the server's tokenizer, for an engine whose replies
+        carry none (its profile's prompt count route is ``tokenize``); None for every other engine,
+        whose reply says it (:meth:`gates`)."""
+        if self.profile.prompt_count_route != "tokenize":
+            return None
+        return len(self.tokenize(http, url, messages))
 
     def version(self, http, url: str) -> str | None:
-        path = (self.profile.data.get("version") or {}).get("path")
+        path = self.profile.version_path
         if not path:
             return None
         try:
@@ -141,20 +164,55 @@ class ArmEngine:
         return {"prompt_tokens": g_prompt, "completion_tokens": g_completion, "cold_cache": ev["cold"]}, flags, facts
 
 
+ADAPTERS: dict[str, type[ArmEngine]] = {}
+"""Profile name -> the :class:`ArmEngine` subclass registered for it (:func:`register_adapter`)."""
+
+
+def register_adapter(profile_name: str) -> Callable[[type[ArmEngine]], type[ArmEngine]]:
+    """Class decorator: arms whose engine profile is *profile_name* are driven by this subclass."""
+
+    def register(cls: type[ArmEngine]) -> type[ArmEngine]:
+        if not (isinstance(cls, type) and issubclass(cls, ArmEngine)):
+            raise TypeError(f"register_adapter({profile_name!r}): {cls!r} is not a subclass of ArmEngine")
+        if ADAPTERS.get(profile_name, cls) is not cls:
+            raise ValueError(f"register_adapter({profile_name!r}): {ADAPTERS[profile_name].__qualname__} "
+                             f"is already registered for engine profile {profile_name!r}")
+        ADAPTERS[profile_name] = cls
+        return cls
+
+    return register
+
+
+def adapter_class(profile_name: str) -> type[ArmEngine]:
+    """The class that drives *profile_name*'s arms: its registered subclass, else :class:`ArmEngine`."""
+    return ADAPTERS.get(profile_name, ArmEngine)
+
+
 def arm_adapter(arm: dict, *, model: str, model_path: str | None, ctx: int, src_dir: str | os.PathLike,
                 repo_root: str | os.PathLike = REPO) -> ArmEngine:
-    """The adapter for one arm, whatever its engine (default: the embedded one)."""
-    return ArmEngine(load_profile(arm_engine(arm)), arm, model=model, model_path=model_path, ctx=ctx,
-                     src_dir=src_dir, repo_root=repo_root)
+    """The adapter for one arm, whatever its engine (default: the embedded one). An engine without a
+    profile fails here, naming it (:class:`~pairbench.engines.profiles.EngineError`)."""
+    profile = load_profile(arm_engine(arm))
+    return adapter_class(profile.name)(profile, arm, model=model, model_path=model_path, ctx=ctx, src_dir=src_dir,
+                                       repo_root=repo_root)
+
+
+def model_arg(build: dict, root: str | os.PathLike) -> str:
+    """What an arm's server is handed as ``{model}``, from the arm's ``build`` artifact: the
+    converted folder where the build converted the model, else the GGUF file, else the model's name."""
+    if build["conversion"] is not None:
+        p = Path(build["conversion"]["path"])
+        return str(p if p.is_absolute() else (Path(root) / p).resolve())
+    if build["model"]["kind"] == "gguf" and build["model"]["arg"]:  # an engine that reads the GGUF itself
+        p = Path(build["model"]["arg"])
+        return str(p if p.is_absolute() else (Path(root) / p).resolve())
+    return build["model"]["arg"]
 
 
 def for_arm(arm_cfg: dict, *, build: dict, plan: dict, arm_dir: str | os.PathLike, server_cfg: dict,
             root: str | os.PathLike) -> ArmEngine:
     """The adapter a stage uses for one arm of *plan*, from its build artifact. Checks the opt-in
     first: nothing external is launched or contacted without ``allow_external: true``."""
-    from pairbench.arms.build import model_arg
-    from pairbench.engines.policy import plan_opt_in
-
     plan_opt_in(plan)
     model = model_arg(build, root)
     arm = {**arm_cfg, "threads": arm_cfg.get("threads") or server_cfg["threads"]}

@@ -46,26 +46,25 @@ def cold_cache_evidence(profile: EngineProfile, reply: dict, prompt_tokens: int,
     Returns ``{"proof": strong|weak|none, "cold": True|False|None, "evaluated_tokens",
     "cached_tokens", "flag"}``: ``cold`` None means unproven (never counted as a pass silently).
     """
-    cc = profile.data["cold_cache"]
+    cc = profile.cold_cache_spec
     out = {"proof": profile.cold_cache_proof, "cold": None, "evaluated_tokens": None,
            "cached_tokens": None, "flag": None}
-    cached = get_path(reply, cc["cached_field"]) if cc.get("cached_field") else None
-    if cached is None and cc.get("missing_means_zero") and cc["proof"] == "cached_tokens" \
-            and _absent(reply, cc["cached_field"]):
+    cached = get_path(reply, cc.cached_field) if cc.cached_field else None
+    if cached is None and cc.missing_means_zero and cc.proof == "cached_tokens" and _absent(reply, cc.cached_field):
         cached = 0  # omitted on a miss (only a well-formed absence counts, never a malformed field)
     out["cached_tokens"] = cached
-    if cc["proof"] == "evaluated_tokens":
-        if cc.get("evaluated_field"):
-            ev, where = get_path(reply, cc["evaluated_field"]), f"reply lacks {cc['evaluated_field']}"
+    if cc.proof == "evaluated_tokens":
+        if cc.evaluated_field:
+            ev, where = get_path(reply, cc.evaluated_field), f"reply lacks {cc.evaluated_field}"
         else:
-            found = [int(m.group(1)) for m in re.finditer(cc["log_evaluated_pattern"], log_text or "")]
+            found = [int(m.group(1)) for m in re.finditer(cc.log_evaluated_pattern, log_text or "")]
             ev = found[-1] if len(found) == 1 else None
             where = (f"server log has {len(found)} prompt-evaluation lines for this request, expected 1"
                      if log_text is not None else "no server log to read the evaluated count from")
             hits = count_log_prefix_hits(profile, log_text or "")
             if hits:
                 cached = out["cached_tokens"] = sum(hits)
-            elif log_text is not None and cc.get("log_pattern"):
+            elif log_text is not None and cc.log_pattern:
                 cached = out["cached_tokens"] = 0
         out["evaluated_tokens"] = ev
         if not isinstance(ev, int):
@@ -76,9 +75,9 @@ def cold_cache_evidence(profile: EngineProfile, reply: dict, prompt_tokens: int,
             out["flag"] = (f"cold_cache: evaluated {ev} of {prompt_tokens} prompt tokens"
                            + (f", {cached} cached" if cached else ""))
         return out
-    if cc["proof"] == "cached_tokens":
+    if cc.proof == "cached_tokens":
         if not isinstance(cached, int):
-            out["flag"] = f"cold_cache: {cc['cached_field']} is not a count ({cached!r})"
+            out["flag"] = f"cold_cache: {cc.cached_field} is not a count ({cached!r})"
             return out
         out["cold"] = cached == 0
         if cached:
@@ -91,15 +90,15 @@ def cold_cache_evidence(profile: EngineProfile, reply: dict, prompt_tokens: int,
 def native_counts(profile: EngineProfile, reply: dict, *, tokenize_count: int | None = None,
                   streamed_tokens: int | None = None) -> tuple[int | None, int | None]:
     """``(prompt_tokens, completion_tokens)`` from where this engine reports them."""
-    t = profile.data["tokens"]
-    prompt = tokenize_count if t["prompt"] == "tokenize" else get_path(reply, t["prompt"])
-    completion = streamed_tokens if t["completion"] == "stream_chunks" else get_path(reply, t["completion"])
+    pf, cf = profile.prompt_count_field, profile.completion_count_field
+    prompt = tokenize_count if pf is None else get_path(reply, pf)
+    completion = streamed_tokens if cf is None else get_path(reply, cf)
     return prompt, completion
 
 
 def count_log_prefix_hits(profile: EngineProfile, log_text: str) -> list[int] | None:
     """Reused-prefix token counts the server logged (``cold_cache.log_pattern``); None if no pattern."""
-    pat = profile.data["cold_cache"].get("log_pattern")
+    pat = profile.cold_cache_spec.log_pattern
     if not pat:
         return None
     return [int(m.group(1)) for m in re.finditer(pat, log_text)]

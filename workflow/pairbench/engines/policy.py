@@ -1,4 +1,5 @@
-"""The opt-in policy: nothing external is built, launched or contacted without consent.
+"""The opt-in policy: nothing external is built, launched or contacted without consent; and every
+arm's engine has a valid profile (:func:`check_engines`, at parse time).
 
 A profile marked ``external`` (code from outside this repository) or an arm whose source is a git
 repository is never built, launched or sent a request unless the config sets
@@ -7,7 +8,19 @@ repository is never built, launched or sent a request unless the config sets
 
 from __future__ import annotations
 
-from pairbench.engines.profiles import ExternalEngineNotAllowed, arm_engine, is_external, launch_spec, load_profile
+from pairbench.core.config import ConfigError
+from pairbench.engines.profiles import (EngineError, ExternalEngineNotAllowed, arm_engine, is_external, launch_spec,
+                                        load_profile)
+
+
+def check_engines(config: dict) -> None:
+    """Raise :class:`~pairbench.core.config.ConfigError` naming ``arms.<arm>.engine`` unless every
+    arm's engine has a valid profile (a schema-valid config, checked at parse time)."""
+    for name, arm in config["arms"].items():
+        try:
+            load_profile(arm_engine(arm or {}))
+        except EngineError as exc:
+            raise ConfigError(f"arms.{name}.engine: {exc}") from None
 
 
 def external_arms(config: dict) -> list[str]:
@@ -29,17 +42,19 @@ def describe_plan(config: dict) -> str:
             src_s = f"path {src}"
         spec = launch_spec(profile, arm, port="<port>", model=str(config.get("model")), ctx="<ctx>",
                            src_dir=f"results/{config.get('label', 'default')}/src/{name}")
-        build = arm.get("build", (profile.data.get("build") or {}).get("command"))
+        build = arm.get("build") or profile.build_spec.command
+        if not build and profile.build_spec.cmake:
+            build = f"CMake, targets {', '.join(profile.build_spec.cmake['targets'])}"
         lines.append(f"  arm {name}: engine {profile.name}"
                      f"{' (EXTERNAL)' if is_external(arm, profile) else ''}; source {src_s}; "
                      f"{len(arm.get('patches') or [])} patch(es)")
         if build:
-            lines.append(f"    build: {' '.join(build) if isinstance(build, list) else build}")
+            lines.append(f"    build: {build if isinstance(build, str) else ' '.join(build)}")
         lines.append(f"    launch: {' '.join(spec.argv)}")
         if spec.env:
             lines.append(f"    env: {' '.join(f'{k}={v}' for k, v in sorted(spec.env.items()))}")
         lines.append(f"    requests to 127.0.0.1 ({spec.health_path}, {profile.generate_path}, "
-                     f"{profile.data['tokenize']['path']}); cold-cache proof: {profile.cold_cache_proof}")
+                     f"{profile.tokenize_spec.path}); cold-cache proof: {profile.cold_cache_proof}")
     lines.append(f"  {config.get('rounds')} rounds x lengths {config.get('lengths')} x "
                  f"{config.get('output_tokens')} output tokens")
     return "\n".join(lines)

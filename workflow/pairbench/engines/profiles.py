@@ -11,10 +11,11 @@ YAML file in ``config/engines/<name>.yaml`` validated against
   and where native token counts and timings come from;
 - how the server's tokenizer is reached (:meth:`EngineProfile.tokenize_request`).
 
-This module only loads and renders profiles. The rest of the package: ``policy`` (the opt-in
-for external engines), ``evidence`` (gates read from replies), ``chat`` (the prompt text of a
-completions-mode engine), ``server`` (the process), ``client`` (HTTP and streaming timings) and
-``adapter`` (the one class the stages drive every engine through).
+This module loads and renders profiles, and reads them: every section the rest of the harness needs
+has a typed accessor on :class:`EngineProfile` (``tokenize_spec``, ``cold_cache_spec``,
+``prompt_count_route``, ``build_spec``, ``version_command``, ``crosscheck_spec``...), and
+:meth:`EngineProfile.build_recipe` renders one arm's build. The raw YAML (``profile.data``) is read
+only inside :mod:`pairbench.engines`.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import re
 import string
 import sys
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -34,8 +36,9 @@ import jsonschema
 import yaml
 
 __all__ = [
-    "EngineError", "ExternalEngineNotAllowed", "EngineProfile", "LaunchSpec", "PLACEHOLDERS",
-    "PROFILE_DIR", "available_profiles", "load_profile", "render", "launch_spec", "arm_engine", "is_external",
+    "BuildRecipe", "BuildSpec", "ColdCacheSpec", "CrosscheckSpec", "EngineError", "ExternalEngineNotAllowed",
+    "EngineProfile", "FlushSpec", "LaunchSpec", "PLACEHOLDERS", "PROFILE_DIR", "TokenizeSpec", "arm_engine",
+    "available_profiles", "is_external", "launch_spec", "load_profile", "render",
 ]
 
 REPO = Path(__file__).resolve().parents[3]
@@ -104,8 +107,95 @@ def _basename_paths(arg: str) -> str:
 
 
 @dataclass(frozen=True)
+class TokenizeSpec:
+    """How the server's own tokenizer is asked (``tokenize``): POST *path* with *body*, which takes
+    the rendered prompt ``text`` or the ``messages`` (*input*); the ids are in *tokens_field*."""
+
+    path: str
+    input: str
+    body: dict
+    tokens_field: str
+    count_field: str | None
+
+
+@dataclass(frozen=True)
+class ColdCacheSpec:
+    """Where a cold cache is shown (``cold_cache``): *proof* is ``evaluated_tokens``,
+    ``cached_tokens`` or ``none``; the fields are dotted reply paths, the patterns log regexes."""
+
+    proof: str
+    how: str
+    evaluated_field: str | None = None
+    cached_field: str | None = None
+    missing_means_zero: bool = False
+    log_pattern: str | None = None
+    log_evaluated_pattern: str | None = None
+    requires_flags: tuple[str, ...] = ()
+
+    @property
+    def from_log(self) -> bool:
+        """Whether the evaluated-token count is read from the server log, request by request."""
+        return self.proof == "evaluated_tokens" and not self.evaluated_field
+
+
+@dataclass(frozen=True)
+class FlushSpec:
+    """An unmeasured request sent before each steady one, so that it shares no prefix (``request.flush``)."""
+
+    path: str
+    body: dict
+
+
+@dataclass(frozen=True)
+class BuildSpec:
+    """How an arm of this engine is built (``build``), as templates: a *command* (its step named
+    *step*), or a CMake build (*cmake*: ``targets``, ``flags``, ``jobs``, ``build_dir``,
+    ``compiler_cache``), or nothing; then, with *convert*, a cached conversion of a GGUF model."""
+
+    command: tuple[str, ...] | None
+    step: str
+    cmake: dict | None
+    convert: tuple[str, ...] | None
+    timeout_s: float
+
+
+@dataclass(frozen=True)
+class BuildRecipe:
+    """One arm's build, rendered from its profile: what :func:`pairbench.arms.build.build_arm` runs.
+
+    In order: *command* (a step named *command_step*) or the CMake build *cmake* (its ``flags``
+    rendered), or neither; with *convert* and a GGUF model, ``convert + [<gguf>, <out dir>]``
+    (cached per patched tree and model; the server then gets the converted folder); then *version*,
+    whose first output line is the native version string (a failure fails the build only when
+    *version_required*). Every step has *timeout_s*. *engine* is the profile summary the build
+    artifact records (external engines), else None.
+    """
+
+    command: tuple[str, ...] | None
+    command_step: str
+    cmake: dict | None
+    convert: tuple[str, ...] | None
+    version: tuple[str, ...] | None
+    version_required: bool
+    timeout_s: float
+    engine: dict | None
+
+
+@dataclass(frozen=True)
+class CrosscheckSpec:
+    """The engine's own benchmark tool (``crosscheck``): argv templates that print *format*."""
+
+    tool: str
+    format: str
+    commands: tuple[tuple[str, ...], ...]
+    timeout_s: float
+    how: str = ""
+
+
+@dataclass(frozen=True)
 class EngineProfile:
-    """A validated profile. ``data`` is the YAML as loaded; helpers read it, never mutate it."""
+    """A validated profile. ``data`` is the YAML as loaded: read it through the accessors below
+    (outside :mod:`pairbench.engines`, only through them), never mutate it."""
 
     name: str
     data: dict = field(repr=False)
@@ -134,18 +224,109 @@ class EngineProfile:
     @property
     def cold_cache_proof(self) -> str:
         """'strong' (evaluated-token count), 'weak' (cached-token count, may be absent) or 'none'."""
-        return {"evaluated_tokens": "strong", "cached_tokens": "weak", "none": "none"}[
-            self.data["cold_cache"]["proof"]]
+        return {"evaluated_tokens": "strong", "cached_tokens": "weak", "none": "none"}[self.cold_cache_spec.proof]
+
+    @cached_property
+    def cold_cache_spec(self) -> ColdCacheSpec:
+        cc = self.data["cold_cache"]
+        return ColdCacheSpec(proof=cc["proof"], how=cc["how"].strip(), evaluated_field=cc.get("evaluated_field"),
+                             cached_field=cc.get("cached_field"), missing_means_zero=bool(cc.get("missing_means_zero")),
+                             log_pattern=cc.get("log_pattern"), log_evaluated_pattern=cc.get("log_evaluated_pattern"),
+                             requires_flags=tuple(cc.get("requires_flags") or ()))
+
+    @cached_property
+    def tokenize_spec(self) -> TokenizeSpec:
+        tok = self.data["tokenize"]
+        return TokenizeSpec(path=tok["path"], input=tok.get("input", "text"), body=tok["body"],
+                            tokens_field=tok.get("tokens_field", "tokens"), count_field=tok.get("count_field"))
+
+    @property
+    def prompt_count_route(self) -> str:
+        """Where the native prompt token count comes from: ``reply`` (a reply field,
+        :attr:`prompt_count_field`) or ``tokenize`` (the server's tokenizer, its only count)."""
+        return "tokenize" if self.data["tokens"]["prompt"] == "tokenize" else "reply"
+
+    @property
+    def prompt_count_field(self) -> str | None:
+        """The reply's dotted path to the prompt token count (None: :attr:`prompt_count_route` is tokenize)."""
+        return None if self.prompt_count_route == "tokenize" else self.data["tokens"]["prompt"]
+
+    @property
+    def completion_count_field(self) -> str | None:
+        """The reply's dotted path to the completion token count (None: the streamed chunks are counted)."""
+        field_ = self.data["tokens"]["completion"]
+        return None if field_ == "stream_chunks" else field_
+
+    @property
+    def flush_spec(self) -> FlushSpec | None:
+        fl = self.data["request"].get("flush")
+        return FlushSpec(path=fl["path"], body=fl["body"]) if fl else None
+
+    @property
+    def version_command(self) -> list[str] | None:
+        """The argv template printing the native version after the build (None: none)."""
+        cmd = (self.data.get("version") or {}).get("command")
+        return list(cmd) if cmd else None
+
+    @property
+    def version_required(self) -> bool:
+        """Whether a version command that fails or prints nothing fails the build (else: 'unknown')."""
+        return bool((self.data.get("version") or {}).get("required", False))
+
+    @property
+    def version_path(self) -> str | None:
+        """The HTTP path answering the version once the server is up (None: none)."""
+        return (self.data.get("version") or {}).get("path")
+
+    @cached_property
+    def build_spec(self) -> BuildSpec:
+        b = self.data.get("build") or {}
+        return BuildSpec(command=tuple(b["command"]) if b.get("command") else None, step=b.get("step", "build"),
+                         cmake=copy.deepcopy(b["cmake"]) if b.get("cmake") else None,
+                         convert=tuple(b["convert"]) if b.get("convert") else None,
+                         timeout_s=float(b.get("timeout_s") or 3600))
+
+    @cached_property
+    def crosscheck_spec(self) -> CrosscheckSpec | None:
+        """The engine's own benchmark tool, or None when the profile names none."""
+        c = self.data.get("crosscheck")
+        if not c:
+            return None
+        return CrosscheckSpec(tool=c["tool"], format=c["format"], commands=tuple(tuple(t) for t in c["commands"]),
+                              timeout_s=float(c.get("timeout_s", 1800)), how=c.get("how", "").strip())
+
+    def build_recipe(self, arm: dict, *, src: str | os.PathLike, commit: str | None = None,
+                     python: str = sys.executable) -> BuildRecipe:
+        """*arm*'s build, rendered: the arm's own ``build`` argv (a step named ``build``) wins over the
+        profile's command or CMake build. Templates may use ``{python}``, ``{src}``, ``{threads}``,
+        ``{host}`` and ``{commit}`` (the exported tag's commit, 7 characters; ``unknown`` without one)."""
+        values = {"python": python, "src": str(Path(src).resolve()), "threads": arm.get("threads"), "port": None,
+                  "model": None, "ctx": None, "host": "127.0.0.1", "commit": commit[:7] if commit else "unknown"}
+        spec = self.build_spec
+
+        def argv(template, where: str) -> tuple[str, ...] | None:
+            return tuple(str(a) for a in render(list(template), values, where)) if template else None
+
+        own = arm.get("build") is not None
+        command = argv(arm["build"], "arms.build") if own else argv(spec.command, f"{self.name}.build.command")
+        cmake = None
+        if not own and spec.cmake:
+            cmake = {**spec.cmake, "flags": [str(f) for f in render(list(spec.cmake.get("flags") or []), values,
+                                                                     "build.cmake.flags")]}
+        return BuildRecipe(command=command, command_step="build" if own else spec.step, cmake=cmake,
+                           convert=argv(spec.convert, f"{self.name}.build.convert"),
+                           version=argv(self.version_command, f"{self.name}.version.command"),
+                           version_required=self.version_required, timeout_s=spec.timeout_s,
+                           engine=self.summary() if self.external else None)
 
     def summary(self) -> dict:
         """The profile facts a run artifact records (and the report shows) for an arm."""
-        cc = self.data["cold_cache"]
         return {
             "engine": self.name,
             "external": self.external,
             "api_mode": self.api_mode,
             "cold_cache_proof": self.cold_cache_proof,
-            "cold_cache_how": cc["how"].strip(),
+            "cold_cache_how": self.cold_cache_spec.how,
             "prefix_cache_disabled_by": self.data["prefix_cache"]["how_disabled"].strip(),
             "output_length_forced_by": self.data["request"]["output_length"]["how"].strip(),
             "engine_timings": self.data["timings"]["field"] is not None,
@@ -178,23 +359,22 @@ class EngineProfile:
 
     def tokenize_request(self, *, text: str | None = None, messages: list[dict] | None = None) -> tuple[str, dict]:
         """``(path, body)`` asking the server's own tokenizer for the prompt's tokens."""
-        tok = self.data["tokenize"]
-        want = tok.get("input", "text")
-        if want == "messages" and messages is None:
+        tok = self.tokenize_spec
+        if tok.input == "messages" and messages is None:
             raise EngineError(f"engine {self.name}: tokenize takes messages")
-        if want == "text" and text is None:
+        if tok.input == "text" and text is None:
             raise EngineError(f"engine {self.name}: tokenize takes the rendered prompt text")
-        body = _render_obj(copy.deepcopy(tok["body"]), {"text": text, "messages": messages})
-        return tok["path"], body
+        body = _render_obj(copy.deepcopy(tok.body), {"text": text, "messages": messages})
+        return tok.path, body
 
     def token_count(self, reply: dict) -> int:
         """The prompt token count in a tokenize reply (the list's length, cross-checked with count)."""
-        tok = self.data["tokenize"]
-        ids = reply.get(tok.get("tokens_field", "tokens"))
+        tok = self.tokenize_spec
+        ids = reply.get(tok.tokens_field)
         if not isinstance(ids, list):
-            raise EngineError(f"engine {self.name}: tokenize reply has no "
-                              f"{tok.get('tokens_field', 'tokens')!r} list: {str(reply)[:200]}")
-        cf = tok.get("count_field")
+            raise EngineError(f"engine {self.name}: tokenize reply has no {tok.tokens_field!r} list: "
+                              f"{str(reply)[:200]}")
+        cf = tok.count_field
         if cf and reply.get(cf) is not None and reply[cf] != len(ids):
             raise EngineError(f"engine {self.name}: tokenize reply says count {reply[cf]} "
                               f"but lists {len(ids)} tokens")
@@ -231,10 +411,10 @@ def _check_consistency(data: dict, path: Path) -> None:
             _check_placeholders(item, f"{path}: launch.argv[{i}]")
     for k, v in data["launch"].get("env", {}).items():
         _check_placeholders(v, f"{path}: launch.env.{k}")
-    for section in ("build", "version"):
-        cmd = (data.get(section) or {}).get("command")
+    for section, key in (("build", "command"), ("build", "convert"), ("version", "command")):
+        cmd = (data.get(section) or {}).get(key)
         for i, item in enumerate(cmd or []):
-            _check_placeholders(item, f"{path}: {section}.command[{i}]")
+            _check_placeholders(item, f"{path}: {section}.{key}[{i}]")
     for i, cmd in enumerate((data.get("crosscheck") or {}).get("commands") or []):
         for j, item in enumerate(cmd):
             _check_placeholders(item, f"{path}: crosscheck.commands[{i}][{j}]")
@@ -374,7 +554,7 @@ def launch_spec(profile: EngineProfile, arm: dict, *, port: int, model: str, ctx
         if flag not in argv:
             raise EngineError(f"arm launch: engine {profile.name} needs {flag!r} in its command line "
                               "to keep prefix caching off")
-    for flag in profile.data["cold_cache"].get("requires_flags") or []:
+    for flag in profile.cold_cache_spec.requires_flags:
         if flag not in argv:
             raise EngineError(f"arm launch: engine {profile.name} needs {flag!r} in its command line, "
                               "else it never reports cached tokens and a cold cache cannot be shown")

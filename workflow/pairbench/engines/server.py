@@ -5,7 +5,7 @@ The server runs in its own process group (so SIGTERM/SIGKILL reach anything it s
 port, with stdout and stderr going to a log file under ``private/``. :class:`Server` is a context
 manager: leaving the block always stops the server (SIGTERM, then SIGKILL after a grace period).
 
-Crash hygiene (see :mod:`pairbench.integrity.recovery`): with a ``pid_path`` the server is recorded in a pid
+Crash hygiene (see :mod:`pairbench.engines.pidfile`): with a ``pid_path`` the server is recorded in a pid
 file while it runs and whatever live server a previous, killed job left in that file is killed
 before launching; every server gets a parent-death signal, so it dies with the job that launched it
 (launch servers from the main thread: the signal fires when the launching *thread* ends).
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import httpx
 
-from pairbench.integrity import recovery
+from pairbench.engines import pidfile
 from pairbench.engines.client import base_url, http
 
 log = logging.getLogger(__name__)
@@ -81,7 +81,7 @@ class Server:
         # The engine under test must come from src/<arm>/ (the cwd), never from an installed copy.
         env.pop("PYTHONPATH", None)
         if self.pid_path is not None:
-            note = recovery.kill_stale(self.pid_path)
+            note = pidfile.kill_stale(self.pid_path)
             if note:
                 log.warning("%s", note)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -92,7 +92,7 @@ class Server:
                                      preexec_fn=self._preexec)
         logfile.close()
         if self.pid_path is not None:
-            recovery.record_server(self.pid_path, self.proc.pid, cmd, self.owner)
+            pidfile.record_server(self.pid_path, self.proc.pid, cmd, self.owner)
         self.facts = {"argv": spec.public()["argv"], "port_kind": "ephemeral", "cpus": self.cpus}
         self.wait_healthy(t0)
 
@@ -101,7 +101,7 @@ class Server:
         the parent-death signal."""
         if self.cpus:
             os.sched_setaffinity(0, self.cpus)
-        recovery.die_with_parent()
+        pidfile.die_with_parent()
 
     def wait_healthy(self, t0: float) -> None:
         deadline = t0 + self.startup_timeout_s
@@ -155,7 +155,7 @@ class Server:
 
     def _forget(self) -> None:
         if self.pid_path is not None:
-            recovery.forget_server(self.pid_path)
+            pidfile.forget_server(self.pid_path)
 
     def _reap_group(self, sig: int) -> None:
         try:

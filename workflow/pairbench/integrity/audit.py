@@ -133,7 +133,7 @@ def _check_source_tree(result: AuditResult, rel: str, data: dict, run_dir: Path)
     every file, ``pristine.manifest`` per file for those no patch changed. The embedded engine (a
     ``source`` folder name) is exported to ``src/<arm>/engine/``; a git-tag or installed engine
     (``source`` an object or null) to ``src/<arm>/`` itself (see pairbench.arms.source.export_source)."""
-    from pairbench.arms.source import manifest, tree_sha256
+    from pairbench.core.trees import manifest, tree_sha256
 
     patched = data.get("patched") or {}
     if "tree_sha256" not in patched:

@@ -144,11 +144,9 @@ def steady_request(engine: ArmEngine, srv, client, *, messages: list[dict], cond
     An engine fault (the request fails, the stream breaks or stalls) raises :class:`VisitError`
     naming *where*, with the server's exit status if it died.
     """
-    n_tok = None
     try:
         path, body = engine.request(messages, cond.output_tokens, seed)
-        if engine.profile.data["tokens"]["prompt"] == "tokenize":  # its only prompt count
-            n_tok = len(engine.tokenize(client, srv.url, messages))
+        n_tok = engine.prompt_count(client, srv.url, messages)  # None: the reply has it
         engine.flush(client, srv.url)  # unmeasured; only for engines that need it
         req_log = server_log.stat().st_size
         result = stream_chat(srv.url, body, timeout, path=path, on_token=RequestProgress(label, cond.output_tokens))

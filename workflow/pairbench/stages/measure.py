@@ -10,13 +10,12 @@ from pathlib import Path
 from pairbench.core import naming
 from pairbench.core import conditions
 from pairbench.core.artifacts import read_artifact, sha256_file, write_artifact
-from pairbench.engines.adapter import ArmEngine, for_arm
+from pairbench.engines.adapter import ArmEngine, for_arm, model_arg
 from pairbench.engines.client import http
-from pairbench.arms.build import model_arg
 from pairbench.integrity import recovery
-from pairbench.measure import crosscheck as pb_crosscheck
 from pairbench.measure import fixtures as pb_fixtures
 from pairbench.measure import node as pb_node
+from pairbench.measure import toolbench as pb_toolbench
 from pairbench.measure import visit as pb_visit
 from pairbench.validate import retries
 
@@ -166,9 +165,9 @@ def crosscheck_stage(*, crosschecks: list[str], raw: list[str], plan: str, build
     arms_in = {a: {"config": arm_configs[a], "src_dir": d, "model": model_arg(read_artifact(b, "build"), root)}
                for a, d, b in zip(arms, arm_dirs, builds)}
     conds = conditions.from_plan(plan_body)
-    bodies = pb_crosscheck.run_crosscheck(arms_in, lengths=sorted({c.input_tokens for c in conds}),
-                                          output_tokens=sorted({c.output_tokens for c in conds}),
-                                          rounds=rounds, raw_out=dict(zip(arms, raw)), log=tool_log)
+    bodies = pb_toolbench.run_toolbench(arms_in, lengths=sorted({c.input_tokens for c in conds}),
+                                        output_tokens=sorted({c.output_tokens for c in conds}),
+                                        rounds=rounds, raw_out=dict(zip(arms, raw)), log=tool_log)
     for a, out, b in zip(arms, crosschecks, builds):
         body = {**bodies[a], "inputs": {"plan": sha256_file(plan), "build": sha256_file(b)}}
         log.info("%s: %s", a, ", ".join(f"{t['test']}@d{t['n_depth']} {t['avg_tok_s']:.1f} tok/s" for t in body["tests"]))

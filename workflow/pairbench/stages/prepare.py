@@ -11,7 +11,7 @@ from pairbench.core import config as pb_config
 from pairbench.core import plan as pb_plan
 from pairbench.core.artifacts import read_artifact, sha256_file, write_artifact
 from pairbench.engines.policy import plan_opt_in
-from pairbench.engines.profiles import is_external
+from pairbench.engines.profiles import arm_engine, is_external, load_profile
 
 log = logging.getLogger("pairbench")
 
@@ -31,19 +31,17 @@ def source_stage(*, source: str, tree: str, plan: str, arm: str, root: str) -> N
 
 def build_stage(*, build: str, source: str, plan: str, arm: str, arm_dir: str, model: str, cache_dir: str,
                 steps_log: str, root: str) -> None:
-    """The embedded engine is byte-compiled and its model converted (cached); any other engine runs
-    its profile's build command, once the config has opted in to external code."""
+    """Build one arm as its engine profile says (one path for every engine: :mod:`pairbench.arms.build`),
+    once the config has opted in to external code."""
     src = read_artifact(source, "source")
     info = pb_config.resolve_model(model, Path(root))
     plan_body = read_artifact(plan, "plan")
     arm_cfg = plan_body["arms"][arm]
-    if is_external(arm_cfg):
+    profile = load_profile(arm_engine(arm_cfg))
+    if is_external(arm_cfg, profile):
         plan_opt_in(plan_body)  # never build someone else's code without consent
-    if pb_build.converts_model(arm_cfg):
-        body = pb_build.build_arm(arm, arm_dir, src, info, Path(root) / cache_dir, steps_log,
-                                  source_sha256=sha256_file(source), root=root)
-    else:
-        body = pb_build.build_external_arm(arm, arm_cfg, arm_dir, src, info, steps_log,
-                                           source_sha256=sha256_file(source), root=root)
+    recipe = profile.build_recipe(arm_cfg, src=arm_dir, commit=(src.get("git") or {}).get("commit"))
+    body = pb_build.build_arm(arm, arm_dir, recipe, source=src, model=info, cache_dir=Path(root) / cache_dir,
+                              log=steps_log, source_sha256=sha256_file(source), root=root)
     body["inputs"]["plan"] = sha256_file(plan)
     write_artifact(build, "build", body)

@@ -1,4 +1,4 @@
-"""An independent cross-check of one arm: the engine's own benchmark tool, run from the arm's build.
+"""The engine's own benchmark tool, run from each arm's build: the measurement half of the cross-check.
 
 pairbench measures through the server (HTTP, streaming, its gates). An engine that ships its own
 benchmark can say the same thing another way: llama.cpp's ``llama-bench`` times prompt processing
@@ -12,11 +12,13 @@ that both meet the same drift of a shared machine:
 - ``tg<output_tokens>`` at depth ``<length>``, for every planned length (compare with the decode
   rates, which pairbench measures after a prompt of that length).
 
-The engine profile's ``crosscheck`` section holds the command templates (``{lengths}`` =
-comma-separated lengths, ``{output_tokens}``, plus the launch placeholders) and
-says which output format they print (``format: llama-bench-json``). Only numbers are kept in the
-``crosscheck/<arm>.json`` artifact; the tool's full output (model path, CPU name) goes to
-``private/crosscheck/<arm>.json``.
+The engine profile's ``crosscheck`` section (:attr:`~pairbench.engines.profiles.EngineProfile.crosscheck_spec`)
+holds the command templates (``{lengths}`` = comma-separated lengths, ``{output_tokens}``, plus the
+launch placeholders) and says which output format they print (``format: llama-bench-json``). Each
+run is a step of the one step runner (:func:`pairbench.core.steps.run_step`). Only numbers are kept
+in the ``crosscheck/<arm>.json`` artifact; the tool's full output (model path, CPU name) goes to
+``private/crosscheck/<arm>.json``. Comparing those numbers with pairbench's verdicts is the
+analysis half, :mod:`pairbench.analysis.crosscheck`.
 """
 
 from __future__ import annotations
@@ -24,20 +26,19 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import subprocess
-import time
 from pathlib import Path
 
-from pairbench.engines.profiles import EngineError, arm_engine, load_profile, render
+from pairbench.core.steps import StepError, run_step
+from pairbench.engines.profiles import CrosscheckSpec, EngineError, arm_engine, load_profile, render
 
 
-class CrosscheckError(Exception):
+class ToolbenchError(Exception):
     """The cross-check tool failed or printed something unreadable; names the arm and the command."""
 
 
 def has_crosscheck(arm_cfg: dict) -> bool:
     """Whether this arm's engine profile defines a cross-check tool."""
-    return bool(load_profile(arm_engine(arm_cfg)).data.get("crosscheck"))
+    return load_profile(arm_engine(arm_cfg)).crosscheck_spec is not None
 
 
 def parse_llama_bench(text: str) -> list[dict]:
@@ -45,9 +46,9 @@ def parse_llama_bench(text: str) -> list[dict]:
     try:
         rows = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise CrosscheckError(f"llama-bench printed no JSON list ({exc})") from None
+        raise ToolbenchError(f"llama-bench printed no JSON list ({exc})") from None
     if not isinstance(rows, list):
-        raise CrosscheckError("llama-bench printed JSON that is not a list of tests")
+        raise ToolbenchError("llama-bench printed JSON that is not a list of tests")
     tests = []
     for row in rows:
         n_prompt, n_gen = int(row["n_prompt"]), int(row["n_gen"])
@@ -72,46 +73,39 @@ def tool_commands(arm: str, arm_cfg: dict, *, src_dir: str | os.PathLike, model:
                   output_tokens: list[int]) -> list[list[str]]:
     """The profile's cross-check commands for *arm*, rendered."""
     profile = load_profile(arm_engine(arm_cfg))
-    spec = profile.data.get("crosscheck")
-    if not spec:
-        raise CrosscheckError(f"arm {arm}: engine {profile.name} has no crosscheck section")
+    spec = profile.crosscheck_spec
+    if spec is None:
+        raise ToolbenchError(f"arm {arm}: engine {profile.name} has no crosscheck section")
     values = {"src": str(Path(src_dir).resolve()), "model": model, "threads": arm_cfg.get("threads"),
               "lengths": ",".join(str(n) for n in lengths), "output_tokens": ",".join(str(n) for n in output_tokens),
               "python": None, "port": None, "ctx": None, "host": None, "commit": None}
     try:
         return [[str(a) for a in render(list(t), values, f"crosscheck.commands[{i}]")]
-                for i, t in enumerate(spec["commands"])]
+                for i, t in enumerate(spec.commands)]
     except EngineError as exc:
-        raise CrosscheckError(f"arm {arm}: {exc}") from None
+        raise ToolbenchError(f"arm {arm}: {exc}") from None
 
 
 def _run_tool(arm: str, argv: list[str], cwd: str, timeout_s: float, log: Path) -> tuple[list[dict], list, dict]:
-    t0 = time.perf_counter()
     name = os.path.basename(argv[0])
-    with open(log, "a") as fh:
-        fh.write(f"$ {' '.join(argv)}\n")
-        fh.flush()
-        try:
-            proc = subprocess.run(argv, cwd=cwd, stdout=subprocess.PIPE, stderr=fh, text=True, timeout=timeout_s)
-        except FileNotFoundError:
-            raise CrosscheckError(f"arm {arm}: {name} not found; does the build compile it "
-                                  "(build.cmake.targets)?") from None
-        except subprocess.TimeoutExpired:
-            raise CrosscheckError(f"arm {arm}: {name} exceeded {timeout_s:g} s; see {log}") from None
-    if proc.returncode != 0:
-        raise CrosscheckError(f"arm {arm}: {name} exited with status {proc.returncode}; see {log}")
     try:
-        tests, raw = parse_llama_bench(proc.stdout), json.loads(proc.stdout)
-    except (CrosscheckError, KeyError, TypeError, ValueError) as exc:
-        raise CrosscheckError(f"arm {arm}: {name}: {exc}; see {log}") from None
-    # argv recorded by file name only: the model path and the tree's location are private
-    run = {"argv": [os.path.basename(a) if os.path.isabs(a) else a for a in argv],
-           "exit_code": proc.returncode, "duration_s": time.perf_counter() - t0}
+        res = run_step("tool", argv, cwd=cwd, log=log, timeout_s=timeout_s, capture="stdout",
+                       subject=f"arm {arm}: {name}")
+    except StepError as exc:
+        if exc.reason == "not_found":
+            raise ToolbenchError(f"arm {arm}: {name} not found; does the build compile it "
+                                 "(build.cmake.targets)?") from None
+        raise ToolbenchError(str(exc)) from None
+    try:
+        tests, raw = parse_llama_bench(res.stdout), json.loads(res.stdout)
+    except (ToolbenchError, KeyError, TypeError, ValueError) as exc:
+        raise ToolbenchError(f"arm {arm}: {name}: {exc}; see {log}") from None
+    run = {k: v for k, v in res.record.items() if k != "step"}  # argv by file name only: paths are private
     return tests, raw, run
 
 
-def run_crosscheck(arms: dict[str, dict], *, lengths: list[int], output_tokens: list[int], rounds: int,
-                   raw_out: dict[str, str | os.PathLike], log: str | os.PathLike) -> dict[str, dict]:
+def run_toolbench(arms: dict[str, dict], *, lengths: list[int], output_tokens: list[int], rounds: int,
+                  raw_out: dict[str, str | os.PathLike], log: str | os.PathLike) -> dict[str, dict]:
     """Run the tool for every arm in *arms* (name -> ``{"config", "src_dir", "model"}``, baseline
     first), *rounds* times, alternating ABBA so that both arms meet the same drift of the machine:
     round 1 runs A then B, round 2 B then A, and so on. Each run is the tool's own (``-r 1``, after
@@ -120,7 +114,8 @@ def run_crosscheck(arms: dict[str, dict], *, lengths: list[int], output_tokens: 
     names = list(arms)
     log = Path(log)
     log.parent.mkdir(parents=True, exist_ok=True)
-    specs = {a: load_profile(arm_engine(arms[a]["config"])).data["crosscheck"] for a in names}
+    specs: dict[str, CrosscheckSpec] = {a: load_profile(arm_engine(arms[a]["config"])).crosscheck_spec
+                                        for a in names}
     cmds = {a: tool_commands(a, arms[a]["config"], src_dir=arms[a]["src_dir"], model=arms[a]["model"],
                              lengths=lengths, output_tokens=output_tokens) for a in names}
     per: dict[str, dict] = {a: {"runs": [], "raw": [], "samples": {}, "first": {}, "t": 0.0} for a in names}
@@ -129,7 +124,7 @@ def run_crosscheck(arms: dict[str, dict], *, lengths: list[int], output_tokens: 
         for a in order:
             for argv in cmds[a]:
                 tests, raw, run = _run_tool(a, argv, str(Path(arms[a]["src_dir"]).resolve()),
-                                            float(specs[a].get("timeout_s", 1800)), log)
+                                            specs[a].timeout_s, log)
                 per[a]["runs"].append({"round": r, **run})
                 per[a]["raw"].append(raw)
                 per[a]["t"] += run["duration_s"]
@@ -146,7 +141,7 @@ def run_crosscheck(arms: dict[str, dict], *, lengths: list[int], output_tokens: 
             xs = per[a]["samples"][key]
             tests.append({**t, "avg_tok_s": statistics.fmean(xs),
                           "stddev_tok_s": statistics.stdev(xs) if len(xs) > 1 else 0.0, "samples_tok_s": xs})
-        out[a] = {"arm": a, "tool": specs[a]["tool"], "threads": arms[a]["config"].get("threads"),
+        out[a] = {"arm": a, "tool": specs[a].tool, "threads": arms[a]["config"].get("threads"),
                   "rounds": rounds, "order": [names if r % 2 == 1 else names[::-1] for r in range(1, rounds + 1)],
                   "runs": per[a]["runs"], "tests": tests, "duration_s": per[a]["t"]}
     return out
