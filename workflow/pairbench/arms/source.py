@@ -21,7 +21,7 @@ import subprocess
 from pathlib import Path
 
 from pairbench.core.artifacts import sha256_file
-from pairbench.core.trees import manifest, source_files, tree_sha256  # noqa: F401 - source_files: common.smk reads it here
+from pairbench.core.trees import manifest, tree_sha256
 
 IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", "*.pyo", ".pytest_cache")
 
