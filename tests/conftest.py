@@ -55,6 +55,18 @@ def pytest_make_collect_report(collector):
     return _fail_skip((yield))
 
 
+def pytest_collection_modifyitems(config, items):
+    """tests/engine/ runs the native kernels in this process, through ctypes: a deadlock there never
+    returns to Python, so pytest-timeout's signal method (pyproject.toml) could not end it. Its
+    thread method can (the call released the GIL): it dumps every thread's stack and ends the run."""
+    engine = REPO / "tests" / "engine"
+    for item in items:
+        if item.path.is_relative_to(engine):
+            own = item.get_closest_marker("timeout")  # keep a test's own limit
+            limit = own.kwargs.get("timeout", own.args[0] if own.args else None) if own else None
+            item.add_marker(pytest.mark.timeout(limit, method="thread"), append=False)
+
+
 @pytest.fixture(scope="session")
 def repo_root() -> Path:
     return REPO
