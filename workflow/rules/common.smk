@@ -67,10 +67,11 @@ def crosscheck_arms(cfg):
 
 CROSSCHECK = crosscheck_arms(CFG)
 def on_cluster(workflow):
-    """Whether a cluster executor runs this workflow. Read while the Snakefile is parsed, before
-    Snakemake has chosen its executor: only a non-local executor keeps --jobs as cluster nodes (a
-    local run turns it into --cores), and a job on a node runs in remote mode."""
-    return workflow.resource_settings.nodes is not None or workflow.remote_exec
+    """Whether a cluster executor runs this workflow's jobs, from the executor Snakemake chose, or
+    remote mode (a job on a node). Only valid once jobs are being expanded: while the Snakefile is
+    parsed no executor is chosen yet and every run reads as local. (--jobs is no sign: a local
+    `--cores 2 --jobs 2` keeps it too.) A dry run reads as local, whatever executor it previews."""
+    return workflow.non_local_exec or workflow.remote_exec
 
 
 # The visits of this comparison are one Snakemake job group when a cluster executor runs them: the
@@ -83,7 +84,9 @@ def on_cluster(workflow):
 # into the group as soon as a finished visit lies between two that rerun (a visit deleted and redone).
 # docs/cluster.md says what a checkpoint may split, and how to redo one visit of a finished chain on
 # a cluster. No warmups: every visit takes them as inputs.
-MEASURE_GROUP = f"measure_{CFG['label']}" if on_cluster(workflow) else None
+def MEASURE_GROUP(wildcards):
+    """The `group:` of a visit, decided when its job is expanded (after the executor is chosen)."""
+    return f"measure_{CFG['label']}" if on_cluster(workflow) else None
 
 
 def measure_resources(arms):
