@@ -27,7 +27,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from pairbench.core.artifacts import parse_schema_id, read_artifact
+from pairbench.core.artifacts import parse_schema_id, read_artifact, sha256_file
 from pairbench.publish.verify import verify_bundle
 
 REPO = Path(__file__).resolve().parents[2]
@@ -57,9 +57,9 @@ def snakemake(work: Path, *args: str, check: bool = True, env: dict | None = Non
     return proc
 
 
-# pairbench.publish.bundle.build_bundle keeps its own leak-gate result and pseudonym map here, as plain
-# JSON without a schema id (they never leave private/).
-NOT_ARTIFACTS = ("private/publish/leakgate.json", "private/publish/pseudonyms.json")
+# pairbench.publish.bundle.build_bundle keeps its own leak-gate result and pseudonym map here, and each
+# visit its node's facts in private/hosts/, as plain JSON without a schema id (they never leave private/).
+NOT_ARTIFACTS = ("private/publish/leakgate.json", "private/publish/pseudonyms.json", "private/hosts/")
 
 
 def json_artifacts(res: Path) -> list[Path]:
@@ -104,6 +104,9 @@ def test_every_artifact_validates_and_the_bundle_verifies(tiny_run):
     assert {"plan", "source", "build", "fixture", "prompts", "warmup", "measure", "output", "validate", "summary",
             "manifest", "environment", "fixture_manifest"} <= kinds
     assert verify_bundle(res / "publish") == []
+    # environment.json describes the node that measured (the first visit's), not the one that published
+    env = read_artifact(res / "private" / "environment.json", "environment")
+    assert env["inputs"]["host"] == sha256_file(res / "private" / "hosts" / "r01-baseline.json")
     for name in ("measurements", "summary"):
         assert (res / "tables" / f"{name}.csv").is_file()
     readme = (res / "publish" / "README.md").read_text()

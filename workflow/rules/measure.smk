@@ -13,6 +13,7 @@ rule measure:
         measure=f"{RES}/measure/{{visit}}.json",
         outputs=expand(f"{RES}/private/outputs/{{{{visit}}}}-{{length}}.json", length=LENGTHS),
         marker=f"{RES}/private/order/{{visit}}.done",
+        host=f"{RES}/private/hosts/{{visit}}.json",  # the measuring node's facts, for environment.json
     params:
         **visit_params(),
     resources:

@@ -23,6 +23,8 @@ rule publish:
         drift_png=f"{RES}/plots/drift.png",
         # [] unless both compared arms' engines have a cross-check tool (common.smk: crosscheck_arms)
         crosscheck=[f"{RES}/stats/crosscheck.json"] if CROSSCHECK else [],
+        # the measuring nodes' facts (environment.json describes the first visit's node)
+        hosts=lambda wc: [f"{RES}/private/hosts/{v}.json" for v in run_visit_ids()],
     output:
         # Files, not directory(): Snakemake would drop a .snakemake_timestamp into a directory
         # output, and the bundle must hold exactly what MANIFEST.json lists.

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from pairbench.core.artifacts import read_artifact, sha256_file, write_artifact
+from pairbench.core.artifacts import atomic_write_text, dumps, read_artifact, sha256_file, write_artifact
 from pairbench.engines.adapter import ArmEngine, for_arm
 from pairbench.engines.client import http
 from pairbench.arms.build import model_arg
@@ -16,6 +16,7 @@ from pairbench.measure import crosscheck as pb_crosscheck
 from pairbench.measure import fixtures as pb_fixtures
 from pairbench.measure import node as pb_node
 from pairbench.measure import visit as pb_visit
+from pairbench.publish import envfacts
 from pairbench.validate import retries
 
 log = logging.getLogger("pairbench")
@@ -70,8 +71,10 @@ def warmup_stage(*, warmup: str, plan: str, build: str, arm: str, arm_dir: str, 
 
 def measure_stage(*, measure: str, outputs: list[str], marker: str, plan: str, build: str, fixtures: list[str],
                   prompts: list[str], visit: dict, arm_dir: str, arm_config: dict, server: dict, server_log: str,
-                  root: str, attempt: int = 1, pid_file: str | None = None) -> None:
-    """One visit. *attempt* is Snakemake's (1 = first); *pid_file* the visits' shared server pid file.
+                  root: str, attempt: int = 1, pid_file: str | None = None, host: str | None = None) -> None:
+    """One visit. *attempt* is Snakemake's (1 = first); *pid_file* the visits' shared server pid file;
+    *host* receives the facts of the node that measured (pairbench.publish.envfacts.node_facts), which
+    the bundle's environment.json describes.
 
     A watchdog ends the job, after killing its server, if the Snakemake that started it is killed, so
     the orphaned job never goes on measuring beside the rerun (see pairbench.integrity.recovery).
@@ -82,6 +85,8 @@ def measure_stage(*, measure: str, outputs: list[str], marker: str, plan: str, b
     for length, path in zip(plan_body["lengths"], outputs):
         write_artifact(path, "output", {"visit": visit["id"], "length": length, **texts[length],
                                         "inputs": {"plan": inputs["plan"]}})
+    if host:
+        atomic_write_text(host, dumps(envfacts.node_facts(envfacts.collect(torch=False))))
     write_artifact(measure, "measure", body)
     # Ordering marker for the next visit (see workflow/rules/common.smk: previous_visit).
     Path(marker).parent.mkdir(parents=True, exist_ok=True)

@@ -3,6 +3,7 @@ page."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -64,8 +65,11 @@ def publish_stage(*, bundle: str, private_dir: str, res_dir: str, root: str, pla
                   builds: list[str], fixtures: list[str], prompts: list[str], warmups: list[str],
                   measures: list[str], validations: list[str], summary: str, measurements: str, summary_csv: str,
                   paired_csv: str, ratios_csv: str, timing_csv: str, ratios_png: str, drift_png: str,
-                  crosscheck: list[str], memory_csv: str | None = None) -> None:
-    """The report and the allowlisted, scrubbed, leak-gated bundle (pairbench.publish.bundle.build_bundle)."""
+                  crosscheck: list[str], hosts: list[str], memory_csv: str | None = None) -> None:
+    """The report and the allowlisted, scrubbed, leak-gated bundle (pairbench.publish.bundle.build_bundle).
+    *hosts* are the measuring jobs' node facts, in plan order: environment.json describes the node of
+    the first (every visit of a comparison runs on one node; the audit checks it), and the identifiers
+    of every node, and of this one, are scrubbed."""
     plan_body = read_artifact(plan, "plan")
     source_bodies = _by(sources, "source", "arm")
     build_bodies = _by(builds, "build", "arm")
@@ -75,12 +79,14 @@ def publish_stage(*, bundle: str, private_dir: str, res_dir: str, root: str, pla
     tables = {"measurements": measurements, "summary": summary_csv, "paired": paired_csv, "ratios": ratios_csv,
               "timing_agreement": timing_csv, **({"memory": memory_csv} if memory_csv else {})}
 
-    facts = envfacts.collect(engine_version=build_bodies[plan_body["baseline"]]["native_version"])
-    identifiers = envfacts.identifiers(facts)
+    here = envfacts.collect(engine_version=build_bodies[plan_body["baseline"]]["native_version"])
+    nodes = [json.loads(Path(h).read_text()) for h in hosts]
+    identifiers = envfacts.merged_identifiers(here, *nodes)
     # Absolute paths of this checkout are private too (they name users and machines).
     identifiers["path"] = sorted({*identifiers.get("path", []), str(Path(root).resolve())})
     env_path = Path(private_dir) / "environment.json"
-    write_artifact(env_path, "environment", envfacts.public(facts, inputs={"plan": sha256_file(plan)}))
+    write_artifact(env_path, "environment", envfacts.public(envfacts.on_node(here, nodes[0]), inputs={
+        "plan": sha256_file(plan), "host": sha256_file(hosts[0])}))
     first_round = min(int(r) for r in plan_body["salts"])
     fx_manifest = pb_bundle.fixture_manifest(
         [{"length": n, "messages": next(r for r in prompt_bodies[n]["rounds"] if r["round"] == first_round)["messages"],
