@@ -26,7 +26,8 @@ from pairbench.integrity import recovery
 
 from tests.recovery._helpers import make_workdir, snapshot, wait_until
 
-pytestmark = pytest.mark.slow
+# the first test starts the cluster and runs a two-comparison study through sbatch
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 # The plugin's status command without slurmdbd, and a first status check soon after submission
 # (its default, 40 s, is for a busy site; the test's jobs take seconds).

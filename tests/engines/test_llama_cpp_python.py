@@ -17,7 +17,8 @@ from pairbench.publish.verify import verify_bundle
 
 from .pipeline_support import copy_checkout, snakemake
 
-pytestmark = [pytest.mark.slow, pytest.mark.model]
+# the first test runs the whole pipeline on llama-cpp-python (snakemake's own limit below: 1800 s)
+pytestmark = [pytest.mark.slow, pytest.mark.model, pytest.mark.timeout(2100)]
 CONFIG = "tests/config/llama_cpp_python.yaml"
 
 

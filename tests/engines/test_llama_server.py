@@ -22,7 +22,8 @@ from pairbench.publish.verify import verify_bundle
 
 from .pipeline_support import copy_checkout, snakemake
 
-pytestmark = [pytest.mark.slow, pytest.mark.model]
+# the first test builds both llama.cpp arms (snakemake's own limit below: 3600 s)
+pytestmark = [pytest.mark.slow, pytest.mark.model, pytest.mark.timeout(3900)]
 CONFIG = "tests/config/llama_server.yaml"
 TAG = tag_name("0.3.36")
 
