@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import re
 import subprocess
 import sys
@@ -102,8 +103,10 @@ def test_the_audit_passes_and_every_bundle_verifies(study):
     wd, _ = study
     for label in LABELS:
         assert read_artifact(wd.root / "results" / label / "audit.json", "audit")["ok"]
+        # this copy's pairbench, not whichever checkout an installed one points at
         verify = subprocess.run([sys.executable, "-m", "pairbench", "verify", f"results/{label}/publish"],
-                                cwd=wd.root, capture_output=True, text=True, check=False)
+                                cwd=wd.root, capture_output=True, text=True, check=False,
+                                env={**os.environ, "PYTHONPATH": str(wd.root / "workflow")})
         assert verify.returncode == 0, verify.stdout + verify.stderr
     index = (wd.root / "results" / "tiny-study" / "index.md").read_text()
     for label in LABELS:
