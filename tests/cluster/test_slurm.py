@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import re
 import subprocess
 import sys
@@ -26,7 +27,8 @@ from pairbench.integrity import recovery
 
 from tests.recovery._helpers import make_workdir, snapshot, wait_until
 
-pytestmark = pytest.mark.slow
+# the first test starts the cluster and runs a two-comparison study through sbatch
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 # The plugin's status command without slurmdbd, and a first status check soon after submission
 # (its default, 40 s, is for a busy site; the test's jobs take seconds).
@@ -101,8 +103,10 @@ def test_the_audit_passes_and_every_bundle_verifies(study):
     wd, _ = study
     for label in LABELS:
         assert read_artifact(wd.root / "results" / label / "audit.json", "audit")["ok"]
+        # this copy's pairbench, not whichever checkout an installed one points at
         verify = subprocess.run([sys.executable, "-m", "pairbench", "verify", f"results/{label}/publish"],
-                                cwd=wd.root, capture_output=True, text=True, check=False)
+                                cwd=wd.root, capture_output=True, text=True, check=False,
+                                env={**os.environ, "PYTHONPATH": str(wd.root / "workflow")})
         assert verify.returncode == 0, verify.stdout + verify.stderr
     index = (wd.root / "results" / "tiny-study" / "index.md").read_text()
     for label in LABELS:

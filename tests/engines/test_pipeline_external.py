@@ -20,7 +20,8 @@ def checkout(tmp_path_factory, smollm2_gguf):
     return copy_checkout(tmp_path_factory.mktemp("checkout"))
 
 
-def test_without_opt_in_nothing_external_runs_and_the_plan_is_shown(checkout):
+def test_without_opt_in_nothing_external_runs_and_the_plan_is_shown(tmp_path, smollm2_gguf):
+    checkout = copy_checkout(tmp_path)  # its own: the shared one may hold the opt-in run's builds
     dry = snakemake(checkout, "-n", "--configfile", CONFIG)
     assert dry.returncode == 0, dry.stderr[-2000:]
     run = snakemake(checkout, "--configfile", CONFIG)

@@ -92,3 +92,23 @@ def test_localhost_names_are_not_identifiers():
     assert facts == {"hostname": "zq-box", "fqdn": None, "domain": None}
     facts = envfacts.collect_host(gethostname=lambda: "zq-box", getfqdn=lambda: "zq-box.localdomain")
     assert facts["domain"] is None and facts["fqdn"] == "zq-box.localdomain"
+
+
+def test_environment_describes_the_measuring_node_with_the_publishing_jobs_software():
+    node = planted_facts()  # the node that measured: the planted zq identity, with two H100s
+    here = {**planted_facts(engine_version="pairbench-engine 0.2.0"), "hostname": "zq-login-01", "fqdn": None,
+            "domain": None, "cpu_model": "ZQ Login CPU", "memory_total_bytes": 8 << 30, "gpu_count": 0, "gpus": [],
+            "python_version": "3.12.1", "secret_env_values": ["zq-login-secret-7"]}
+    stored = envfacts.node_facts(node)
+    # what the measuring job writes under private/: machine facts and identifiers, no software, no secret
+    assert "secret_env_values" not in stored and not envfacts.SOFTWARE_KEYS & set(stored)
+    assert stored["hostname"] == "zq-devbox-07" and stored["gpu_count"] == 2
+    assert json.loads(json.dumps(stored)) == stored
+    body = envfacts.public(envfacts.on_node(here, stored))
+    assert (body["cpu_model"], body["gpu_count"], body["python_version"], body["engine_version"]) == (
+        node["cpu_model"], 2, "3.12.1", "pairbench-engine 0.2.0")
+    assert body["memory_total_bytes"] == node["memory_total_bytes"]
+    ids = envfacts.merged_identifiers(here, stored)
+    assert ids["hostname"] == ["zq-devbox-07", "zq-login-01"]
+    assert ids["secret"] == ["zq-login-secret-7"]  # the node's credentials were never stored
+    assert ids["serial"] == ["1324020012345", "1324020067890"]

@@ -196,6 +196,11 @@ def test_matches_baseline_divergence_fails_by_default_and_passes_with_threshold(
     assert v["verdict"] == "fail"
 
 
+def test_matches_baseline_fails_when_nothing_was_compared():
+    v = _run(["matches_baseline"], ids=[], baseline=_output(ids=[]))["matches_baseline"]
+    assert v == {"verdict": "fail", "reason": "nothing to compare: neither output holds a token id"}
+
+
 def test_matches_baseline_skipped_for_the_baseline_arm():
     assert _run(["matches_baseline"], baseline=None)["matches_baseline"]["verdict"] == "skipped"
 

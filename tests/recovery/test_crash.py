@@ -8,11 +8,11 @@ One throwaway copy of the repository runs the pipeline's measurement on the fake
    ``snakemake --unlock`` then ``snakemake --cores 1 --rerun-incomplete`` redoes only the visit in
    flight (and the one after it), leaving the finished visits byte-identical, and a stale server
    recorded in the pid file is killed at the next visit's start.
-2. SIGKILL the engine server in the middle of a visit (``retries: 0``). The visit fails naming the
-   arm, round and condition; ``snakemake --cores 1 --rerun-incomplete`` (no --unlock: Snakemake exited
-   by itself) completes it.
+2. SIGKILL the engine server in the middle of the last visit (``retries: 0``). The visit fails
+   naming the arm, round and condition; ``snakemake --cores 1 --rerun-incomplete`` (no --unlock:
+   Snakemake exited by itself) completes it, leaving the visits before it byte-identical.
 
-Both tests share one workdir and run in order (the second reuses the first's finished visits).
+Each test measures in its own copy of the repository: it can run alone and in any order.
 """
 
 from __future__ import annotations
@@ -49,9 +49,10 @@ def job_counts(stdout: str) -> dict[str, int]:
     return counts
 
 
-@pytest.fixture(scope="module")
-def shared(tmp_path_factory):
-    wd = make_workdir(tmp_path_factory.mktemp("crash") / "repo")
+@pytest.fixture
+def fresh(tmp_path):
+    """A copy of the repository in which nothing was measured yet."""
+    wd = make_workdir(tmp_path / "repo")
     yield wd
     left = wd.cleanup()
     assert not left, f"processes left running after the crash tests: {left}"
@@ -61,8 +62,8 @@ def measure_path(wd, visit):
     return wd.run / "measure" / f"{visit}.json"
 
 
-def test_sigkill_snakemake_mid_visit_then_resume(shared):
-    wd = shared
+def test_sigkill_snakemake_mid_visit_then_resume(fresh):
+    wd = fresh
     target = str(measure_path(wd, VISITS[-1]).relative_to(wd.root))
     smk = wd.start_snakemake("--cores", "1", *CFG, target, log_name="run1.log")
     console = wd.root / "run1.log"
@@ -104,15 +105,14 @@ def test_sigkill_snakemake_mid_visit_then_resume(shared):
     assert not wd.processes_inside()
 
 
-def test_sigkill_engine_server_mid_visit_fails_visit_then_rerun_incomplete(shared):
-    wd = shared
+def test_sigkill_engine_server_mid_visit_fails_visit_then_rerun_incomplete(fresh):
+    wd = fresh
     victim = VISITS[-1]
     target = str(measure_path(wd, victim).relative_to(wd.root))
-    others = {v: snapshot(measure_path(wd, v).parent)[f"{v}.json"] for v in VISITS[:-1]}
-    smk = wd.start_snakemake("--cores", "1", *CFG, "--forcerun", target, target, log_name="run2.log")
+    smk = wd.start_snakemake("--cores", "1", *CFG, target, log_name="run2.log")
     console = wd.root / "run2.log"
     wait_until(lambda: file_has(console, f"[measure] {victim} arm=baseline round=2 condition=in400-out12: 1/12 tokens"),
-               timeout=200, what=f"{victim} to stream")
+               timeout=400, what=f"{victim} to stream")
     info = json.loads(recovery.pid_file(wd.run / "private", "measure").read_text())
     assert info["owner"] == f"measure {victim}"
     os.kill(info["pid"], signal.SIGKILL)
@@ -123,6 +123,8 @@ def test_sigkill_engine_server_mid_visit_fails_visit_then_rerun_incomplete(share
                      r"attempt 1\): engine fault: ", text), text[-3000:]
     assert not measure_path(wd, victim).exists()
     assert not wd.processes_inside()
+    # the visits before it ran to the end, one at a time in the plan's order
+    others = {v: snapshot(measure_path(wd, v).parent)[f"{v}.json"] for v in VISITS[:-1]}
 
     resumed = wd.snakemake("--cores", "1", *CFG, "--rerun-incomplete", target)
     assert job_counts(resumed.stdout + resumed.stderr) == {"measure": 1}

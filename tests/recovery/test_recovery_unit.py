@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
 
 from pairbench.integrity import recovery
 
@@ -126,11 +127,44 @@ def test_watchdog_ends_an_orphaned_job(tmp_path):
                 p.kill()
 
 
-def test_watchdog_is_inert_outside_snakemake():
-    wd = recovery.SnakemakeWatchdog()
-    if recovery.find_snakemake_ancestor() is None:
-        with wd:
-            assert wd._thread is None
+class FakeProcess:
+    """One process of an injected process tree: its command line and its ancestors, nearest first."""
+
+    def __init__(self, *argv: str, parents=()):
+        self.argv, self._parents = list(argv), list(parents)
+
+    def cmdline(self) -> list[str]:
+        if self.argv == ["<denied>"]:
+            raise psutil.AccessDenied(1)
+        return self.argv
+
+    def parents(self) -> list["FakeProcess"]:
+        return self._parents
+
+    def is_running(self) -> bool:
+        return True
+
+    def status(self) -> str:
+        return psutil.STATUS_SLEEPING
+
+
+@pytest.mark.parametrize("tree, found", [
+    ([["bash"], ["sshd: ci"], ["/sbin/init"]], None),
+    ([["bash", "-c", "python3 job.py"], ["/usr/bin/python3", "-m", "snakemake", "--cores", "1"], ["/sbin/init"]], 1),
+    ([["<denied>"], ["/opt/venv/bin/snakemake", "--cores", "1"]], 1),
+    ([["/usr/bin/python3", "/opt/venv/bin/snakemake", "-c1"], ["bash"]], 0),
+    ([["grep", "-r", "snakemake"], ["bash"]], None),
+], ids=["outside", "python-m", "past-a-denied-one", "script", "named-in-an-argument"])
+def test_watchdog_watches_exactly_a_snakemake_ancestor(monkeypatch, tree, found):
+    """The tree is injected, so both cases are asserted wherever the test runs (even under Snakemake)."""
+    ancestors = [FakeProcess(*argv) for argv in tree]
+    monkeypatch.setattr(psutil, "Process", lambda pid=None: FakeProcess("python3", "job.py", parents=ancestors))
+    want = None if found is None else ancestors[found]
+    assert recovery.find_snakemake_ancestor() is want
+    with recovery.SnakemakeWatchdog(poll_s=60) as wd:
+        assert wd.ancestor is want
+        assert (wd._thread is not None and wd._thread.is_alive()) == (want is not None)
+    assert wd._thread is None or not wd._thread.is_alive()
 
 
 def test_stray_temporaries(tmp_path):

@@ -27,7 +27,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from pairbench.core.artifacts import parse_schema_id, read_artifact
+from pairbench.core.artifacts import parse_schema_id, read_artifact, sha256_file
 from pairbench.publish.verify import verify_bundle
 
 REPO = Path(__file__).resolve().parents[2]
@@ -57,9 +57,9 @@ def snakemake(work: Path, *args: str, check: bool = True, env: dict | None = Non
     return proc
 
 
-# pairbench.publish.bundle.build_bundle keeps its own leak-gate result and pseudonym map here, as plain
-# JSON without a schema id (they never leave private/).
-NOT_ARTIFACTS = ("private/publish/leakgate.json", "private/publish/pseudonyms.json")
+# pairbench.publish.bundle.build_bundle keeps its own leak-gate result and pseudonym map here, and each
+# visit its node's facts in private/hosts/, as plain JSON without a schema id (they never leave private/).
+NOT_ARTIFACTS = ("private/publish/leakgate.json", "private/publish/pseudonyms.json", "private/hosts/")
 
 
 def json_artifacts(res: Path) -> list[Path]:
@@ -74,9 +74,21 @@ def finished_run(tmp_path_factory, folder: str, configfile: str) -> Path:
     return work
 
 
+def visit_spans(res: Path) -> list[list[float]]:
+    """[start, end] of every visit in the plan's order, from its artifact's mtime and duration."""
+    spans = []
+    for v in read_artifact(res / "plan.json", "plan")["visits"]:
+        m = res / "measure" / f"{v['id']}.json"
+        spans.append([m.stat().st_mtime - read_artifact(m, "measure")["duration_s"], m.stat().st_mtime])
+    return spans
+
+
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
-    return finished_run(tmp_path_factory, "repo", "tests/config/tiny.yaml")
+    work = finished_run(tmp_path_factory, "repo", "tests/config/tiny.yaml")
+    # the visits' spans as this run measured them, kept before any test redoes a visit
+    (work / "first-run-spans.json").write_text(json.dumps(visit_spans(work / "results" / "tiny")))
+    return work
 
 
 def test_every_artifact_validates_and_the_bundle_verifies(tiny_run):
@@ -92,17 +104,17 @@ def test_every_artifact_validates_and_the_bundle_verifies(tiny_run):
     assert {"plan", "source", "build", "fixture", "prompts", "warmup", "measure", "output", "validate", "summary",
             "manifest", "environment", "fixture_manifest"} <= kinds
     assert verify_bundle(res / "publish") == []
+    # environment.json describes the node that measured (the first visit's), not the one that published
+    env = read_artifact(res / "private" / "environment.json", "environment")
+    assert env["inputs"]["host"] == sha256_file(res / "private" / "hosts" / "r01-baseline.json")
     for name in ("measurements", "summary"):
         assert (res / "tables" / f"{name}.csv").is_file()
     readme = (res / "publish" / "README.md").read_text()
     assert "0 findings by" in readme and "## Statistics" in readme
-    # the visits ran one at a time, in the plan's order, even with --cores 2
-    plan = read_artifact(res / "plan.json", "plan")
-    spans = []
-    for v in plan["visits"]:
-        m = res / "measure" / f"{v['id']}.json"
-        spans.append((m.stat().st_mtime - read_artifact(m, "measure")["duration_s"], m.stat().st_mtime))
-    assert all(a[1] <= b[0] + 0.5 for a, b in zip(spans, spans[1:])), spans
+    # the visits ran one at a time, in the plan's order, even with --cores 2 (as first measured: a
+    # test may have redone one since)
+    spans = json.loads((tiny_run / "first-run-spans.json").read_text())
+    assert len(spans) == 4 and all(a[1] <= b[0] + 0.5 for a, b in zip(spans, spans[1:])), spans
 
 
 def test_second_dry_run_has_nothing_to_do(tiny_run):
@@ -161,15 +173,21 @@ def tiny_with(override: str) -> str:
     return yaml.safe_dump(cfg)
 
 
+def results_tree(work: Path) -> dict[str, int]:
+    """{path: mtime_ns} of everything under results/ (empty when there is none)."""
+    return {p.relative_to(work).as_posix(): p.stat().st_mtime_ns for p in (work / "results").rglob("*")}
+
+
 @pytest.mark.parametrize("case", sorted(BAD_CONFIGS))
 def test_invalid_config_fails_before_any_job_naming_the_key(scratch, case):
     override, message = BAD_CONFIGS[case]
     cfg = scratch / f"bad-{case.replace(' ', '-')}.yaml"
     cfg.write_text(tiny_with(override))
+    before = results_tree(scratch)  # scratch is shared: other tests' runs may have left results
     proc = snakemake(scratch, "-n", "--configfile", str(cfg), check=False)
     assert proc.returncode != 0
     assert message in proc.stdout + proc.stderr, proc.stderr[-3000:]
-    assert not (scratch / "results").exists(), "no job may run for an invalid config"
+    assert results_tree(scratch) == before, "no job may run, nothing may be written, for an invalid config"
 
 
 def test_non_applying_patch_names_the_patch_and_hunk(scratch):

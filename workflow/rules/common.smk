@@ -86,14 +86,17 @@ def crosscheck_arms(cfg):
 
 
 def on_cluster(workflow):
-    """Whether a cluster executor runs this workflow. Read while the Snakefile is parsed, before
-    Snakemake has chosen its executor: only a non-local executor keeps --jobs as cluster nodes (a
-    local run turns it into --cores), and a job on a node runs in remote mode."""
-    return workflow.resource_settings.nodes is not None or workflow.remote_exec
+    """Whether a cluster executor runs this workflow's jobs, from the executor Snakemake chose, or
+    remote mode (a job on a node). Only valid once jobs are being expanded: while the Snakefile is
+    parsed no executor is chosen yet and every run reads as local. (--jobs is no sign: a local
+    `--cores 2 --jobs 2` keeps it too.) A dry run reads as local, whatever executor it previews."""
+    return workflow.non_local_exec or workflow.remote_exec
 
 
 def measure_group(cfg):
-    """The measuring job group of this comparison on a cluster (None locally).
+    """The ``group:`` of a visit: a function, so it is decided when the job is expanded, after
+    Snakemake has chosen its executor (:func:`on_cluster`); the comparison's group on a cluster,
+    None locally.
 
     The visits are one Snakemake job group when a cluster executor runs them: the group is one job
     on one node, one visit at a time (the visits are chained). Only the visits: Snakemake rejects a
@@ -106,7 +109,7 @@ def measure_group(cfg):
     docs/cluster.md says what a checkpoint may split, and how to redo one visit of a finished chain
     on a cluster. No warmups: every visit takes them as inputs.
     """
-    return f"measure_{cfg['label']}" if on_cluster(workflow) else None
+    return lambda wildcards: f"measure_{cfg['label']}" if on_cluster(workflow) else None
 
 
 def measure_resources(cfg):
@@ -119,7 +122,7 @@ def visit_resources(cfg):
     block of an adaptive run, the first block's node (``--nodelist``): each block is a job group of
     its own, which Slurm could otherwise place anywhere."""
     res = measure_resources(cfg)
-    if on_cluster(workflow) and pb_plan.adaptive(cfg) is not None:
+    if pb_plan.adaptive(cfg) is not None:  # decided per job, once the executor is chosen
         res["slurm_extra"] = lambda wc: pinned_extra(cfg, wc.visit)
     return res
 
@@ -127,7 +130,7 @@ def visit_resources(cfg):
 def pinned_extra(cfg, visit_id):
     first = visits(cfg)[0]["id"]
     node = None
-    if visit_by_id(cfg, visit_id)["round"] > pb_plan.adaptive(cfg)["min"]:
+    if on_cluster(workflow) and visit_by_id(cfg, visit_id)["round"] > pb_plan.adaptive(cfg)["min"]:
         node = read_artifact(L.output(first, condition_ids(cfg)[0]), "output").get("node")
     return pb_node.pin_extra(cfg["resources"]["extra"], node)
 

@@ -14,6 +14,7 @@ rule measure:
         measure=L.measure("{visit}"),
         outputs=[L.output("{visit}", c) for c in condition_ids(CFG)],
         marker=L.marker("{visit}"),
+        host=L.host("{visit}"),  # the measuring node's facts, for environment.json
     params:
         **visit_params(CFG),
     resources:

@@ -16,6 +16,8 @@ rule publish:
         plots=rules.plots.output,
         # [] unless both compared arms' engines have a cross-check tool (common.smk: crosscheck_arms)
         crosscheck=[L.crosscheck_summary] if crosscheck_arms(CFG) else [],
+        # the measuring nodes' facts (environment.json describes the first visit's node)
+        hosts=lambda wc: [L.host(v) for v in run_visit_ids(CFG)],
     output:
         # Files, not directory(): Snakemake would drop a .snakemake_timestamp into a directory
         # output, and the bundle must hold exactly what MANIFEST.json lists.

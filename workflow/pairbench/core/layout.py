@@ -89,6 +89,10 @@ class Layout:
         """The folder of a validation retry's private outputs, one file per re-measured condition."""
         return f"{self.private}/outputs/{visit_label(visit, retry)}"
 
+    def host(self, visit: str) -> str:
+        """The facts of the node that measured the visit (private; environment.json is made from them)."""
+        return f"{self.private}/hosts/{visit}.json"
+
     def marker(self, visit: str) -> str:
         """The visit's done-marker: the next visit's ordering-only input."""
         return f"{self.private}/order/{visit}.done"

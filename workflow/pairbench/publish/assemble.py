@@ -9,6 +9,7 @@ Writes three private artifacts the bundle copies (``environment.json``, ``fixtur
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -72,16 +73,22 @@ def stats_params(summary: dict) -> dict:
             "run": summary["run"]}
 
 
-def _private_artifacts(run: Run, root: str) -> tuple[dict, dict]:
+def _private_artifacts(run: Run, root: str, hosts: list[str]) -> tuple[dict, dict]:
     """Write environment.json, fixtures.json and stats_params.json under private/; return
-    ({bundle name: path}, the identifiers the leak gate looks for)."""
+    ({bundle name: path}, the identifiers the leak gate looks for).
+
+    environment.json describes the node of the first visit (*hosts*: the measuring jobs' node facts
+    in plan order; every visit of a comparison runs on one node, the audit checks it) with this
+    job's software facts; the identifiers of every measuring node, and of this one, are scrubbed."""
     L, plan = run.layout, run.plan
-    facts = envfacts.collect(engine_version=run.builds[plan["baseline"]]["native_version"])
-    identifiers = envfacts.identifiers(facts)
+    here = envfacts.collect(engine_version=run.builds[plan["baseline"]]["native_version"])
+    nodes = [json.loads(Path(h).read_text()) for h in hosts]
+    identifiers = envfacts.merged_identifiers(here, *nodes)
     # Absolute paths of this checkout are private too (they name users and machines).
     identifiers["path"] = sorted({*identifiers.get("path", []), str(Path(root).resolve())})
     env_path = Path(L.private) / "environment.json"
-    write_artifact(env_path, "environment", envfacts.public(facts, inputs={"plan": sha256_file(L.plan)}))
+    write_artifact(env_path, "environment", envfacts.public(envfacts.on_node(here, nodes[0]), inputs={
+        "plan": sha256_file(L.plan), "host": sha256_file(hosts[0])}))
     conds = [c["id"] for c in plan["conditions"]]
     fx_manifest = pb_bundle.fixture_manifest(
         [{"condition": c, "messages": next(r for r in run.prompts[c]["rounds"] if r["round"] == 1)["messages"],
@@ -146,10 +153,10 @@ def _without_build_dir(tree: Path, build_dir: str, dest: Path) -> Path:
     return dest
 
 
-def publish(run: Run, root: str) -> dict:
+def publish(run: Run, root: str, hosts: list[str]) -> dict:
     """Render the report and build the bundle; returns build_bundle's result."""
     L, plan = run.layout, run.plan
-    files, identifiers = _private_artifacts(run, root)
+    files, identifiers = _private_artifacts(run, root, hosts)
     resolved = {k: v for k, v in plan.items() if k not in ("visits", "inputs", "schema")}
     # quoted: digests read as digests
     files["config.resolved.yaml"] = yaml.safe_dump(resolved, sort_keys=True, default_style="\"").encode()

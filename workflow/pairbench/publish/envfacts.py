@@ -9,7 +9,10 @@ the registry:
 - :func:`public` returns the ``environment.json`` body: public facts only, devices under stable
   pseudonymous ids (``gpu0``, ``gpu1``) in the order nvidia-smi lists them;
 - :func:`identifiers` returns the literal private identifiers of this machine, by category, for
-  :func:`pairbench.publish.sanitize.scrub_text` and the leak gate.
+  :func:`pairbench.publish.sanitize.scrub_text` and the leak gate;
+- :func:`node_facts` is what a measuring job records of its node (under ``private/``), and
+  :func:`on_node` puts those machine facts in place of the publishing job's own, so
+  ``environment.json`` describes the node that measured, even when publish runs on another.
 
 Every collector takes its sources as arguments (environment mapping, command runner, interface table)
 so tests can plant synthetic identities and never read this machine's.
@@ -78,6 +81,12 @@ FACTS: tuple[Fact, ...] = (
 )
 FACT_BY_KEY = {f.key: f for f in FACTS}
 PUBLIC_KEYS = tuple(f.key for f in FACTS if f.public)
+# Facts of the software that every job of a run shares (one checkout, one Python environment): the
+# publish job reads them itself. Every other fact describes the machine a job ran on.
+SOFTWARE_KEYS = frozenset({"python_implementation", "python_version", "torch_version", "torch_cuda_version",
+                           "engine_version"})
+# Never written to disk, not even under private/: they stay in the memory of the job that read them.
+NEVER_STORED = frozenset({"secret_env_values"})
 
 Runner = Callable[[Sequence[str]], str | None]
 
@@ -324,6 +333,21 @@ def collect(
     return facts
 
 
+def node_facts(facts: Mapping[str, Any]) -> dict[str, Any]:
+    """What a measuring job records of the node it ran on (``private/hosts/<visit>.json``), so that
+    publish, which may run elsewhere (a login node under Slurm), describes that node: every machine
+    fact of *facts* (``collect(torch=False)`` is enough), private ones included, since they are
+    identifiers to scrub, but no software fact and never a credential's value."""
+    return {k: v for k, v in facts.items() if k in FACT_BY_KEY and k not in SOFTWARE_KEYS | NEVER_STORED}
+
+
+def on_node(here: Mapping[str, Any], node: Mapping[str, Any]) -> dict[str, Any]:
+    """The facts of the run: the machine facts of *node* (:func:`node_facts` of the measuring job) in
+    place of those of *here* (collected by the job that publishes), whose software facts are kept."""
+    machine = [f for f in FACTS if f.key not in SOFTWARE_KEYS | NEVER_STORED]
+    return {**here, **{f.key: node.get(f.key, [] if f.type.startswith("list") else None) for f in machine}}
+
+
 def public(facts: Mapping[str, Any], inputs: Mapping[str, str] | None = None) -> dict[str, Any]:
     """The ``environment.json`` body: the public facts only (an allowlist over the registry).
 
@@ -371,3 +395,12 @@ def identifiers(facts: Mapping[str, Any]) -> dict[str, list[str]]:
         "serial": many("gpu_serials"),
     }
     return {k: sorted(set(v)) for k, v in out.items()}
+
+
+def merged_identifiers(*facts: Mapping[str, Any]) -> dict[str, list[str]]:
+    """The identifiers of several machines (the publishing one and every measuring node), by category."""
+    out: dict[str, set[str]] = {}
+    for one in facts:
+        for category, values in identifiers(one).items():
+            out.setdefault(category, set()).update(values)
+    return {k: sorted(v) for k, v in out.items()}

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from pairbench.core import naming
 from pairbench.core import conditions
-from pairbench.core.artifacts import read_artifact, sha256_file, write_artifact
+from pairbench.core.artifacts import atomic_write_text, dumps, read_artifact, sha256_file, write_artifact
 from pairbench.engines.adapter import ArmEngine, for_arm, model_arg
 from pairbench.engines.client import http
 from pairbench.integrity import recovery
@@ -17,6 +17,7 @@ from pairbench.measure import fixtures as pb_fixtures
 from pairbench.measure import node as pb_node
 from pairbench.measure import toolbench as pb_toolbench
 from pairbench.measure import visit as pb_visit
+from pairbench.publish import envfacts
 from pairbench.validate import retries
 
 log = logging.getLogger("pairbench")
@@ -72,8 +73,10 @@ def warmup_stage(*, warmup: str, plan: str, build: str, arm: str, arm_dir: str, 
 
 def measure_stage(*, measure: str, outputs: list[str], marker: str, plan: str, build: str, fixtures: list[str],
                   prompts: list[str], visit: dict, arm_dir: str, arm_config: dict, server: dict, server_log: str,
-                  root: str, attempt: int = 1, pid_file: str | None = None) -> None:
-    """One visit. *attempt* is Snakemake's (1 = first); *pid_file* the visits' shared server pid file.
+                  root: str, attempt: int = 1, pid_file: str | None = None, host: str | None = None) -> None:
+    """One visit. *attempt* is Snakemake's (1 = first); *pid_file* the visits' shared server pid file;
+    *host* receives the facts of the node that measured (pairbench.publish.envfacts.node_facts), which
+    the bundle's environment.json describes.
 
     A watchdog ends the job, after killing its server, if the Snakemake that started it is killed, so
     the orphaned job never goes on measuring beside the rerun (see pairbench.integrity.recovery).
@@ -84,6 +87,8 @@ def measure_stage(*, measure: str, outputs: list[str], marker: str, plan: str, b
     for cond, path in zip(conditions.ids(plan_body["conditions"]), outputs):
         write_artifact(path, "output", {"visit": visit["id"], "condition": cond, **texts[cond],
                                         "inputs": {"plan": inputs["plan"]}})
+    if host:
+        atomic_write_text(host, dumps(envfacts.node_facts(envfacts.collect(torch=False))))
     write_artifact(measure, "measure", body)
     # Ordering marker for the next visit (see workflow/rules/common.smk: previous_visit).
     Path(marker).parent.mkdir(parents=True, exist_ok=True)

@@ -13,6 +13,7 @@ import re
 from pathlib import Path
 
 import yaml
+from snakemake.utils import update_config
 
 from pairbench.core.config import ConfigError, schema_check
 
@@ -24,13 +25,10 @@ def study_section(config: dict, schema: Path) -> dict:
 
 
 def merged(base: dict, overrides: dict) -> dict:
-    """*base* with *overrides* merged in: a mapping key by key, anything else replaced."""
+    """*base* with *overrides* merged in (Snakemake's own ``update_config``, as for --config): a
+    mapping key by key, anything else replaced; neither argument is changed."""
     out = copy.deepcopy(base)
-    for key, value in overrides.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = merged(out[key], value)
-        else:
-            out[key] = copy.deepcopy(value)
+    update_config(out, copy.deepcopy(overrides))
     return out
 
 

@@ -19,8 +19,8 @@ Cases (``CASES``):
   the length of the common prefix divided by the longer sequence's length (1.0 = identical). After
   the first divergence a greedy decoder conditions on different text, so positions past it are
   not comparable and count as disagreement. Passes when identical, or when ``agreement >=
-  options["min_agreement"]`` (default 1.0: exact). The baseline arm (``baseline_output is None``)
-  is ``skipped``.
+  options["min_agreement"]`` (default 1.0: exact). Fails when neither output holds a token id
+  (nothing was compared). The baseline arm (``baseline_output is None``) is ``skipped``.
 
 See docs/validation.md for the task catalogue, the sandbox and the evidence behind both.
 """
@@ -259,6 +259,8 @@ def case_matches_baseline(output: dict, baseline_output: dict | None, options: d
         return _verdict("skipped", "this is the baseline arm (or no baseline output to compare)")
     cand = _token_ids(output, "output")
     base = _token_ids(baseline_output, "baseline_output")
+    if not cand and not base:  # agreement 1.0 by definition, but nothing was compared
+        return _verdict("fail", "nothing to compare: neither output holds a token id")
     value = agreement(cand, base)
     first = next((i for i, (a, b) in enumerate(zip(cand, base)) if a != b), min(len(cand), len(base)))
     extra = {"agreement": round(value, 6), "first_divergence": None if value == 1.0 else first}
