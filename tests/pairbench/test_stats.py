@@ -268,7 +268,7 @@ STRONG, SIX = ramp(math.log(1.2), 0.01), ramp(math.log(1.2), 0.01, n=6)  # claim
 
 
 def test_one_candidate_run_holds_its_pair_with_the_pairs_own_family():
-    # holm_frame(True): both lengths' differences are ramps centred on log 1.2, so each estimate is
+    # holm_frame(True): both conditions' differences are ramps centred on log 1.2, so each estimate is
     # exactly 1.2. 256 (10 pairs, rank 1) is judged at 0.05 / 2: the signed-rank critical count
     # for n = 10 at 0.025 two-sided is 5 (P(T <= 5) = 10/1024, P(T <= 6) = 14/1024 > 0.0125), so
     # the interval runs from the 6th smallest to the 6th largest Walsh average, i + j = 5 and 17,
@@ -276,15 +276,15 @@ def test_one_candidate_run_holds_its_pair_with_the_pairs_own_family():
     run = stats.summarize_all(holm_frame(True), baseline="A", candidates=["B"], metrics=["decode_tok_s"])
     assert (run["baseline"], run["candidates"], sorted(run["comparisons"])) == ("A", ["B"], ["B"])
     assert run["params"]["family_size"] == run["comparisons"]["B"]["params"]["family_size"] == 2
-    got = {length: by["decode_tok_s"] for length, by in run["comparisons"]["B"]["paired"].items()}
-    want = {"256": (1, 0.975, 0.03), "512": (2, 0.95, 0.025)}
+    got = {c: by["decode_tok_s"] for c, by in run["comparisons"]["B"]["paired"].items()}
+    want = {"in256-out64": (1, 0.975, 0.03), "in512-out64": (2, 0.95, 0.025)}
     assert sorted(got) == sorted(want)
-    for length, (rank, level, half) in want.items():
-        p = got[length]
-        assert (p["family_rank"], p["ci_level"], p["verdict"]) == (rank, pytest.approx(level), "faster"), length
+    for c, (rank, level, half) in want.items():
+        p = got[c]
+        assert (p["family_rank"], p["ci_level"], p["verdict"]) == (rank, pytest.approx(level), "faster"), c
         assert p["hl_ratio"] == pytest.approx(1.2)
         assert (p["ci_low"], p["ci_high"]) == (pytest.approx(1.2 * math.exp(-half)),
-                                               pytest.approx(1.2 * math.exp(half))), length
+                                               pytest.approx(1.2 * math.exp(half))), c
 
 
 def test_holm_family_spans_every_candidate():
