@@ -232,10 +232,9 @@ class LoadClient:
             self._runner.__exit__(*exc)
             self._runner = self._http = None
 
-    def _run(self, coro) -> tuple[list[RequestRecord], float, float]:
+    def _ready(self) -> None:
         if self._runner is None:
             raise RuntimeError("LoadClient is used outside its 'with' block")
-        return self._runner.run(coro)
 
     def closed_loop(self, requests: list[LoadRequest], concurrency: int, *, timeout_s: float,
                     warmup: int = 0) -> LevelRun:
@@ -244,6 +243,7 @@ class LoadClient:
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
             raise ValueError(f"load.concurrency: must be a positive integer, got {concurrency!r}")
         _check(requests, timeout_s, warmup)
+        self._ready()
         http, url = self._http, self.url
 
         async def level():
@@ -262,7 +262,7 @@ class LoadClient:
             await asyncio.gather(*(stream(k) for k in range(concurrency)))
             return records, time.perf_counter() - t0, time.process_time() - cpu0
 
-        records, wall, cpu = self._run(level())
+        records, wall, cpu = self._runner.run(level())
         return _level("concurrency", records, wall, cpu, concurrency=concurrency, rate=None, offered=None,
                       timeout_s=timeout_s, warmup=warmup)
 
@@ -276,6 +276,7 @@ class LoadClient:
         if any(b < a for a, b in zip(offsets, offsets[1:])) or (offsets and offsets[0] < 0):
             raise ValueError("open loop: schedule offsets must be non-negative and non-decreasing")
         _check(requests, timeout_s, warmup)
+        self._ready()
         http, url = self._http, self.url
 
         async def level():
@@ -290,7 +291,7 @@ class LoadClient:
             records = list(await asyncio.gather(*tasks))
             return records, time.perf_counter() - t0, time.process_time() - cpu0
 
-        records, wall, cpu = self._run(level())
+        records, wall, cpu = self._runner.run(level())
         span = offsets[-1] - offsets[0] if offsets else 0.0
         offered = (len(offsets) - 1) / span if span > 0 else None
         return _level("rate", records, wall, cpu, concurrency=None, rate=rate_rps, offered=offered,
