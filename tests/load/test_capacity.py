@@ -171,7 +171,7 @@ GRID = 1.25 ** np.arange(10)
 TARGET = 0.9
 
 
-def simulate(seed: int, *, rho: float, base_c: float, n: int = 10, reps: int = 1000) -> tuple[float, dict]:
+def simulate(seed: int, *, rho: float, base_c: float, n: int = 10, reps: int = 1500) -> tuple[float, dict]:
     rng = np.random.default_rng(seed)
     drift = rng.normal(0, 0.15, (reps, n, 1))
     c = base_c * np.array([1.0, rho])[None, None, :] * np.exp(drift + rng.normal(0, 0.05, (reps, n, 2)))
