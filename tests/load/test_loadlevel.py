@@ -166,3 +166,12 @@ def test_open_loop_behind_schedule():
 def test_no_slo_no_attainment():
     m = level_metrics(closed(), level="c2", percentiles=(50,))
     assert m.slo_attainment is None and m.goodput_rps is None and m.slo is None
+
+
+def test_closed_loop_with_no_more_requests_than_streams():
+    run = closed(concurrency=4)
+    m = level_metrics(run, level="c4", percentiles=(50,))
+    assert m.achieved_concurrency is None
+    v = check(m)
+    assert v.failed == ("achieved_load",)
+    assert v.messages[0] == "level c4: 4 requests for 4 streams all went out at once: too few to hold the streams busy"

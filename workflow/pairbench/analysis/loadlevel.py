@@ -199,7 +199,8 @@ def level_metrics(run: Mapping, *, level: str, slo: SLO | None = None,
     sends = sorted(r["sent_s"] for r in records)
     achieved_c = achieved_r = None
     if run["mode"] == "concurrency":
-        achieved_c = _time_average_in_flight(records, sends[0], sends[-1])
+        if len(records) > (run.get("concurrency") or 0):  # else every request went out at once
+            achieved_c = _time_average_in_flight(records, sends[0], sends[-1])
     elif sends[-1] > sends[0]:
         achieved_r = (len(sends) - 1) / (sends[-1] - sends[0])
     lags = [r["lag_ms"] for r in records]
@@ -248,8 +249,8 @@ def check(m: LevelMetrics, bounds: Bounds = Bounds()) -> Validity:
     tol = bounds.load_tolerance
     if m.mode == "concurrency":
         if m.achieved_concurrency is None:
-            fail("achieved_load", f"{m.n_requests} requests all went out at once: too few to hold "
-                                  f"{m.concurrency} streams busy")
+            fail("achieved_load", f"{m.n_requests} requests for {m.concurrency} streams all went out at once: "
+                                  f"too few to hold the streams busy")
         elif m.achieved_concurrency < (1 - tol) * m.concurrency:
             fail("achieved_load", f"achieved concurrency {m.achieved_concurrency:.2f} of {m.concurrency} streams "
                                   f"(below {1 - tol:.0%} of the target)")
