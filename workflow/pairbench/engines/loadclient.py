@@ -178,7 +178,7 @@ async def _one(http: httpx.AsyncClient, url: str, req: LoadRequest, *, index: in
         kind, error = "timeout", f"request exceeded {timeout_s:g} s (after {len(result.token_times)} tokens)"
     except _Failure as exc:
         kind, error = exc.kind, str(exc)
-    except httpx.ConnectError as exc:
+    except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
         kind, error = "connect", f"{type(exc).__name__}: {exc}"
     except httpx.HTTPError as exc:  # RemoteProtocolError, ReadError: the connection broke mid-stream
         kind, error = "dropped", f"stream broke after {len(result.token_times)} tokens: {type(exc).__name__}: {exc}"
