@@ -356,8 +356,9 @@ class Handler(BaseHTTPRequestHandler):
         obj = "chat.completion.chunk" if chat else "text_completion"
 
         def timings() -> dict:
-            return {"prompt_n": len(ids) - cached, "prompt_ms": (seq.t_first - seq.t_submit) * 1e3,
-                    "predicted_n": n, "predicted_ms": (seq.t_last - seq.t_first) * 1e3}
+            first, last = seq.t_first or seq.t_submit, seq.t_last or seq.t_submit  # none at max_tokens 0
+            return {"prompt_n": len(ids) - cached, "prompt_ms": (first - seq.t_submit) * 1e3,
+                    "predicted_n": n, "predicted_ms": (last - first) * 1e3}
 
         if not stream:
             for _ in range(n):
