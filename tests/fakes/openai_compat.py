@@ -26,6 +26,20 @@ All: streamed ``/v1/completions`` and ``/v1/chat/completions`` as ``data: <json>
 ``usage``. ``ignore_eos`` and ``min_tokens`` are honoured: without either, the fake "model" emits
 EOS after ``--natural-len`` tokens, so a profile that fails to force the output length is caught.
 
+Load (``--parallel N``, off by default: without it requests are served one at a time, as before):
+continuous batching in N slots. One scheduler thread runs decode *steps*; a step emits one token to
+every sequence in the batch and costs ``--decode-s-per-token + --batch-s-per-seq × (batch − 1)``
+seconds, plus ``--prefill-s-per-token`` for each prompt token admitted into the batch at that step.
+So throughput rises with the batch while every stream's inter-token latency grows, as a real
+batching server's do, and requests beyond N wait for a slot (their TTFT grows). With ``--timings``
+the last token chunk carries llama.cpp's ``timings`` (``prompt_n``, ``prompt_ms``, ``predicted_n``,
+``predicted_ms``). Failure modes for the load client's tests, by arrival number (1-based, in the
+order the server received the requests): ``--stall-requests 2,5`` stop sending after
+``--fail-after-tokens`` tokens and hold the connection open, silent, until the client closes it;
+``--drop-requests 3`` close the connection after that many tokens, with no ``[DONE]``;
+``--reorder K`` holds the first K requests until all K arrived and then admits them last-first (with
+one slot they finish in reverse order of arrival).
+
 Model: byte-level tokenizer (id = byte + 3; 1 = <|im_start|>, 2 = <|im_end|>) with a ChatML template.
 Run: ``python tests/fakes/openai_compat.py --flavor vllm serve MODEL --port 8000 --no-enable-prefix-caching``.
 """
@@ -33,7 +47,11 @@ Run: ``python tests/fakes/openai_compat.py --flavor vllm serve MODEL --port 8000
 from __future__ import annotations
 
 import argparse
+import collections
 import json
+import queue
+import select
+import socket
 import sys
 import threading
 import time
@@ -80,6 +98,8 @@ class State:
             opts.no_enable_prefix_caching if f == "vllm" else opts.disable_radix_cache)
         self.report = opts.enable_prompt_tokens_details if f == "vllm" else (
             opts.enable_cache_report if f == "sglang" else False)
+        self.arrivals = 0  # requests received for generation (the failure modes' numbering)
+        self.batcher = Batcher(opts) if opts.parallel else None
 
     def cached_for(self, ids: list[int]) -> int:
         if not self.caching:
@@ -102,6 +122,72 @@ class State:
             lcp += 1
         lcp = min(lcp, len(ids) - 1)  # the last prompt token is always computed
         return (lcp // VLLM_BLOCK) * VLLM_BLOCK if self.opts.flavor == "vllm" else max(lcp, 0)
+
+
+class Seq:
+    """One request in the batcher: its costs, its fault, and a queue of token indices to stream."""
+
+    def __init__(self, arrival: int, new_prompt_tokens: int, n_out: int, fault: str | None):
+        self.arrival, self.new_prompt_tokens, self.n_out, self.fault = arrival, new_prompt_tokens, n_out, fault
+        self.tokens: queue.SimpleQueue = queue.SimpleQueue()
+        self.emitted = 0
+        self.cancelled = False
+        self.t_submit = time.perf_counter()
+        self.t_first = self.t_last = None
+
+
+class Batcher:
+    """Continuous batching in ``--parallel`` slots: a step emits one token to every active sequence."""
+
+    def __init__(self, opts: argparse.Namespace):
+        self.opts = opts
+        self.cv = threading.Condition()
+        self.waiting: collections.deque = collections.deque()
+        self.held: list[Seq] = []
+        self.active: list[Seq] = []
+        threading.Thread(target=self.loop, name="batcher", daemon=True).start()
+
+    def submit(self, seq: Seq) -> None:
+        with self.cv:
+            if seq.arrival <= self.opts.reorder:  # out-of-order mode: hold, then admit last-first
+                self.held.append(seq)
+                if len(self.held) == self.opts.reorder:
+                    self.waiting.extend(reversed(self.held))
+                    self.held = []
+            else:
+                self.waiting.append(seq)
+            self.cv.notify()
+
+    def loop(self) -> None:
+        o = self.opts
+        while True:
+            with self.cv:
+                self.active = [s for s in self.active if not s.cancelled and s.emitted < s.n_out]
+                while not self.waiting and not self.active:
+                    self.cv.wait()  # idle: nothing to decode
+                admitted = []
+                while self.waiting and len(self.active) < o.parallel:
+                    seq = self.waiting.popleft()
+                    self.active.append(seq)
+                    admitted.append(seq)
+                batch = list(self.active)
+            cost = (o.prefill_s_per_token * sum(s.new_prompt_tokens for s in admitted)
+                    + o.decode_s_per_token + o.batch_s_per_seq * (len(batch) - 1))
+            if cost > 0:
+                time.sleep(cost)
+            now = time.perf_counter()
+            for seq in batch:
+                if seq.cancelled:
+                    continue
+                if seq.t_first is None:
+                    seq.t_first = now
+                seq.t_last = now
+                seq.emitted += 1
+                seq.tokens.put(seq.emitted - 1)
+
+
+def _arrival_set(text: str) -> set[int]:
+    return {int(x) for x in text.split(",") if x.strip()}
 
 
 def _typed(body: dict, key: str, kind, default):
@@ -189,6 +275,9 @@ class Handler(BaseHTTPRequestHandler):
         if st.opts.flavor == "llama-cpp-python":
             ignore_eos = False  # not a field of its CreateCompletionRequest: ignored
             include_usage = False  # no stream_options either
+        if st.batcher is not None:
+            return self.generate_batched(ids, max_tokens=max_tokens, min_tokens=min_tokens, ignore_eos=ignore_eos,
+                                         stream=stream, include_usage=include_usage, chat=chat)
         with st.lock:
             cached = st.cached_for(ids)
             time.sleep(st.opts.prefill_s_per_token * (len(ids) - cached))
@@ -244,6 +333,86 @@ class Handler(BaseHTTPRequestHandler):
             self.close_connection = True
 
 
+    def generate_batched(self, ids: list[int], *, max_tokens: int, min_tokens: int, ignore_eos: bool, stream: bool,
+                         include_usage: bool, chat: bool) -> None:
+        """The ``--parallel`` path: the batcher decides when each token exists; this thread streams it."""
+        st, o = self.state, self.state.opts
+        with st.lock:
+            st.arrivals += 1
+            arrival = st.arrivals
+            cached = st.cached_for(ids)
+            n = max_tokens if ignore_eos or min_tokens >= max_tokens else min(max_tokens, max(o.natural_len, min_tokens))
+            st.previous = ids + encode("".join(OUTPUT[i % len(OUTPUT)] for i in range(n)))
+        fault = ("stall" if arrival in _arrival_set(o.stall_requests)
+                 else "drop" if arrival in _arrival_set(o.drop_requests) else None)
+        seq = Seq(arrival, len(ids) - cached, n, fault)
+        st.batcher.submit(seq)
+        pieces = [OUTPUT[i % len(OUTPUT)] for i in range(n)]
+        finish = "length" if n == max_tokens else "stop"
+        usage = {"prompt_tokens": len(ids), "completion_tokens": n, "total_tokens": len(ids) + n}
+        if st.report and cached > 0:
+            usage["prompt_tokens_details"] = {"cached_tokens": cached}
+        rid = f"{'chatcmpl' if chat else 'cmpl'}-fake-{arrival}"
+        obj = "chat.completion.chunk" if chat else "text_completion"
+
+        def timings() -> dict:
+            first, last = seq.t_first or seq.t_submit, seq.t_last or seq.t_submit  # none at max_tokens 0
+            return {"prompt_n": len(ids) - cached, "prompt_ms": (first - seq.t_submit) * 1e3,
+                    "predicted_n": n, "predicted_ms": (last - first) * 1e3}
+
+        if not stream:
+            for _ in range(n):
+                seq.tokens.get()
+            choice = {"index": 0, "finish_reason": finish, "logprobs": None}
+            choice.update({"message": {"role": "assistant", "content": "".join(pieces)}} if chat
+                          else {"text": "".join(pieces)})
+            reply = {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
+                     "model": o.model, "choices": [choice], "usage": usage}
+            if o.timings:
+                reply["timings"] = timings()
+            return self._json(200, reply)
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.close_connection = True
+
+        def event(payload) -> None:
+            data = payload if isinstance(payload, str) else json.dumps(payload)
+            self.wfile.write(f"data: {data}\n\n".encode())
+
+        try:
+            if chat:
+                event({"id": rid, "object": obj, "created": int(time.time()), "model": o.model,
+                       "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                                    "finish_reason": None}]})
+            for i in range(n):
+                if seq.fault and i == o.fail_after_tokens:
+                    return self.fail(seq)
+                seq.tokens.get()
+                last = i == n - 1
+                c = {"index": 0, "logprobs": None, "finish_reason": finish if last else None}
+                c.update({"delta": {"content": pieces[i]}} if chat else {"text": pieces[i]})
+                chunk = {"id": rid, "object": obj, "created": int(time.time()), "model": o.model, "choices": [c]}
+                if last and o.timings:
+                    chunk["timings"] = timings()
+                event(chunk)
+            if include_usage:
+                event({"id": rid, "object": obj, "created": int(time.time()), "model": o.model, "choices": [],
+                       "usage": usage})
+            event("[DONE]")
+        except (BrokenPipeError, ConnectionResetError):  # the client left: free the slot
+            seq.cancelled = True
+
+    def fail(self, seq: Seq) -> None:
+        """A stalled stream goes silent until the client closes it; a dropped one is cut off now."""
+        seq.cancelled = True  # its slot is freed either way
+        if seq.fault == "stall":
+            select.select([self.connection], [], [])  # readable once the client closes (EOF): no polling
+            return
+        self.connection.shutdown(socket.SHUT_RDWR)
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--flavor", choices=["vllm", "sglang", "llama-cpp-python"], required=True)
@@ -260,14 +429,32 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--natural-len", type=int, default=5, help="tokens before the fake model emits EOS")
     p.add_argument("--prefill-s-per-token", type=float, default=0.0)
     p.add_argument("--decode-s-per-token", type=float, default=0.001)
+    p.add_argument("--parallel", type=int, default=0,
+                   help="continuous batching in N slots (0: one request at a time, the default)")
+    p.add_argument("--batch-s-per-seq", type=float, default=0.0,
+                   help="with --parallel: added cost of a decode step per sequence beyond the first")
+    p.add_argument("--timings", action="store_true", help="with --parallel: llama.cpp timings in the last chunk")
+    p.add_argument("--stall-requests", default="", help="with --parallel: arrival numbers (1-based) that stall")
+    p.add_argument("--drop-requests", default="", help="with --parallel: arrival numbers whose stream is cut off")
+    p.add_argument("--fail-after-tokens", type=int, default=2, help="tokens a stalled or dropped stream sends first")
+    p.add_argument("--reorder", type=int, default=0,
+                   help="with --parallel: hold the first K requests, then admit them last-first")
     return p
+
+
+class Server(ThreadingHTTPServer):
+    request_queue_size = 256  # listen backlog: an open-loop burst must not meet SYN drops (the default is 5)
 
 
 def main(argv: list[str] | None = None) -> int:
     opts, unknown = parser().parse_known_args(argv)  # real servers' other flags are accepted, ignored
     opts.model = opts.model_path or (opts.positional[-1] if opts.positional else "fake")
+    load_flags = opts.batch_s_per_seq or opts.timings or opts.stall_requests or opts.drop_requests or opts.reorder
+    if opts.parallel < 0 or (load_flags and not opts.parallel):
+        parser().error("--batch-s-per-seq, --timings, --stall-requests, --drop-requests and --reorder need "
+                       "--parallel N (N >= 1)")
     Handler.state = State(opts)
-    server = ThreadingHTTPServer((opts.host, opts.port), Handler)
+    server = Server((opts.host, opts.port), Handler)
     sys.stderr.write(f"fake {opts.flavor} listening on {opts.host}:{opts.port} (ignored flags: {unknown})\n")
     sys.stderr.flush()
     try:
