@@ -15,7 +15,7 @@ from snakemake.utils import validate
 from pairbench.core import config as pb_config
 from pairbench.core import plan as pb_plan
 from pairbench.validate import retries as pb_retries
-from pairbench.core.artifacts import read_artifact
+from pairbench.core.artifacts import load_schema, parse_schema_id, read_artifact
 
 
 def own_config(config, config_settings, module):
@@ -49,6 +49,7 @@ VISITS = pb_plan.visits(CFG)  # every visit the plan holds (up to rounds.max whe
 VISIT_IDS = [v["id"] for v in VISITS]
 BASELINE = pb_config.baseline_arm(CFG)
 ADAPTIVE = pb_plan.adaptive(CFG)  # None: fixed rounds
+ADAPT_VERSION = parse_schema_id(load_schema("adapt")["$id"])[1]  # what pairbench.analysis.adaptive writes
 
 
 def crosscheck_arms(cfg):
@@ -237,10 +238,10 @@ def adapt_decisions():
     if ADAPTIVE is None:
         return []
     out, r = [], ADAPTIVE["min"]
-    while r < ADAPTIVE["max"]:
+    while r <= ADAPTIVE["max"]:  # the last at max itself: it records the final widths and time
         path = checkpoints.adapt.get(rounds=f"{r:02d}").output.adapt
         out.append((r, path))
-        if read_artifact(path, "adapt")["decision"] == "stop":
+        if read_artifact(path, "adapt", ADAPT_VERSION)["decision"] == "stop":
             break
         r += ADAPTIVE["block"]
     return out
@@ -254,7 +255,7 @@ def run_rounds():
     if not decisions:
         return ADAPTIVE["min"]  # min == max: nothing to decide
     last_r, last = decisions[-1]
-    return last_r if read_artifact(last, "adapt")["decision"] == "stop" else last_r + ADAPTIVE["block"]
+    return last_r if read_artifact(last, "adapt", ADAPT_VERSION)["decision"] == "stop" else last_r + ADAPTIVE["block"]
 
 
 def run_visit_ids():
