@@ -158,6 +158,11 @@ def run_visit(*, visit: dict, engine: ArmEngine, plan: dict, prompts: dict[int, 
     def where(length) -> str:
         return f"visit {visit['id']} (arm {arm}, round {round_}, length {length}, attempt {attempt})"
 
+    started_unix = time.time()  # the visit's cost, its quiet wait included, counts in rounds.max_minutes
+    quiet = hostload.wait_for_quiet(server_cfg.get("external_load"), server_cfg.get("quiet_wait_s"),
+                                    on_wait=lambda load: progress_log.info(
+                                        "[measure] %s: load %.2f, waiting up to %g s for the machine to quiet",
+                                        visit["id"], load, server_cfg["quiet_wait_s"]))
     server_cpus, client_cpus = hostload.pin_sets(server_cfg.get("pin", False))
     start = hostload.snapshot()
     restore = hostload.pin_self(client_cpus)
@@ -222,7 +227,8 @@ def run_visit(*, visit: dict, engine: ArmEngine, plan: dict, prompts: dict[int, 
     host = {"load1_start": start["load1"], "load1_end": end["load1"], "cpus": start["cpus"],
             "cpu_mhz": start["cpu_mhz"], "governor": start["governor"], "server_cpus": server_cpus,
             "client_cpus": client_cpus, "external_load_threshold": threshold,
-            "external_load": hostload.external_load(start["load1"], threshold) if threshold is not None else None}
+            "external_load": hostload.external_load(start["load1"], threshold) if threshold is not None else None,
+            "quiet": quiet}
     facts = srv.facts
     with open(server_log, "rb") as fh:  # this visit's part of the server log
         fh.seek(log_start)
@@ -240,6 +246,8 @@ def run_visit(*, visit: dict, engine: ArmEngine, plan: dict, prompts: dict[int, 
         "host": host,
         "complete": all(r["prompt_tokens"] is not None for r in records),
         "duration_s": time.perf_counter() - t_visit,
+        "started_unix": started_unix,
+        "ended_unix": time.time(),
         "inputs": inputs,
     }
     return body, outputs
