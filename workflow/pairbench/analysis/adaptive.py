@@ -92,7 +92,7 @@ def widths(diffs: dict, *, alpha: float, multiplicity: str, target: float) -> di
     rows = []
     for (cand, length, metric), d in diffs.items():
         h = log_half_width(d, level)
-        sd = float(np.std(d, ddof=1)) if d.size >= 2 else None
+        sd = float(np.std(d, ddof=1)) if h is None and d.size >= 2 else None  # only read when unbounded
         rows.append({"candidate": cand, "length": int(length), "metric": metric, "n_pairs": int(d.size),
                      "log_half_width": h, "half_width": None if h is None else math.expm1(h),
                      "rounds_for_target": rounds_for_target(int(d.size), target, level, log_half_width=h, sd=sd)})
