@@ -10,16 +10,19 @@ runs identical arms (no patch: A/A). Each effect × replicate is its own run lab
 (``results/power-<pct>-r<k>/``).
 
 Per effect it reports, over the replicates: how often decode_tok_s was called **slower** at every
-length (the detection rate), the error of the estimate against the injected effect, both nominal
-(1 − s) and as the engine's own timings measured it (the median ratio of ``engine_decode_tok_s``
-over the selected pairs), false claims (any faster/slower of a primary metric on A/A, or a
-**faster** decode when slowed), the half-widths, the run's wall time and the load averages.
+length and at each (the detection rate), the error of the estimate against the injected effect
+(mean, RMS and largest), both nominal (1 − s) and as the engine's own timings measured it (the
+median ratio of ``engine_decode_tok_s`` over the selected pairs), false claims and their rate (any
+faster/slower of a primary metric on A/A, or a **faster** decode when slowed), the half-widths,
+each run's rounds, what stopped them (target, max or the time budget) and their minutes, the wall
+time and the load averages.
 
     python3 bench/power.py [--effects 0 0.03 0.05 0.10] [--replicates 1] [--config config/config.yaml]
         [--json out.json] [--keep]
 
-A run takes as long as the default run (≤ 10 minutes on the project's 2-core machine); figures
-from this machine are in docs/statistics.md.
+A run takes as long as the default run (≤ 10 minutes on the project's 2-core machine, its rounds
+limited by ``rounds.max_minutes``), so ``--replicates 3`` over four effects is about two hours of a
+machine left alone; figures from this machine are in docs/statistics.md.
 """
 
 from __future__ import annotations
@@ -93,6 +96,11 @@ def run_one(cfg: dict, keep: bool) -> dict:
 
 
 def summarise(effect: float, runs: list[dict]) -> dict:
+    """Over the replicates of one effect: the detection rate (decode_tok_s called **slower** at every
+    length, and per length), the estimates' error against the injected effect (mean, RMS and largest,
+    in percentage points of the ratio; also against the engine's own timings), the false claims
+    (A/A: any faster/slower of a primary metric; slowed: a faster decode) and their rate, and each
+    run's rounds, what stopped it, its minutes and wall time."""
     lengths = sorted({n for r in runs for n in r["lengths"]}, key=int)
     detected = sum(all(r["lengths"][n]["verdict"] == "slower" for n in lengths) for r in runs)
     errs, eng_errs, halves = [], [], []
@@ -105,11 +113,20 @@ def summarise(effect: float, runs: list[dict]) -> dict:
             halves.append(x["half_width"])
     false = sum(bool(r["claims"]) if effect == 0 else any(m == "decode_tok_s" and v == "faster" for m, v in r["claims"])
                 for r in runs)
-    return {"effect": effect, "replicates": len(runs), "detected_every_length": detected,
+    budget = [r["rounds"].get("budget") or {} for r in runs]
+    return {"effect": effect, "replicates": len(runs),
+            "detection_rate": None if effect == 0 else detected / len(runs),
+            "detected_per_length": None if effect == 0 else
+            {n: sum(r["lengths"][n]["verdict"] == "slower" for r in runs) / len(runs) for n in lengths},
+            "mean_error_pp": 100 * sum(errs) / len(errs),
+            "rms_error_pp": 100 * (sum(e * e for e in errs) / len(errs)) ** 0.5,
             "max_abs_error_pp": 100 * max(abs(e) for e in errs),
             "max_abs_error_vs_engine_pp": 100 * max(abs(e) for e in eng_errs) if eng_errs else None,
             "half_widths_pct": [None if h is None else round(100 * h, 2) for h in halves],
-            "false_claims": false, "wall_s": [round(r["wall_s"]) for r in runs],
+            "false_claims": false, "false_claim_rate": false / len(runs),
+            "rounds": [r["rounds"]["run"] for r in runs], "stopped_by": [b.get("stopped_by") for b in budget],
+            "rounds_minutes": [None if b.get("used_minutes") is None else round(b["used_minutes"], 1) for b in budget],
+            "wall_s": [round(r["wall_s"]) for r in runs],
             "load": [(round(r["load_before"], 2), round(r["load_after"], 2)) for r in runs]}
 
 
@@ -133,6 +150,8 @@ def main(argv=None) -> int:
                   file=sys.stderr)
         report[f"{effect:g}"] = runs
         rows.append(summarise(effect, runs))
+    pd.set_option("display.width", 250)
+    pd.set_option("display.max_colwidth", 80)
     print(pd.DataFrame(rows).to_string(index=False))
     if args.json:
         Path(args.json).write_text(json.dumps({"summary": rows, "runs": report}, indent=1, default=str))
