@@ -5,10 +5,10 @@ A script, not a test: it prints figures for the closing note, from a ``tables/me
 of a real run (best: an A/A run, both arms identical):
 
 1. the A/A 95% half-width of the paired ratio's Hodges-Lehmann interval at the run's rounds, per
-   length and metric, in percent: (ci_high - ci_low) / 2, each comparison on its own (no Holm). With
+   condition and metric, in percent: (ci_high - ci_low) / 2, each comparison on its own (no Holm). With
    an A/A run no verdict may read faster or slower;
 2. the client-vs-engine disagreement on decode (and prefill) tok/s: the median over selected rows of
-   |client / engine - 1|, per arm and length and overall (target <= 1%).
+   |client / engine - 1|, per arm and condition and overall (target <= 1%).
 
     python3 bench/harness_selfbench.py results/<label>/tables/measurements.csv [--baseline A --candidate B]
 """
@@ -23,6 +23,7 @@ import numpy as np
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "workflow"))
+from pairbench.analysis.measurements import as_bool
 from pairbench.analysis import stats  # noqa: E402
 
 TARGET = 0.01
@@ -38,10 +39,10 @@ def aa_half_widths(df: pd.DataFrame, baseline: str, candidate: str, metrics: lis
     s = stats.summarize(df, baseline=baseline, candidate=candidate, metrics=primary, secondary=secondary,
                         memory=[], multiplicity="none", seed=seed)
     rows = []
-    for length, by in s["paired"].items():
+    for cond, by in s["paired"].items():
         for metric, p in by.items():
             half = None if p["ci_low"] is None else (p["ci_high"] - p["ci_low"]) / 2 * 100
-            rows.append({"length": int(length), "metric": metric, "n_pairs": p["n_pairs"],
+            rows.append({"condition": cond, "metric": metric, "n_pairs": p["n_pairs"],
                          "hl_ratio": p["hl_ratio"], "ci_low": p["ci_low"], "ci_high": p["ci_high"],
                          "ci_half_width_pct": half, "verdict": p["verdict"]})
     return pd.DataFrame(rows)
@@ -51,15 +52,15 @@ def client_engine(df: pd.DataFrame, kind: str) -> pd.DataFrame | None:
     client, engine = f"{kind}_tok_s", f"engine_{kind}_tok_s"
     if engine not in df.columns or client not in df.columns:
         return None
-    sel = df[stats.as_bool(df["selected"], "selected")].copy()
+    sel = df[as_bool(df["selected"], "selected")].copy()
     sel = sel[np.isfinite(sel[client]) & np.isfinite(sel[engine]) & (sel[engine] > 0)]
     if sel.empty:
         return None
     sel["dev"] = (sel[client] / sel[engine] - 1).abs()
     sel["signed"] = sel[client] / sel[engine] - 1
-    out = sel.groupby(["arm", "length"]).agg(n=("dev", "size"), median_abs_dev=("dev", "median"),
+    out = sel.groupby(["arm", "condition"]).agg(n=("dev", "size"), median_abs_dev=("dev", "median"),
                                             median_signed=("signed", "median")).reset_index()
-    overall = pd.DataFrame([{"arm": "(all)", "length": "(all)", "n": len(sel),
+    overall = pd.DataFrame([{"arm": "(all)", "condition": "(all)", "n": len(sel),
                              "median_abs_dev": sel["dev"].median(),
                              "median_signed": sel["signed"].median()}])
     return pd.concat([out, overall], ignore_index=True)

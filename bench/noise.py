@@ -17,11 +17,24 @@ adjacent pair): sqrt(2 · (between + within / r)), and the rounds needed for a 9
 2.5% (n ≈ (1.96 · sd_pair / 0.025)², the Hodges–Lehmann interval is ~95% as efficient as a t
 interval under normal noise).
 
-Load: the 1-minute load average is recorded before every request; a launch whose load average
-exceeds ``--max-load`` (default: the CPU count − 0.5... i.e. someone else is running) is flagged.
+Load: the 1-minute load average is recorded before every request.
+
+A CPU-speed covariate (issue 25, ``--probe``): is the request's decode rate explained by how fast
+the CPU is at the time, measured outside the engine so that no patch can change it? Just before and
+just after every request, this client process times two fixed probes, each on the server's CPU and
+on the client's: a cache-resident compute loop (pure Python) and a memory-bound sweep (the sum of a
+32 MB array). The server's CPU is the one that matters: on these VMs the speed state is per virtual
+CPU (probes on one CPU slowed together, correlation 0.72; on the two CPUs they hardly correlated,
+0.09: ../shared/NOISE.md), and the server's decode thread is what it slows. The probe runs there
+only while the server is idle (between requests), so it cannot disturb the request; the price is
+that it sees the CPU's state some milliseconds before and after, not during. ``--probe`` therefore
+pins the server to the last CPU and this client to the others. Reported per length and probe: the
+correlation of log probe rate with log decode rate over requests (pooled; within a launch), and of
+their differences between consecutive requests of a launch (what a CUPED adjustment of paired
+differences would use: a pair's covariate is the difference of its two probes).
 
     python3 bench/noise.py [--launches 4] [--requests 4] [--lengths 256 1024] [--output-tokens 64]
-        [--threads N] [--pin] [--nice N] [--csv out.csv] [--json out.json]
+        [--threads N] [--pin] [--probe] [--nice N] [--csv out.csv] [--json out.json]
 
 ``--pin`` pins the server to the last CPU and this client to the others (``taskset``), as the
 pipeline's ``server.pin`` does. Figures from this machine are in docs/statistics.md.
@@ -45,6 +58,7 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "workflow"))
 
+from pairbench.core.conditions import Condition
 from pairbench.engines.client import get_json, steady_request_body, stream_chat, tokenize_messages  # noqa: E402
 from pairbench.engines.server import free_port  # noqa: E402
 from pairbench.measure import fixtures as pb_fixtures  # noqa: E402
@@ -52,6 +66,41 @@ from pairbench.measure import hostload  # noqa: E402
 
 GGUF = ROOT / "resources" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 METRICS = ("decode_tok_s", "engine_decode_tok_s", "prefill_tok_s", "engine_prefill_tok_s", "e2e_ms")
+PROBE_LOOP = 200_000  # iterations of the compute probe (~10 ms)
+PROBE_BYTES = 32 << 20  # the memory probe's array: larger than the caches, so it streams from memory
+PROBES = ("compute", "memory")
+PROBE_REPEATS = 3  # the fastest of three: a probe preempted by another process says nothing of the CPU's speed
+
+
+def _compute_probe() -> float:
+    """Seconds for a fixed pure-Python loop: cache-resident integer work."""
+    t0 = time.perf_counter()
+    x = 0
+    for i in range(PROBE_LOOP):
+        x += i & 7
+    return time.perf_counter() - t0
+
+
+def _memory_probe(buf: np.ndarray) -> float:
+    """Seconds to sum *buf* once (one thread): a memory-bound sweep."""
+    t0 = time.perf_counter()
+    buf.sum()
+    return time.perf_counter() - t0
+
+
+def probe(cpus: dict[str, int], buf: np.ndarray) -> dict:
+    """Probe rates (1/s, the fastest of :data:`PROBE_REPEATS`) on each named CPU: this thread moves
+    there, runs the probes, and moves back."""
+    home = os.sched_getaffinity(0)
+    out = {}
+    try:
+        for where, cpu in cpus.items():
+            os.sched_setaffinity(0, {cpu})
+            out[f"{where}_compute"] = 1.0 / min(_compute_probe() for _ in range(PROBE_REPEATS))
+            out[f"{where}_memory"] = 1.0 / min(_memory_probe(buf) for _ in range(PROBE_REPEATS))
+    finally:
+        os.sched_setaffinity(0, home)
+    return out
 
 
 def converted_model(gguf: Path, cache: Path) -> Path:
@@ -105,9 +154,13 @@ def measure(args) -> pd.DataFrame:
     model = converted_model(Path(args.gguf), ROOT / "resources" / "cache")
     ncpu = os.cpu_count() or 1
     server_cpus = client_cpus = None
-    if args.pin and ncpu >= 2:
+    if args.probe and ncpu < 2:
+        raise SystemExit("--probe needs two CPUs: the server's, where the probe matters, and the client's")
+    if (args.pin or args.probe) and ncpu >= 2:
         server_cpus, client_cpus = [ncpu - 1], list(range(ncpu - 1))
         os.sched_setaffinity(0, client_cpus)
+    probe_cpus = {"server": server_cpus[0], "client": client_cpus[0]} if args.probe else None
+    buf = np.ones(PROBE_BYTES // 4, dtype=np.float32)
     rows, t0 = [], time.perf_counter()
     n_salts = args.launches * (args.requests + 1)
     salts = {str(i): f"nz{i:06d}" for i in range(1, n_salts + 1)}
@@ -117,7 +170,8 @@ def measure(args) -> pd.DataFrame:
         try:  # exact-length prompts, one per (launch, request), fitted once with the engine's tokenizer
             tok = lambda messages: tokenize_messages(url, messages)  # noqa: E731
             for length in args.lengths:
-                _, body = pb_fixtures.build_fixture(length, args.output_tokens, 0, salts, "bench", tok)
+                cond = Condition.of(input_tokens=length, output_tokens=args.output_tokens)
+                _, body = pb_fixtures.build_fixture(cond, 0, salts, "bench", tok)
                 prompts[length] = {r["round"]: r["messages"] for r in body["rounds"]}
         finally:
             proc.terminate()
@@ -132,10 +186,13 @@ def measure(args) -> pd.DataFrame:
                     k += 1
                     for length in args.lengths:
                         load = hostload.snapshot()
+                        pre = probe(probe_cpus, buf) if probe_cpus else {}
                         t_start = time.perf_counter() - t0
                         rec = one_request(url, prompts[length][k], args.output_tokens, length)
+                        post = probe(probe_cpus, buf) if probe_cpus else {}
                         rows.append({"launch": i, "request": j, "length": length, "t_s": t_start,
-                                     "load1": load["load1"], **rec})
+                                     "load1": load["load1"], **rec, **{f"pre_{k_}": v for k_, v in pre.items()},
+                                     **{f"post_{k_}": v for k_, v in post.items()}})
                         print(f"launch {i} request {j} length {length}: decode {rec['decode_tok_s']:.2f} tok/s "
                               f"(engine {rec['engine_decode_tok_s']:.2f}), prefill {rec['prefill_tok_s']:.1f} tok/s, "
                               f"load {load['load1']:.2f}", file=sys.stderr)
@@ -178,6 +235,42 @@ def split(df: pd.DataFrame, metric: str, repeats: int) -> dict:
             "median": float(np.exp(np.median(x)))}
 
 
+def _corr(x: np.ndarray, y: np.ndarray) -> float:
+    ok = np.isfinite(x) & np.isfinite(y)
+    return float(np.corrcoef(x[ok], y[ok])[0, 1]) if ok.sum() >= 3 and np.std(x[ok]) > 0 and np.std(y[ok]) > 0 \
+        else math.nan
+
+
+def probe_correlations(df: pd.DataFrame) -> pd.DataFrame:
+    """Per length, probe (server/client CPU × compute/memory × before/after/both) and the engine-timed
+    decode rate: the correlation of the logs over requests (``r``), within a
+    launch (launch means removed, ``r_within``), and of the differences between consecutive requests
+    of a launch (``r_pairs``: a paired unit's covariate is the difference of its two probes), with
+    the share of the paired variance a regression on the probe would remove, r_pairs²."""
+    rows = []
+    for length, g in df.sort_values(["launch", "request"]).groupby("length"):
+        launch = g["launch"].to_numpy()
+        same = launch[1:] == launch[:-1]
+        for where in ("server", "client"):
+            for kind in PROBES:
+                pre, post = f"pre_{where}_{kind}", f"post_{where}_{kind}"
+                if pre not in g.columns:
+                    continue
+                probes = {"before": np.log(g[pre].to_numpy(float)), "after": np.log(g[post].to_numpy(float))}
+                probes["both"] = (probes["before"] + probes["after"]) / 2
+                for when, x in probes.items():
+                    for metric in ("engine_decode_tok_s",):  # the client's rate agrees to ~0.1%
+                        y = np.log(g[metric].to_numpy(float))
+                        xw = x - pd.Series(x).groupby(launch).transform("mean").to_numpy()
+                        yw = y - pd.Series(y).groupby(launch).transform("mean").to_numpy()
+                        r_pairs = _corr(np.diff(x)[same], np.diff(y)[same])
+                        rows.append({"length": int(length), "cpu": where, "probe": kind, "when": when, "metric": metric,
+                                     "n": int(len(g)), "r": _corr(x, y), "r_within": _corr(xw, yw),
+                                     "r_pairs": r_pairs, "variance_removed": r_pairs ** 2,
+                                     "probe_sd_pct": 100 * float(np.std(x, ddof=1))})
+    return pd.DataFrame(rows)
+
+
 def report(df: pd.DataFrame, repeats: int) -> pd.DataFrame:
     rows = []
     for length, g in df.groupby("length"):
@@ -195,6 +288,9 @@ def main(argv=None) -> int:
     ap.add_argument("--output-tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--pin", action="store_true", help="server on the last CPU, this client on the others")
+    ap.add_argument("--probe", action="store_true",
+                    help="time a CPU-speed probe on the server's and the client's CPU before and after every "
+                         "request, and correlate it with the decode rate (implies --pin)")
     ap.add_argument("--nice", type=int, default=None, help="run the server at this niceness (negative: root only)")
     ap.add_argument("--repeats", type=int, default=3, help="repeats per visit assumed for the paired-SD column")
     ap.add_argument("--csv", help="write every request's row here")
@@ -210,11 +306,17 @@ def main(argv=None) -> int:
     pd.set_option("display.width", 200)
     pd.set_option("display.max_columns", 20)
     print(out.round(3).to_string(index=False))
+    corr = probe_correlations(df)
+    if len(corr):
+        print("\nCPU-speed probe against the decode rate (log; r over requests, r_within a launch, r_pairs of "
+              "consecutive requests' differences):")
+        print(corr.round(3).to_string(index=False))
     print(f"load average before {before['load1']:.2f}, after {after['load1']:.2f}; "
           f"max during {df['load1'].max():.2f}; cpus {os.cpu_count()}")
     if args.json:
         Path(args.json).write_text(json.dumps({"args": vars(args), "load_before": before, "load_after": after,
-                                               "split": out.to_dict(orient="records")}, indent=1, default=str))
+                                               "split": out.to_dict(orient="records"),
+                                               "probe": corr.to_dict(orient="records")}, indent=1, default=str))
     return 0
 
 

@@ -10,16 +10,19 @@ runs identical arms (no patch: A/A). Each effect × replicate is its own run lab
 (``results/power-<pct>-r<k>/``).
 
 Per effect it reports, over the replicates: how often decode_tok_s was called **slower** at every
-length (the detection rate), the error of the estimate against the injected effect, both nominal
-(1 − s) and as the engine's own timings measured it (the median ratio of ``engine_decode_tok_s``
-over the selected pairs), false claims (any faster/slower of a primary metric on A/A, or a
-**faster** decode when slowed), the half-widths, the run's wall time and the load averages.
+length and at each (the detection rate), the error of the estimate against the injected effect
+(mean, RMS and largest), both nominal (1 − s) and as the engine's own timings measured it (the
+median ratio of ``engine_decode_tok_s`` over the selected pairs), false claims and their rate (any
+faster/slower of a primary metric on A/A, or a **faster** decode when slowed), the half-widths,
+each run's rounds, what stopped them (target, max or the time budget) and their minutes, the wall
+time and the load averages.
 
     python3 bench/power.py [--effects 0 0.03 0.05 0.10] [--replicates 1] [--config config/config.yaml]
         [--json out.json] [--keep]
 
-A run takes as long as the default run (≤ 10 minutes on the project's 2-core machine); figures
-from this machine are in docs/statistics.md.
+A run takes as long as the default run (≤ 10 minutes on the project's 2-core machine, its rounds
+limited by ``rounds.max_minutes``), so ``--replicates 3`` over four effects is about two hours of a
+machine left alone; figures from this machine are in docs/statistics.md.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "workflow"))
+from pairbench.core.conditions import parse_id
 from pairbench.core.artifacts import read_artifact  # noqa: E402
 
 PATCH = "bench/patches/decode-slowdown.patch"
@@ -73,16 +77,16 @@ def run_one(cfg: dict, keep: bool) -> dict:
     summary = {**run["comparisons"]["candidate"], "run": run["run"]}
     df = pd.read_csv(res / "tables" / "measurements.csv")
     out = {"label": label, "wall_s": wall, "load_before": load_before, "load_after": os.getloadavg()[0],
-           "visit_load": summary["run"].get("load"), "rounds": summary["run"]["rounds"], "lengths": {}}
+           "visit_load": summary["run"].get("load"), "rounds": summary["run"]["rounds"], "conditions": {}}
     sel = df[df["selected"]]
-    for length, by in summary["paired"].items():
+    for cond, by in summary["paired"].items():
         p = by.get("decode_tok_s")
         if p is None:
             continue
-        eng = sel[sel["length"] == int(length)].pivot_table(index="round", columns="arm",
-                                                            values="engine_decode_tok_s", aggfunc="median")
+        eng = sel[sel["condition"] == cond].pivot_table(index="round", columns="arm",
+                                                         values="engine_decode_tok_s", aggfunc="median")
         engine_ratio = float((eng["candidate"] / eng["baseline"]).median()) if len(eng.columns) == 2 else None
-        out["lengths"][length] = {"verdict": p["verdict"], "hl_ratio": p["hl_ratio"], "ci_low": p["ci_low"],
+        out["conditions"][cond] = {"verdict": p["verdict"], "hl_ratio": p["hl_ratio"], "ci_low": p["ci_low"],
                                   "ci_high": p["ci_high"], "half_width": p["half_width"], "ci_level": p["ci_level"],
                                   "engine_ratio": engine_ratio, "n_pairs": p["n_pairs"]}
     out["claims"] = sorted({(m, p["verdict"]) for by in summary["paired"].values() for m, p in by.items()
@@ -93,23 +97,37 @@ def run_one(cfg: dict, keep: bool) -> dict:
 
 
 def summarise(effect: float, runs: list[dict]) -> dict:
-    lengths = sorted({n for r in runs for n in r["lengths"]}, key=int)
-    detected = sum(all(r["lengths"][n]["verdict"] == "slower" for n in lengths) for r in runs)
+    """Over the replicates of one effect: the detection rate (decode_tok_s called **slower** at every
+    condition, and per condition), the estimates' error against the injected effect (mean, RMS and largest,
+    in percentage points of the ratio; also against the engine's own timings), the false claims
+    (A/A: any faster/slower of a primary metric; slowed: a faster decode) and their rate, and each
+    run's rounds, what stopped it, its minutes and wall time."""
+    conds = sorted({c for r in runs for c in r["conditions"]}, key=parse_id)
+    detected = sum(all(r["conditions"][c]["verdict"] == "slower" for c in conds) for r in runs)
     errs, eng_errs, halves = [], [], []
     for r in runs:
-        for n in lengths:
-            x = r["lengths"][n]
+        for c in conds:
+            x = r["conditions"][c]
             errs.append(x["hl_ratio"] - (1 - effect))
             if x["engine_ratio"] is not None:
                 eng_errs.append(x["hl_ratio"] - x["engine_ratio"])
             halves.append(x["half_width"])
     false = sum(bool(r["claims"]) if effect == 0 else any(m == "decode_tok_s" and v == "faster" for m, v in r["claims"])
                 for r in runs)
-    return {"effect": effect, "replicates": len(runs), "detected_every_length": detected,
+    budget = [r["rounds"].get("budget") or {} for r in runs]
+    return {"effect": effect, "replicates": len(runs),
+            "detection_rate": None if effect == 0 else detected / len(runs),
+            "detected_per_condition": None if effect == 0 else
+            {c: sum(r["conditions"][c]["verdict"] == "slower" for r in runs) / len(runs) for c in conds},
+            "mean_error_pp": 100 * sum(errs) / len(errs),
+            "rms_error_pp": 100 * (sum(e * e for e in errs) / len(errs)) ** 0.5,
             "max_abs_error_pp": 100 * max(abs(e) for e in errs),
             "max_abs_error_vs_engine_pp": 100 * max(abs(e) for e in eng_errs) if eng_errs else None,
             "half_widths_pct": [None if h is None else round(100 * h, 2) for h in halves],
-            "false_claims": false, "wall_s": [round(r["wall_s"]) for r in runs],
+            "false_claims": false, "false_claim_rate": false / len(runs),
+            "rounds": [r["rounds"]["run"] for r in runs], "stopped_by": [b.get("stopped_by") for b in budget],
+            "rounds_minutes": [None if b.get("used_minutes") is None else round(b["used_minutes"], 1) for b in budget],
+            "wall_s": [round(r["wall_s"]) for r in runs],
             "load": [(round(r["load_before"], 2), round(r["load_after"], 2)) for r in runs]}
 
 
@@ -129,10 +147,12 @@ def main(argv=None) -> int:
             cfg = config_for(base, effect, k)
             print(f"[power] {cfg['label']}: running (load {os.getloadavg()[0]:.2f})", file=sys.stderr)
             runs.append(run_one(cfg, args.keep))
-            print(f"[power] {cfg['label']}: {json.dumps(runs[-1]['lengths'])} in {runs[-1]['wall_s']:.0f} s",
+            print(f"[power] {cfg['label']}: {json.dumps(runs[-1]['conditions'])} in {runs[-1]['wall_s']:.0f} s",
                   file=sys.stderr)
         report[f"{effect:g}"] = runs
         rows.append(summarise(effect, runs))
+    pd.set_option("display.width", 250)
+    pd.set_option("display.max_colwidth", 80)
     print(pd.DataFrame(rows).to_string(index=False))
     if args.json:
         Path(args.json).write_text(json.dumps({"summary": rows, "runs": report}, indent=1, default=str))

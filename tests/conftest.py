@@ -90,3 +90,37 @@ def embedded_engine():
                            ctx=ctx, src_dir=src)
 
     return make
+
+
+SPIN = """\
+import sys, time
+deadline = time.monotonic() + float(sys.argv[1])  # stops itself, whatever happens to the test
+print("spinning", flush=True)
+while time.monotonic() < deadline:
+    pass
+"""
+
+
+@pytest.fixture
+def synthetic_load():
+    """A factory: ``start(n, life_s=180)`` starts n CPU-bound processes and returns once each has
+    said it runs (a handshake on its stdout, not a sleep). Each stops itself after *life_s*; all are
+    killed at teardown."""
+    import subprocess
+    import sys
+
+    procs = []
+
+    def start(n: int, life_s: float = 180.0) -> list:
+        new = [subprocess.Popen([sys.executable, "-c", SPIN, str(life_s)], stdout=subprocess.PIPE, text=True)
+               for _ in range(n)]
+        procs.extend(new)
+        for p in new:
+            assert p.stdout.readline().strip() == "spinning", "a load process did not start"
+        return new
+
+    yield start
+    for p in procs:
+        p.kill()
+        p.wait()
+        p.stdout.close()

@@ -84,7 +84,9 @@ def test_adaptive_rounds_plan_every_visit_up_to_max():
     from pairbench.core import plan as pb_plan
 
     cfg = base_config(rounds={"min": 4, "max": 8, "target_halfwidth": 0.03}, repeats=3)
-    assert pb_plan.adaptive(cfg) == {"min": 4, "max": 8, "block": 2, "target_halfwidth": 0.03}
+    assert pb_plan.adaptive(cfg) == {"min": 4, "max": 8, "block": 2, "target_halfwidth": 0.03, "max_minutes": None}
+    budget = {**cfg, "rounds": {**cfg["rounds"], "max_minutes": 7.5}}
+    assert pb_plan.adaptive(budget)["max_minutes"] == 7.5
     visits = pb_plan.visits(cfg)
     assert len(visits) == 16 and visits[-1]["id"] == "r08-baseline"  # abba: even rounds are candidate first
     body = pb_plan.make_plan(cfg, REPO)

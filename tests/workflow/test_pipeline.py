@@ -404,8 +404,13 @@ def test_adaptive_rounds_add_blocks_until_the_intervals_are_narrow_enough(scratc
     cfg.write_text(ADAPTIVE_CONFIG.format(label=label, target=target))
     snakemake(scratch, "--cores", "1", "--configfile", str(cfg))
     res = scratch / "results" / label
-    assert sorted(p.name for p in (res / "adapt").iterdir()) == ["r08.json"]
-    assert read_artifact(res / "adapt" / "r08.json", "adapt")["decision"] == decision
+    # the last decision is taken at the stop, at max too: it records the final widths and time
+    decisions = {p.name: read_artifact(p, "adapt", 2) for p in sorted((res / "adapt").iterdir())}
+    assert list(decisions) == ["r08.json"] + (["r10.json"] if run == 10 else [])
+    assert decisions["r08.json"]["decision"] == decision
+    last = decisions[f"r{run:02d}.json"]
+    assert (last["decision"], last["stopped_by"]) == ("stop", "target" if decision == "stop" else "max")
+    assert last["budget"]["used_s"] > 0 and len(last["budget"]["round_s"]) == run
     assert len(list((res / "measure").glob("r*.json"))) == 2 * run  # visits of rounds 1..run only
     df = pd.read_csv(res / "tables" / "measurements.csv")
     assert df["round"].max() == run and set(df["repeat"]) == {1, 2}
@@ -413,6 +418,8 @@ def test_adaptive_rounds_add_blocks_until_the_intervals_are_narrow_enough(scratc
     r = summary["run"]["rounds"]
     assert (r["adaptive"], r["planned"], r["run"]) == (True, 10, run)
     assert r["stop_reason"].startswith("stopped after 8 rounds" if decision == "stop" else "stopped at the maximum of 10")
+    assert r["budget"]["stopped_by"] == last["stopped_by"] and r["budget"]["max_minutes"] is None
+    assert r["budget"]["used_minutes"] == pytest.approx(last["budget"]["used_s"] / 60)
     readme = (res / "publish" / "README.md").read_text()
     assert f"- Rounds: adaptive, 8 to 10 in blocks of 2 (target half-width ±{target:.1%}" in readme
     assert verify_bundle(res / "publish") == []

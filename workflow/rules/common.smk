@@ -271,7 +271,7 @@ def adapt_decisions(cfg):
     if a is None:
         return []
     out, r = [], a["min"]
-    while r < a["max"]:
+    while r <= a["max"]:  # the last at max itself: it records the final widths and time
         path = checkpoints.adapt.get(rounds=f"{r:02d}").output.adapt
         out.append((r, path))
         if read_artifact(path, "adapt")["decision"] == "stop":

@@ -21,6 +21,8 @@ def _rounds(plan: dict, measures: list[dict], adaptive: dict | None) -> dict:
            "block": a["block"], "target_halfwidth": a["target_halfwidth"]}
     out["stop_reason"] = (adaptive or {}).get("stop_reason") or (
         "stopped at the maximum" if run >= a["max"] else f"stopped after {run} rounds")
+    if (adaptive or {}).get("budget"):  # the time budget and what it bought (pairbench.analysis.adaptive.report_facts)
+        out["budget"] = adaptive["budget"]
     return out
 
 
@@ -30,9 +32,16 @@ def _load(measures: list[dict]) -> dict | None:
         return None
     loads = [h["load1_start"] for _, h in hosts if h.get("load1_start") is not None]
     threshold = next((h["external_load_threshold"] for _, h in hosts if "external_load_threshold" in h), None)
-    return {"visits": len(hosts), "threshold": threshold,
-            "flagged": [vid for vid, h in hosts if h.get("external_load")],
-            "min": min(loads) if loads else None, "max": max(loads) if loads else None}
+    out = {"visits": len(hosts), "threshold": threshold,
+           "flagged": [vid for vid, h in hosts if h.get("external_load")],
+           "min": min(loads) if loads else None, "max": max(loads) if loads else None}
+    quiet = [(vid, h["quiet"]) for vid, h in hosts if h.get("quiet")]
+    if quiet:  # the quiet guard's waits, disclosed
+        out["waits"] = {"waited": [vid for vid, q in quiet if q["waited_s"] > 0],
+                        "waited_s": sum(q["waited_s"] for _, q in quiet),
+                        "timed_out": [vid for vid, q in quiet if q["timed_out"]],
+                        "max_wait_s": max((q["max_wait_s"] or 0) for _, q in quiet)}
+    return out
 
 
 def _pinning(measures: list[dict]) -> str | None:

@@ -71,10 +71,16 @@ def min_attainable_p(n: int) -> float:
     return 1.0 if n <= 0 else min(1.0, 2.0 ** (1 - n))
 
 
+@lru_cache(maxsize=256)
+def _pairs(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """The index pairs i ≤ j of n values (cached: the adaptive rule's simulation asks for them often)."""
+    return np.triu_indices(n)
+
+
 def walsh(d: np.ndarray) -> np.ndarray:
     """The sorted Walsh averages (dᵢ + dⱼ)/2, i ≤ j."""
     d = np.asarray(d, dtype=float)
-    i, j = np.triu_indices(d.size)
+    i, j = _pairs(d.size)
     return np.sort((d[i] + d[j]) / 2.0)
 
 

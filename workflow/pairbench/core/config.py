@@ -26,7 +26,7 @@ EMBEDDED_SOURCE = "engine"
 ARM_DEFAULTS = {"source": None, "patches": [], "args": [], "env": {}, "engine": "embedded", "threads": None,
                 "build": None, "launch": None}
 SERVER_DEFAULTS = {"threads": None, "startup_timeout_s": 120, "request_timeout_s": 300, "stop_timeout_s": 10,
-                   "pin": False, "external_load": 0.5}
+                   "pin": False, "external_load": 0.5, "quiet_wait_s": 0}
 VALIDATE_DEFAULTS = {"cases": ["token_counts", "done_marker", "python_function", "matches_baseline"], "timeout_s": 5,
                      "agreement": 1.0, "retries": 1, "retry_on": ["timeout"]}
 CROSSCHECK_DEFAULTS = {"rounds": 3}

@@ -29,12 +29,14 @@ def rounds_bounds(config: dict) -> tuple[int, int, float | None]:
 
 
 def adaptive(config: dict) -> dict | None:
-    """The plan's ``adaptive`` block (None for fixed rounds): min, max, block, target_halfwidth."""
+    """The plan's ``adaptive`` block (None for fixed rounds): min, max, block, target_halfwidth and
+    max_minutes (the rounds' time budget; None: no budget)."""
     lo, hi, target = rounds_bounds(config)
     if target is None:
         return None
     cfg = normalized(config)
-    return {"min": lo, "max": hi, "block": block_length(len(arm_names(cfg)), cfg["order"]), "target_halfwidth": target}
+    return {"min": lo, "max": hi, "block": block_length(len(arm_names(cfg)), cfg["order"]), "target_halfwidth": target,
+            "max_minutes": cfg["rounds"].get("max_minutes")}
 
 
 def visits(config: dict) -> list[dict]:

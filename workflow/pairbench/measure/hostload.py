@@ -14,12 +14,22 @@ External load: a visit whose 1-minute load average, minus what this visit itself
 (the server's busy threads and the client), exceeds ``external_load_threshold`` was measured while
 something else ran; it is flagged per visit and disclosed by the report (it is not excluded: both
 arms of a round may share it, and pairing is what protects the comparison).
+
+Quiet guard (``server.quiet_wait_s``): before each visit, :func:`wait_for_quiet` waits, at most a
+bound, until that same test would not flag the visit. Every wait is recorded (seconds, the load
+before and after, whether it ran out); after the bound the visit is measured anyway, and flagged.
+The 1-minute load average is a damped mean (the kernel updates it every 5 s, with a 1-minute time
+constant), so the guard sees a burst of other work some seconds after it starts and its tail for a
+minute after it ends: it waits out the tail of a build that has just finished, not a load that
+stays.
 """
 
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
+from typing import Callable
 
 # The load the measurement itself adds (the server's decode thread and the client): above this
 # much more, something else was running.
@@ -91,3 +101,44 @@ def external_load(load1: float | None, threshold: float) -> bool | None:
     if load1 is None:
         return None
     return load1 - OWN_LOAD > threshold
+
+
+def load1() -> float | None:
+    """The 1-minute load average; None where unreadable."""
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
+
+
+POLL_S = 5.0  # how often the kernel updates the load average
+
+
+def wait_for_quiet(threshold: float | None, max_wait_s: float | None, *,
+                   read_load: Callable[[], float | None] = load1, clock: Callable[[], float] = time.monotonic,
+                   sleep: Callable[[float], None] = time.sleep, poll_s: float = POLL_S,
+                   on_wait: Callable[[float], None] | None = None) -> dict:
+    """Wait, at most *max_wait_s*, until the 1-minute load average less the run's own is at most
+    *threshold* (until :func:`external_load` would not flag it), checking every *poll_s*.
+
+    Returns ``{"threshold", "max_wait_s", "waited_s", "load1_before", "load1_after", "timed_out"}``.
+    No threshold, no bound (0 or None) or an unreadable load: no wait. *read_load*, *clock* and
+    *sleep* are injectable (tests drive the guard without sleeping); *on_wait(load)* is called once
+    when a wait begins.
+    """
+    start = clock()
+    before = load = read_load()
+    timed_out, waited_s = False, 0.0
+    if threshold is not None and max_wait_s and external_load(load, threshold):
+        if on_wait:
+            on_wait(load)
+        while load is not None and external_load(load, threshold):
+            left = max_wait_s - (clock() - start)
+            if left <= 0:
+                timed_out = True
+                break
+            sleep(min(poll_s, left))
+            load = read_load()
+        waited_s = clock() - start
+    return {"threshold": threshold, "max_wait_s": max_wait_s, "waited_s": waited_s,
+            "load1_before": before, "load1_after": load, "timed_out": timed_out}

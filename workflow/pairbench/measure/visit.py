@@ -167,14 +167,16 @@ def steady_request(engine: ArmEngine, srv, client, *, messages: list[dict], cond
     return result, gated
 
 
-def _host(start: dict, server_cpus, client_cpus, server_cfg: dict) -> dict:
-    """The visit's ``host`` block: load and CPU state at start and end, pinning, external load."""
+def _host(start: dict, server_cpus, client_cpus, server_cfg: dict, quiet: dict) -> dict:
+    """The visit's ``host`` block: load and CPU state at start and end, pinning, external load, and
+    the quiet guard's wait (:func:`pairbench.measure.hostload.wait_for_quiet`)."""
     end = hostload.snapshot()
     threshold = server_cfg.get("external_load")
     return {"load1_start": start["load1"], "load1_end": end["load1"], "cpus": start["cpus"],
             "cpu_mhz": start["cpu_mhz"], "governor": start["governor"], "server_cpus": server_cpus,
             "client_cpus": client_cpus, "external_load_threshold": threshold,
-            "external_load": hostload.external_load(start["load1"], threshold) if threshold is not None else None}
+            "external_load": hostload.external_load(start["load1"], threshold) if threshold is not None else None,
+            "quiet": quiet}
 
 
 def _server(engine: ArmEngine, srv, server_log: Path, log_start: int) -> dict:
@@ -212,6 +214,11 @@ def run_visit(*, visit: dict, engine: ArmEngine, plan: dict, prompts: dict[str, 
     def where(cond: Condition) -> str:
         return f"visit {visit['id']} (arm {arm}, round {round_}, condition {cond.id}, attempt {attempt})"
 
+    started_unix = time.time()  # the visit's cost, its quiet wait included, counts in rounds.max_minutes
+    quiet = hostload.wait_for_quiet(server_cfg.get("external_load"), server_cfg.get("quiet_wait_s"),
+                                    on_wait=lambda load: progress_log.info(
+                                        "[measure] %s: load %.2f, waiting up to %g s for the machine to quiet",
+                                        visit["id"], load, server_cfg["quiet_wait_s"]))
     server_cpus, client_cpus = hostload.pin_sets(server_cfg.get("pin", False))
     start = hostload.snapshot()
     restore = hostload.pin_self(client_cpus)
@@ -257,9 +264,11 @@ def run_visit(*, visit: dict, engine: ArmEngine, plan: dict, prompts: dict[str, 
         "native_version": version,
         "first_request": first,
         "records": records,
-        "host": _host(start, server_cpus, client_cpus, server_cfg),
+        "host": _host(start, server_cpus, client_cpus, server_cfg, quiet),
         "complete": all(r["prompt_tokens"] is not None for r in records),
         "duration_s": time.perf_counter() - t_visit,
+        "started_unix": started_unix,
+        "ended_unix": time.time(),
         "inputs": inputs,
     }
     return body, outputs

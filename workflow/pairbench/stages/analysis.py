@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 
 import pandas as pd
 
@@ -73,7 +74,7 @@ def stop_facts(plan: dict, decisions: list[dict]) -> dict | None:
     if not a:
         return None
     if decisions and decisions[-1]["decision"] == "stop":
-        return {"stop_reason": decisions[-1]["reason"]}
+        return {"stop_reason": decisions[-1]["reason"], "budget": pb_adaptive.report_facts(decisions[-1])}
     if not decisions:
         return {"stop_reason": f"rounds.min equals rounds.max ({a['max']}): nothing to decide"}
     return {"stop_reason": f"stopped at the maximum of {a['max']} rounds; the last decision: {decisions[-1]['reason']}"}
@@ -89,9 +90,11 @@ def adapt_stage(*, adapt: str, plan: str, measures: list[str], validations: list
     df = pb_tables.measurements_frame(measure_bodies, read_validations(validations),
                                       allow_unproven_cold_cache=gates["allow_unproven_cold_cache"])
     rounds_done = max(m["visit"]["round"] for m in measure_bodies)
-    body = pb_adaptive.decide(df, baseline=plan_body["baseline"], candidates=plan_body["candidates"],
-                              metrics=stats["metrics"], alpha=stats["alpha"], multiplicity=stats["multiplicity"],
-                              rounds_done=rounds_done, adaptive=plan_body["adaptive"])
+    diffs = pb_adaptive.differences(df, baseline=plan_body["baseline"], candidates=plan_body["candidates"],
+                                    metrics=stats["metrics"])
+    body = pb_adaptive.decide(diffs, alpha=stats["alpha"], multiplicity=stats["multiplicity"],
+                              rounds_done=rounds_done, adaptive=plan_body["adaptive"],
+                              clock=pb_adaptive.visit_clock(measure_bodies, now_unix=time.time()))
     body["inputs"] = {"plan": sha256_file(plan), **{f"measure.{m['visit']['id']}": sha256_file(p)
                                                     for m, p in zip(measure_bodies, measures)},
                       **{f"validate.{naming.label(*naming.validation_key(v))}": sha256_file(p)
