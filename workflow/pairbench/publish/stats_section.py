@@ -136,6 +136,22 @@ def verdict_table(summary: dict) -> list[str]:
     return out
 
 
+def budget_line(b: dict, target: float | None) -> str:
+    """The time budget: what the rounds took, what it bought, what a next run would need."""
+    halves = [h["half_width"] for h in b["half_widths"]]
+    bought = ("no primary interval was bounded" if not halves or any(h is None for h in halves) else
+              f"half-widths of ±{min(halves):.1%} to ±{max(halves):.1%}")
+    spent = ("no budget" if b["max_minutes"] is None else f"budget {b['max_minutes']:g} min")
+    used = "" if b["used_minutes"] is None else f"; the rounds took {b['used_minutes']:.1f} min"
+    stop = f", stopped by the {b['stopped_by']}" if b.get("stopped_by") else ""
+    line = f"- Time: {spent}{used}{stop}; they bought {bought} (at level {1 - b['width_level']:.2%})"
+    if target is not None and b.get("rounds_for_target") is not None:
+        line += (f"; for ±{target:.1%} a next run would need about {b['rounds_for_target']} rounds"
+                 + ("" if b.get("minutes_for_target") is None else
+                    f" (about {b['minutes_for_target']:.0f} min at this run's pace)"))
+    return line + "."
+
+
 def run_lines(summary: dict) -> list[str]:
     """What the pipeline stamped about the run (summary["run"]), each a computed sentence."""
     run = summary.get("run")
@@ -150,6 +166,8 @@ def run_lines(summary: dict) -> list[str]:
                        f"{r['run']} run; {r['stop_reason']}.")
         else:
             out.append(f"- Rounds: {r['run']} of {r['planned']} planned (fixed).")
+        if r.get("budget"):
+            out.append(budget_line(r["budget"], r.get("target_halfwidth")))
     rep = run.get("repeats")
     if rep:
         out.append(f"- Repeats: {rep} steady request(s) per condition per visit; the paired unit is the "
@@ -175,6 +193,12 @@ def run_lines(summary: dict) -> list[str]:
         elif load.get("visits"):
             out.append(f"- External load: none flagged in {load['visits']} visits (1-minute load average "
                        f"{load['min']:.2f}–{load['max']:.2f}).")
+        waits = load.get("waits")
+        if waits:
+            out.append(f"- Quiet guard: {len(waits['waited'])} of {load['visits']} visits waited for the machine to "
+                       f"quiet ({waits['waited_s']:.0f} s in all, at most {waits['max_wait_s']:g} s each)"
+                       + (f"; {len(waits['timed_out'])} ran out of time and were measured anyway, flagged: "
+                          f"{', '.join(waits['timed_out'])}" if waits["timed_out"] else "") + ".")
     pin = run.get("pinning")
     if pin:
         out.append(f"- CPU pinning: {pin}.")
