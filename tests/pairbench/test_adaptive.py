@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from pairbench.analysis import adaptive
-from pairbench.core.artifacts import SCHEMA_DIR, parse_schema_id, validate
+from pairbench.core.artifacts import schema_id, validate
 
 ADAPT = {"min": 8, "max": 12, "block": 2, "target_halfwidth": 0.02}
 
@@ -32,7 +32,7 @@ def decide(df, rounds_done=8, candidates=("B",), clock=None, **kw):
     diffs = adaptive.differences(df, baseline="A", candidates=list(candidates), metrics=["decode_tok_s"])
     body = adaptive.decide(diffs, alpha=0.05, multiplicity="holm", rounds_done=rounds_done,
                            adaptive={**ADAPT, **kw}, clock=clock)
-    validate("adapt", {**body, "schema": f"pairbench.adapt/v{adaptive.VERSION}", "inputs": {}})
+    validate("adapt", {**body, "schema": schema_id("adapt"), "inputs": {}})
     return body
 
 
@@ -70,7 +70,7 @@ def test_stops_when_every_primary_interval_reached_the_target():
 def test_continues_while_one_interval_is_too_wide():
     d = decide(frame({256: ramp(0.0, 0.001), 1024: ramp(0.0, 0.05)}))
     assert d["decision"] == "continue" and "measure rounds 9-10" in d["reason"]
-    assert "(decode_tok_s at 1024)" in d["reason"]  # which comparison holds the run back
+    assert "(decode_tok_s at in1024-out64)" in d["reason"]  # which comparison holds the run back
 
 
 def test_unbounded_intervals_continue():

@@ -100,12 +100,12 @@ def test_a_visit_under_synthetic_load_waits_its_bound_then_is_measured_and_flagg
     # the kernel's damped average climbs toward the busy count: wait (bounded) until it has risen by one
     risen = wait_for_load(max(before, hostload.OWN_LOAD) + 1.0, bound_s=150.0)
     threshold = risen - hostload.OWN_LOAD - 0.5  # the load now is above what the guard accepts
-    prompts = {n: {"rounds": [{"round": 1, "messages": [{"role": "user", "content": "x" * (n - 19)}]}]}
-               for n in (120,)}
-    fixtures = {n: {"rounds": [{"round": 1, "prompt_sha256": "0" * 64}]} for n in (120,)}
+    prompts = {"in120-out6": {"rounds": [{"round": 1, "messages": [{"role": "user", "content": "x" * 101}]}]}}
+    fixtures = {"in120-out6": {"rounds": [{"round": 1, "prompt_sha256": "0" * 64}]}}
     body, _ = pb_measure.run_visit(
         visit={"index": 1, "round": 1, "arm": "a", "position": 0, "id": "r01-a"}, engine=embedded_engine(FAKE_SRC),
-        plan={"lengths": [120], "output_tokens": 6, "seed": 0, "max_context": 512, "repeats": 1}, prompts=prompts,
+        plan={"conditions": [{"id": "in120-out6", "input_tokens": 120, "output_tokens": 6}], "seed": 0,
+              "max_context": 512, "repeats": 1}, prompts=prompts,
         fixtures=fixtures, server_cfg={"threads": None, "startup_timeout_s": 60, "request_timeout_s": 60,
                                        "stop_timeout_s": 5, "external_load": threshold, "quiet_wait_s": 2.0},
         server_log=tmp_path / "server.log", inputs={})
