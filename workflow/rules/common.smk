@@ -37,9 +37,10 @@ def config_sources(workflow, config):
     """Where the config came from: the --configfile files (each replaces config/config.yaml: the
     Snakefile reads that only without one) or config/config.yaml, then --config. A study's
     comparison (a module, its config made by workflow/rules/study.smk) names its comparison."""
-    if workflow.modifier.namespace is not None:
-        return Sources(context=f"study comparison {config.get('label')}")
     settings = workflow.config_settings
+    if workflow.modifier.namespace is not None:
+        study = ", ".join(pb_runconfig.display_path(f) for f in settings.configfiles)
+        return Sources(context=f"{study}, comparison {config.get('label')}")
     files = [pb_runconfig.display_path(f) for f in settings.configfiles] or ["config/config.yaml"]
     return Sources.read(files, dict(settings.config))
 

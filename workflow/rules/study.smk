@@ -41,6 +41,7 @@ localrules: study_index
 
 
 rule study_index:
+    """One page of every comparison's verdicts, each linking its report (results/<study>/index.md)."""
     input:
         # audit.json is each comparison's last artifact (it needs every other), so asking for it
         # asks for the whole run
