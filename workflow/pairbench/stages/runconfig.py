@@ -58,13 +58,14 @@ def problems(config: dict, root: Path, schema: Path = SCHEMA) -> list[ConfigErro
             _drop(repaired, e.key)
         elif e.key:
             rejected.add(e.key[0])
-    found += config_errors(repaired, root, skip=rejected)
-    if "arms" not in rejected and isinstance(config.get("arms"), dict):
-        for name, arm in config["arms"].items():
+    if "arms" not in rejected and isinstance(repaired.get("arms"), dict):
+        for name, arm in repaired["arms"].items():
             try:
                 check_engines({"arms": {name: arm}})
-            except ConfigError as exc:
+            except ConfigError as exc:  # named once, here: the checks below see the default engine
                 found.append(exc)
+                arm.pop("engine", None)
+    found += config_errors(repaired, root, skip=rejected)
     return found
 
 
@@ -83,11 +84,15 @@ def report(found: list[ConfigError], sources: Sources) -> str:
     located = [(sources.locate(err.key), err) for err in found]
     order = {name: i for i, (name, _) in enumerate(sources.files)}
 
-    def position(item):  # file by file as the sources come, top to bottom; --config last
+    cli = list(sources.cli)
+
+    def position(item):  # file by file as the sources come, top to bottom; then --config in its order
         where = item[0]
         name, _, line = where.rpartition(":")
         if line.isdigit() and name in order:
             return (order[name], int(line))
+        if where.startswith("--config ") and where[len("--config "):] in cli:
+            return (len(order), cli.index(where[len("--config "):]))
         return (order.get(where, len(order)), 0)
 
     for where, err in sorted(located, key=position):
