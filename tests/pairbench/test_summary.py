@@ -52,7 +52,10 @@ def test_external_engines_need_consent_and_bring_their_build_and_cross_check():
     cfg = load("config/llama-cpp.yaml")
     lines = plan_summary(cfg).splitlines()
     assert "  external engines: llama-server in arm(s) baseline, candidate: allowed (allow_external: true)" in lines
-    assert lines[-2:] == ["    plus a CMake build per arm (llama.cpp: 497-991 s with a cold ccache, 39-104 s warm)",
+    # 24 visits at 20-36 s each, plus 80 s: 560-944 s
+    assert lines[-3:] == ["  time: about 9.3 to 16 min (~80 s + 20-36 s a visit: llama-server's, measured at load 4-8 "
+                          "on 2 cores, docs/engines.md)",
+                          "    plus a CMake build per arm (llama.cpp: 497-991 s with a cold ccache, 39-104 s warm)",
                           "    plus llama-bench after the visits, 3 rounds (llama-bench's 3 took ~5 min at load 4-8)"]
     cfg["allow_external"] = False
     assert ("  external engines: llama-server in arm(s) baseline, candidate: NOT allowed: the run stops at its "

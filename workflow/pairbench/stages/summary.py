@@ -29,6 +29,11 @@ from pairbench.engines.profiles import arm_engine, is_external, load_profile
 VISIT_S = 7
 FIXED_S = 80
 COST = "~80 s + ~7 s a visit: the default config's cost on a 2-core CPU, docs/perf.md"
+# Engines whose visits were measured otherwise: (fastest, slowest) seconds a visit, and where.
+VISIT_S_BY_ENGINE = {
+    # config/llama-cpp.yaml's run (docs/engines.md, "The run"): 20-36 s a visit at load 4-8
+    "llama-server": ((20, 36), "llama-server's, measured at load 4-8 on 2 cores, docs/engines.md"),
+}
 # What a compiled engine adds (docs/engines.md, "The build" and "The run"): llama.cpp's CMake build of
 # llama-server and llama-bench, and 3 rounds of llama-bench.
 CMAKE_BUILD = "a CMake build per arm (llama.cpp: 497-991 s with a cold ccache, 39-104 s warm)"
@@ -88,6 +93,23 @@ def _external_line(cfg: dict) -> str:
                    "--config allow_external=true")
 
 
+def _time_line(cfg: dict, lo_visits: int, hi_visits: int) -> str:
+    """The estimate: the fixed cost plus the visits at the slowest measured engine's cost per visit."""
+    measured = [VISIT_S_BY_ENGINE[e] for e in sorted({arm_engine(a) for a in cfg["arms"].values()})
+                if e in VISIT_S_BY_ENGINE]
+    if measured:
+        (fast, slow), why = max(measured, key=lambda m: m[0][1])
+        cost = f"~{FIXED_S} s + {fast}-{slow} s a visit: {why}"
+    else:
+        (fast, slow), cost = (VISIT_S, VISIT_S), COST
+    lo_t, hi_t = _minutes(FIXED_S + lo_visits * fast), _minutes(FIXED_S + hi_visits * slow)
+    if lo_t == hi_t:
+        span = lo_t
+    else:
+        span = f"{lo_t.split()[0]} to {hi_t}" if lo_t.split()[1] == hi_t.split()[1] else f"{lo_t} to {hi_t}"
+    return f"  time: about {span} ({cost})"
+
+
 def _twins(cfg: dict) -> list[str]:
     base = baseline_arm(cfg)
     return [c for c in candidate_arms(cfg) if cfg["arms"][c] == cfg["arms"][base]]
@@ -120,11 +142,7 @@ def plan_summary(config: dict, where: str = "") -> str:
     k = len(cfg["arms"])
     lines.append(f"  visits: {_span(lo * k, hi * k)}, {cfg['repeats']} steady request(s) per condition each")
     lines.append(_external_line(cfg))
-    lo_s, hi_s = FIXED_S + lo * k * VISIT_S, FIXED_S + hi * k * VISIT_S
-    lo_t, hi_t = _minutes(lo_s), _minutes(hi_s)
-    span = lo_t if lo_t == hi_t else (f"{lo_t.split()[0]} to {hi_t}" if lo_t.split()[1] == hi_t.split()[1]
-                                      else f"{lo_t} to {hi_t}")
-    lines.append(f"  time: about {span} ({COST})")
+    lines.append(_time_line(cfg, lo * k, hi * k))
     lines += [f"    plus {e}" for e in _extras(cfg)]
     twins = _twins(cfg)
     if twins and twins == cands:
