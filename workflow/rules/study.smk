@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(workflow.basedir) / "workflow"))
 
 from pairbench.study import comparisons as pb_study
 
-# The study file as given: with --configfile, Snakemake has merged config/config.yaml into `config`.
+# The study file as given (the Snakefile reads config/config.yaml only without --configfile).
 STUDY = pb_study.study_section(
     dict(workflow.config_settings.overwrite_config) if workflow.config_settings.configfiles else dict(config),
     Path(workflow.current_basedir.get_path_or_uri(secret_free=True)) / "../schemas/study.schema.yaml",
