@@ -30,6 +30,9 @@ def test_the_times_are_the_measured_ones():
     assert stated, "the run command states its time"
     for t in stated.groups():
         assert f"**{t}**" in perf, f"{t} is not a measured time in docs/perf.md"
+    # both with today's maximum of 18 rounds (config/config.yaml)
+    assert yaml.safe_load((REPO / "config/config.yaml").read_text())["rounds"]["max"] == 18
+    assert "(36 visits) took **5 min 35 s**" in perf and "**6 min 51 s** for 18 rounds" in perf
 
 
 def test_the_default_comparison_is_the_default_config():
