@@ -1,7 +1,21 @@
 """pairbench: paired A/B benchmark of two engine arms. Run: snakemake --cores 1 (see README.md)."""
 
+import sys
+from pathlib import Path
 
-configfile: "config/config.yaml"
+sys.path.insert(0, str(Path(workflow.basedir) / "workflow"))
+
+from pairbench.core.configsource import yaml_syntax_error
+
+# --configfile replaces config/config.yaml (config/README.md), so the default is read only without
+# one: Snakemake then neither merges the two nor says it did. Its YAML is checked first, since
+# Snakemake's own message for a syntax error names neither file nor line.
+if not workflow.config_settings.configfiles:
+    if yaml_syntax_error("config/config.yaml"):
+        sys.exit(yaml_syntax_error("config/config.yaml"))
+
+    configfile: "config/config.yaml"
+
 
 
 # A study (a config with `study:`, e.g. config/study.yaml) runs this Snakefile once per comparison,

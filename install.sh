@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # pairbench's one install command: Python dependencies, the harness package, and the default model.
-# Usage: ./install.sh              the tool and the default model (idempotent; safe to rerun)
+# Usage: ./install.sh              the tool and the default model (idempotent; safe to rerun); as
+#                                  root, also Debian's graphviz (dot, for snakemake --rulegraph)
 #        ./install.sh --llama-cpp  also what a llama.cpp arm needs (config/llama-cpp.yaml): Debian's
 #                                  ccache, cmake and g++, and the tagged llama.cpp repository made
 #                                  from the llama-cpp-python sdist (python -m pairbench llama-tree)
@@ -49,8 +50,21 @@ PY
 fi
 sha256sum -c resources.sha256
 
+# Graphviz's dot draws `snakemake --rulegraph | dot -Tsvg` (README.md). Where apt-get can run (root),
+# it comes with the other Debian tools below; elsewhere the README's `--rulegraph mermaid-js` needs
+# nothing, so a missing dot never fails the install.
+want_dot=0
+if ! command -v dot >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    want_dot=1
+  else
+    echo "install.sh: note: graphviz (dot) is not installed; draw the stages with snakemake --rulegraph mermaid-js" >&2
+  fi
+fi
+
 lcp=0.3.36   # llama-cpp-python: its sdist is also where the llama.cpp arms' source comes from
 apt_missing=()
+if [ "$want_dot" = 1 ]; then apt_missing+=(graphviz); fi
 if [ "$with_llama" = 1 ]; then
   for tool in ccache cmake g++; do command -v "$tool" >/dev/null 2>&1 || apt_missing+=("$tool"); done
 fi

@@ -1,5 +1,6 @@
 """Config checks: the schema (as snakemake.utils.validate applies it) and what the schema cannot say."""
 
+import re
 import shutil
 from pathlib import Path
 
@@ -218,3 +219,103 @@ def test_two_arms_patches_of_one_file_name_but_other_content_are_an_error(tmp_pa
         pb_config.check_config(base_config(arms=arms), tmp_path)
     (tmp_path / "b" / "fix.patch").write_text("one\n")  # the same patch twice is one file
     pb_config.check_config(base_config(arms=arms), tmp_path)
+
+
+def test_documented_defaults_are_defaults_and_only_arms_is_required():
+    assert SCHEMA["required"] == ["arms"]
+    props = SCHEMA["properties"]
+    assert pb_config.TOP_DEFAULTS == {k: props[k]["default"] for k in pb_config.TOP_DEFAULTS}
+    with_default = {k for k in props if k != "arms" and not isinstance(props[k]["default"], dict)}
+    assert with_default - set(pb_config.TOP_DEFAULTS) == {"allow_external", "baseline", "candidate", "candidates"}
+    cfg = pb_config.normalized({"arms": {"baseline": {}, "candidate": {"patches": ["config/patches/kv-grow.patch"]}}})
+    assert {k: cfg[k] for k in ("label", "model", "lengths", "output_tokens", "rounds", "seed")} == {
+        "label": "default", "model": "smollm2-135m", "lengths": [256, 1024], "output_tokens": 64, "rounds": 6,
+        "seed": 0}
+    assert schema_message({}) == "config key '<root>': 'arms' is a required property"
+    assert [str(e) for e in pb_config.schema_errors({}, REPO / "workflow/schemas/config.schema.yaml")] == [
+        "config key 'arms': missing; it has no default (the arms to compare, e.g. arms: {baseline: {}, "
+        "candidate: {patches: [my.patch]}})"]
+
+
+def test_a_minimal_config_plans_and_checks(smollm2_gguf):
+    from pairbench.core import plan as pb_plan
+
+    cfg = {"arms": {"baseline": {}, "candidate": {"patches": ["config/patches/kv-grow.patch"]}}}
+    pb_config.check_config(cfg, REPO)
+    body = pb_plan.make_plan(cfg, REPO)
+    assert (body["label"], body["rounds"], [c["id"] for c in body["conditions"]]) == (
+        "default", 6, ["in256-out64", "in1024-out64"])
+
+
+def test_every_problem_is_found_at_once():
+    cfg = base_config(arms={"a": {}, "b": {"patches": ["nope.patch", "config/patches/also-nope.patch"]}},
+                      lengths=[400, 4000], rounds={"min": 7, "max": 5, "target_halfwidth": 0.02},
+                      stats={**pb_config.STATS_DEFAULTS, "metrics": ["prefill_tok_s", "ttft_ms"]},
+                      resources={"gpus": {"c": 1}})
+    assert [e.key for e in pb_config.config_errors(cfg, REPO)] == [
+        ("arms", "b", "patches", 0), ("arms", "b", "patches", 1), ("resources", "gpus", "c"), ("lengths", 1),
+        ("stats", "metrics"), ("rounds", "max"), ("rounds", "min"), ("rounds", "max")]
+    # a key the schema rejected leaves out the checks that read it, and only those
+    assert [e.key for e in pb_config.config_errors(cfg, REPO, skip={"rounds", "lengths"})] == [
+        ("arms", "b", "patches", 0), ("arms", "b", "patches", 1), ("resources", "gpus", "c"), ("stats", "metrics")]
+    bad = {**base_config(colour="x", zzz=1), "rounds": 0}
+    assert [str(e) for e in pb_config.schema_errors(bad, REPO / "workflow/schemas/config.schema.yaml")][:2] == [
+        "config key 'colour': unknown key (allowed: allow_external, arms, baseline, candidate, candidates, crosscheck, "
+        "gates, label, lengths, model, order, output_tokens, repeats, resources, retries, rounds, seed, server, "
+        "stats, validate)",
+        "config key 'zzz': unknown key (allowed: allow_external, arms, baseline, candidate, candidates, crosscheck, "
+        "gates, label, lengths, model, order, output_tokens, repeats, resources, retries, rounds, seed, server, "
+        "stats, validate)"]
+
+
+def schema_keys(node=SCHEMA, path=""):
+    """Every key path of the schema: ``arms.<name>.source.git``, ``rounds.min``, ``server.pin``..."""
+    out = []
+    branches = [node] + [b for b in node.get("oneOf", []) if isinstance(b, dict)]
+    for branch in branches:
+        for key, sub in (branch.get("properties") or {}).items():
+            out.append(f"{path}{key}")
+            out += schema_keys(sub, f"{path}{key}.")
+    if isinstance(node.get("additionalProperties"), dict):
+        out += schema_keys(node["additionalProperties"], f"{path}<name>.")
+    return out
+
+
+def readme_rows():
+    text = (REPO / "config/README.md").read_text()
+    keys_section = text.split("## Keys", 1)[1].split("\n## ", 1)[0]
+    return {m[1]: m[2] for m in re.finditer(r"^\| `([^`]+)` \| (.*?) \|", keys_section, re.M)}
+
+
+def test_config_readme_lists_every_schema_key_and_no_other():
+    rows = readme_rows()
+    keys = schema_keys()
+    sections = {k for k in keys if any(other.startswith(k + ".") for other in keys)}
+    # a section (server, stats...) is listed through its keys; one whose value is itself a shape
+    # (arms, rounds, arms.<name>.source, resources.measure) has a row of its own too
+    missing = [k for k in keys if k not in rows and k not in sections - {"arms", "rounds", "arms.<name>.source"}]
+    assert missing == []
+    assert sorted(set(rows) - set(keys)) == []
+
+
+def test_config_readme_defaults_are_the_schemas():
+    def walk(node, path=""):
+        for key, sub in (node.get("properties") or {}).items():
+            yield f"{path}{key}", sub
+            yield from walk(sub, f"{path}{key}.")
+        if isinstance(node.get("additionalProperties"), dict):
+            yield from walk(node["additionalProperties"], f"{path}<name>.")
+
+    rows = readme_rows()
+    # the README says what null means where the schema's null stands for a value chosen later
+    explained = {"arms", "server.startup_timeout_s"}
+    wrong = []
+    for key, sub in walk(SCHEMA):
+        if key in rows and key not in explained and isinstance(sub.get("default"), (int, float, str, list, type(None))):
+            cell = rows[key].strip()
+            if not (cell.startswith("`") and cell.endswith("`")):
+                wrong.append(f"{key}: {cell}")
+                continue
+            if yaml.safe_load(cell.strip("`")) != sub["default"]:
+                wrong.append(f"{key}: README {cell}, schema {sub['default']!r}")
+    assert wrong == []

@@ -73,3 +73,26 @@ def test_rulegraph_mermaid_has_only_mermaid_lines():
     bad = [line for line in text.splitlines() if not MERMAID_LINE.match(line)]
     assert not bad, f"lines that are not mermaid flowchart syntax: {bad[:5]}"
     assert re.search(r"-->", text)
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    proc = subprocess.run(["snakemake", "--cores", "1", "--configfile", str(TINY), *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+def test_the_plan_is_printed_before_a_dry_run_and_on_stderr_under_a_graph():
+    dry = run("-n")
+    assert dry.stdout.startswith("pairbench plan 'tiny' -> results/tiny/ (config: "), dry.stdout[:300]
+    assert "\n  visits: 4, 1 steady request(s) per condition each\n" in dry.stdout
+    graph = run("--rulegraph")
+    parse_dot(graph.stdout)
+    assert "pairbench plan 'tiny'" in graph.stderr and "pairbench plan" not in graph.stdout
+
+
+def test_every_rule_has_a_one_line_description():
+    out = run("--list-rules").stdout
+    rules = re.findall(r"^(\w+)(?: \((.*)\))?$", out, re.M)
+    assert len(rules) >= 19 and [name for name, doc in rules if not doc] == [], out
+    assert not re.search(r"^\s+\S", out, re.M), f"a description spans more than one line:\n{out}"

@@ -190,6 +190,83 @@ def test_invalid_config_fails_before_any_job_naming_the_key(scratch, case):
     assert results_tree(scratch) == before, "no job may run, nothing may be written, for an invalid config"
 
 
+# What a new user gets wrong first, as written (lines matter: each message names its file and line).
+# Each gets exactly one message, naming the culprit, and no traceback. (yaml text, extra args, the line)
+TINY_HEAD = "label: newcomer\nmodel: tiny\n"
+NEWCOMER_CONFIGS = {
+    "a typo in a key": (TINY_HEAD + "arms:\n  baseline: {}\n  candidate: {}\nround: 4\n", [],
+                        "{cfg}:6: config key 'round': unknown key (allowed: allow_external, arms, baseline, "),
+    "a patch path that is not there": (
+        TINY_HEAD + "arms:\n  baseline: {}\n  candidate:\n    patches: [my-fix.patch]\n", [],
+        "{cfg}:6: arms.candidate.patches[0]: patch file my-fix.patch does not exist"),
+    "one arm": (TINY_HEAD + "arms:\n  baseline: {}\n", [],
+                "{cfg}:3: config key 'arms': a paired benchmark needs at least two arms, got 1 (baseline)"),
+    "no arms at all": (TINY_HEAD + "lengths: [400]\n", [],
+                       "{cfg}: config key 'arms': missing; it has no default (the arms to compare, e.g. arms: "
+                       "{{baseline: {{}}, candidate: {{patches: [my.patch]}}}})"),
+    "a length beyond the model's context": (
+        TINY_HEAD + "arms: {baseline: {}, candidate: {}}\nlengths:\n  - 400\n  - 4000\n", [],
+        "{cfg}:6: lengths[1]: 4000 input + 64 output tokens (+16 margin) exceed the context of model 'tiny' (2048)"),
+    "an engine that does not exist": (
+        TINY_HEAD + "arms:\n  baseline: {}\n  candidate: {engine: llamacpp}\n", [],
+        "{cfg}:5: arms.candidate.engine: engine: no profile 'llamacpp' (looked for "),
+    "a list on the command line, unquoted": (
+        TINY_HEAD + "arms: {baseline: {}, candidate: {}}\n", ["--config", "lengths=400,480"],
+        "--config lengths: config key 'lengths': '400,480' is not of type 'array' (write a list as --config "
+        "\"lengths=[256, 1024]\", quoted)"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(NEWCOMER_CONFIGS))
+def test_a_newcomers_broken_config_gets_one_message_at_its_line(scratch, case):
+    text, extra, line = NEWCOMER_CONFIGS[case]
+    cfg = scratch / f"newcomer-{case.replace(' ', '-').replace(',', '')}.yaml"
+    cfg.write_text(text)
+    proc = snakemake(scratch, "-n", "--configfile", str(cfg), *extra, check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    # the file as given, relative to the working directory (the scratch copy) where it lies below it
+    assert "pairbench: 1 config error (nothing was run):\n  " + line.format(cfg=cfg.name) in out, out[-3000:]
+    assert "Traceback" not in out and 'File "' not in out, out[-3000:]
+    assert not (scratch / "results").exists(), "no job may run for an invalid config"
+
+
+def test_a_yaml_syntax_error_in_the_default_config_names_its_line(tmp_path):
+    work = copy_repo(tmp_path)
+    default = work / "config" / "config.yaml"
+    default.write_text(default.read_text().replace("lengths: [256, 1024]", "lengths: [256, 1024"))
+    proc = snakemake(work, "-n", check=False)
+    assert proc.returncode != 0
+    assert ("config/config.yaml:9:14: YAML syntax error: expected ',' or ']', but got ':' (while parsing a flow "
+            "sequence opened at line 8, column 10)") in proc.stderr, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stdout + proc.stderr
+
+
+def test_config_lists_and_maps_on_the_command_line_and_every_error_at_once(scratch):
+    proc = snakemake(scratch, "-n", "--configfile", "tests/config/tiny.yaml", "--config", "lengths=[400, 512]",
+                     "rounds={min: 2, max: 4, target_halfwidth: 0.05}", "label=cli")
+    assert ("  conditions (2): in400-out8, in512-out8; model tiny\n"
+            "  rounds: 2, then blocks of 2 until every primary interval is within +-5%, at most 4 (order abba)\n"
+            ) in proc.stdout
+    cfg = scratch / "many-errors.yaml"
+    cfg.write_text("label: many\nmodel: tiny\ncolour: blue\narms:\n  baseline: {}\n"
+                   "  candidate: {patches: [nope.patch]}\nrounds: 0\n")
+    proc = snakemake(scratch, "-n", "--configfile", str(cfg), "--config", "lengths=[400, 3000]", check=False)
+    err = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "pairbench: 4 config errors (nothing was run):" in err, err[-3000:]
+    listed = err.split("pairbench: 4 config errors (nothing was run):\n", 1)[1].splitlines()[:4]
+    assert [line.split(": ", 2)[:2] for line in listed] == [
+        [f"  {cfg.name}:3", "config key 'colour'"], [f"  {cfg.name}:6", "arms.candidate.patches[0]"],
+        [f"  {cfg.name}:7", "config key 'rounds'"], ["  --config lengths", "lengths[1]"]]
+
+
+def test_a_configfile_replaces_the_default_and_says_nothing_else(scratch):
+    proc = snakemake(scratch, "-n", "--configfile", "tests/config/tiny.yaml")
+    out = proc.stdout + proc.stderr
+    assert "is extended by additional config" not in out
+    assert "pairbench plan 'tiny' -> results/tiny/ (config: tests/config/tiny.yaml)" in out
+
+
 def test_non_applying_patch_names_the_patch_and_hunk(scratch):
     (scratch / "stale.patch").write_text(textwrap.dedent("""\
         --- a/engine/VERSION

@@ -1,7 +1,13 @@
 """pairbench command line: ``python -m pairbench <command> ...``.
 
+The benchmark itself runs through Snakemake (``snakemake --cores 1``); these commands read a config
+or a finished run. ``--help`` prints :data:`DESCRIPTION` (plain text); ``--version`` the package's.
+
 Commands:
 
+- ``plan [<config> ...] [--config KEY=VALUE ...]``: check a config as ``snakemake`` would (every
+  error at once, each at its file and line) and print the plan in words
+  (:func:`pairbench.stages.summary.plan_summary`); exit status 2 with the errors if it cannot run.
 - ``verify <bundle> [--source <clean source dir>]``: offline check of a publication bundle
   (:func:`pairbench.publish.verify.verify_bundle`); exit status 1 and one line per problem if it fails.
 - ``audit <run dir> [--extra FILE] [--out audit.json]``: re-validate every artifact of
@@ -20,7 +26,68 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import Callable
+
+from pairbench import __version__
+
+DESCRIPTION = """\
+pairbench: paired A/B benchmarks of LLM inference engines.
+
+Run a benchmark with Snakemake, from the repository root:
+  snakemake --cores 1                            the default config (config/config.yaml)
+  snakemake --cores 1 --configfile my.yaml       your config (it replaces config/config.yaml)
+  snakemake -n --configfile my.yaml              the plan and the jobs, nothing run
+
+These commands read a config or a finished run (README.md):"""
+
+EPILOG = "Each command has its own --help, e.g. python -m pairbench plan --help."
+
+
+def _plan(args: argparse.Namespace) -> int:
+    from pairbench.core.config import ConfigError
+    from pairbench.core.configsource import YamlSyntaxError
+    from pairbench.stages import runconfig
+    from pairbench.stages.summary import plan_summary
+
+    files = args.config or ["config/config.yaml"]
+    try:
+        cli = dict(_key_value(item) for item in args.set)
+        config, sources = runconfig.load_files(files, cli)
+    except (OSError, YamlSyntaxError, ConfigError, ValueError) as exc:
+        print(f"pairbench plan: {exc}", file=sys.stderr)
+        return 2
+    if "study" in config:
+        print("pairbench plan: a study: run `snakemake -n --configfile <it>` to see each comparison's plan",
+              file=sys.stderr)
+        return 2
+    found = runconfig.problems(config, Path(args.root))
+    if found:
+        print(runconfig.report(found, sources), file=sys.stderr)
+        return 2
+    print(plan_summary(config, sources.describe()))
+    return 0
+
+
+def _key_value(item: str) -> tuple[str, object]:
+    """``KEY=VALUE`` read as Snakemake's --config reads it (YAML), lists and maps included."""
+    import yaml
+
+    key, sep, value = item.partition("=")
+    if not sep or not key:
+        raise ValueError(f"--config {item!r}: write KEY=VALUE")
+    return key, yaml.safe_load(value) if value else None
+
+
+def _add_plan(sub) -> None:
+    p = sub.add_parser("plan", help="check a config and print its plan in words (what snakemake -n also prints)")
+    p.add_argument("config", nargs="*", help="config file(s), merged in order as --configfile merges them "
+                   "(default config/config.yaml)")
+    p.add_argument("--config", dest="set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a key, as snakemake's --config does; repeatable")
+    p.add_argument("--root", default=".", help="the repository root that paths in the config are relative to "
+                   "(default: the current folder)")
+    p.set_defaults(func=_plan)
 
 
 def _verify(args: argparse.Namespace) -> int:
@@ -104,12 +171,14 @@ def _llama_tree(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS: list[Callable] = [_add_verify, _add_scan, _add_audit, _add_llama_tree]
+COMMANDS: list[Callable] = [_add_plan, _add_verify, _add_scan, _add_audit, _add_llama_tree]
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pairbench", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = argparse.ArgumentParser(prog="python -m pairbench", description=DESCRIPTION, epilog=EPILOG,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"pairbench {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="<command>")
     for add in COMMANDS:
         add(sub)
     args = parser.parse_args(argv)

@@ -1,8 +1,10 @@
 """Config validation, the run layout and the input helpers shared by every stage.
 
-The config is validated here, at parse time, so an invalid one fails before any job runs, with an
-error that names the key. Three globals: ``CFG`` (the validated, normalized config), ``ROOT`` (this
-checkout) and ``L`` (the run layout, pairbench.core.layout: every path of results/<label>/). Every
+The config is validated here, at parse time, so an invalid one fails before any job runs, with every
+error at once, each naming its key, file and line; then the plan is printed in words. The globals:
+``CFG`` (the validated, normalized config), ``ROOT`` (this checkout), ``L`` (the run layout,
+pairbench.core.layout: every path of results/<label>/), and ``SOURCES`` and ``SCHEMA`` (where the
+config came from, what checks it). Every
 helper takes ``cfg`` and reads nothing else; the ones that read a checkpoint's result use
 Snakemake's ``checkpoints`` object, which only exists here.
 """
@@ -14,43 +16,57 @@ from pathlib import Path
 # Import pairbench from THIS checkout's workflow/ (never a copy installed from another checkout).
 sys.path.insert(0, str(Path(workflow.basedir) / "workflow"))
 
+from snakemake.logging import logger
 from snakemake.utils import validate
 
 from pairbench.core import conditions as pb_conditions
 from pairbench.core import config as pb_config
 from pairbench.core import plan as pb_plan
 from pairbench.core.artifacts import read_artifact
-from pairbench.engines.policy import check_engines
+from pairbench.core.configsource import Sources
 from pairbench.core.layout import PER_ARM, Layout
 from pairbench.measure import node as pb_node
+from pairbench.stages import runconfig as pb_runconfig
+from pairbench.stages.summary import plan_summary
 from pairbench.validate import retries as pb_retries
 
-
-def own_config(config, config_settings, module):
-    """With --configfile, that file (plus any --config) IS the config: config/config.yaml is dropped.
-
-    Snakemake would otherwise deep-merge the two, so a test or A/A config naming other arms would
-    silently inherit the default arms and their patches. A study's comparison (a module, its own
-    config: workflow/rules/study.smk) is left as the study made it.
-    """
-    if config_settings.configfiles and module is None:
-        config.clear()
-        config.update(config_settings.overwrite_config)
-    return config
+ROOT = Path(workflow.basedir)
 
 
-def validate_config(config, schema):
-    """Schema check naming the key, defaults filled in place, then what a schema cannot express."""
-    pb_config.schema_check(config, Path(workflow.current_basedir.get_path_or_uri(secret_free=True)) / schema)
-    validate(config, schema)
-    pb_config.check_config(config, Path(workflow.basedir))
-    check_engines(config)  # every arm's engine profile (core/ knows no profile)
+def config_sources(workflow, config):
+    """Where the config came from: the --configfile files (each replaces config/config.yaml: the
+    Snakefile reads that only without one) or config/config.yaml, then --config. A study's
+    comparison (a module, its config made by workflow/rules/study.smk) names its comparison."""
+    settings = workflow.config_settings
+    if workflow.modifier.namespace is not None:
+        study = ", ".join(pb_runconfig.display_path(f) for f in settings.configfiles)
+        return Sources(context=f"{study}, comparison {config.get('label')}")
+    files = [pb_runconfig.display_path(f) for f in settings.configfiles] or ["config/config.yaml"]
+    return Sources.read(files, dict(settings.config))
+
+
+def checked_config(config, sources, schema):
+    """The config, checked whole before any job: every problem at once, each at its file and line,
+    and no job runs (pairbench.stages.runconfig); then schema defaults filled and normalized.
+    --config lists and maps are read as YAML (Snakemake leaves their numbers strings)."""
+    config = pb_runconfig.with_cli(config, sources.cli)
+    found = pb_runconfig.problems(config, ROOT, schema)
+    if found:
+        sys.exit(pb_runconfig.report(found, sources))
+    validate(config, str(schema))
     return pb_config.normalized(config)
 
 
-CFG = validate_config(own_config(config, workflow.config_settings, workflow.modifier.namespace), "../schemas/config.schema.yaml")
-ROOT = Path(workflow.basedir)
+SCHEMA = Path(workflow.current_basedir.get_path_or_uri(secret_free=True)) / "../schemas/config.schema.yaml"
+SOURCES = config_sources(workflow, config)
+CFG = checked_config(config, SOURCES, SCHEMA)
 L = Layout(CFG["label"])
+
+# The plan in words, before anything runs (a dry run too), through Snakemake's logger: on stdout
+# with a run's other messages, on stderr under --dag/--rulegraph, whose stdout stays a graph. Not
+# in a job that a cluster node or a group job runs (its own snakemake parses this file again).
+if workflow.exec_mode.name == "DEFAULT":
+    logger.info(plan_summary(CFG, SOURCES.describe()))
 
 
 def arms(cfg):

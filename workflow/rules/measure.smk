@@ -34,6 +34,7 @@ rule measure:
 
 
 use rule measure as measure_retry with:
+    """A validation retry: a partial visit of the conditions whose validation earned one."""
     # Validation retry N of one visit: a partial visit of the conditions whose previous measurement
     # (the visit, or retry N-1) was excluded for a kind in validate.retry_on (pairbench.validate.retries).
     # Only ever requested by the validation checkpoints (common.smk: validation_chain).

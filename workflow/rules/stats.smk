@@ -30,10 +30,11 @@ rule stats:
         "../scripts/stats.py"
 
 
+# After rounds.min rounds, and after each block since (pairbench.analysis.adaptive: interval widths
+# only). It reads each visit's own measurement and validation, never its retries (a retried pair is
+# dropped from the paired statistics).
 checkpoint adapt:
-    """Adaptive rounds: after rounds.min rounds, and after each block since, whether to measure
-    another block (pairbench.analysis.adaptive: interval widths only). Each visit's own measurement
-    and validation, never its retries (a retried pair is dropped from the paired statistics)."""
+    """Adaptive rounds: measure another block, or stop (interval widths only)."""
     input:
         plan=L.plan,
         measures=lambda wc: [L.measure(v) for v in visits_through(CFG, int(wc.rounds))],

@@ -12,15 +12,22 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(workflow.basedir) / "workflow"))
 
+from pairbench.core.config import ConfigError
+from pairbench.stages.runconfig import display_path
 from pairbench.study import comparisons as pb_study
 
-# The study file as given: with --configfile, Snakemake has merged config/config.yaml into `config`.
-STUDY = pb_study.study_section(
-    dict(workflow.config_settings.overwrite_config) if workflow.config_settings.configfiles else dict(config),
-    Path(workflow.current_basedir.get_path_or_uri(secret_free=True)) / "../schemas/study.schema.yaml",
-)
-COMPARISONS = pb_study.comparison_configs(STUDY, Path(workflow.basedir))
-MODULES = pb_study.module_names(list(COMPARISONS))
+# The study file as given (the Snakefile reads config/config.yaml only without --configfile). A
+# problem with it stops the run before any job, naming the key and the file, without a traceback.
+try:
+    STUDY = pb_study.study_section(
+        dict(workflow.config_settings.overwrite_config) if workflow.config_settings.configfiles else dict(config),
+        Path(workflow.current_basedir.get_path_or_uri(secret_free=True)) / "../schemas/study.schema.yaml",
+    )
+    COMPARISONS = pb_study.comparison_configs(STUDY, Path(workflow.basedir))
+    MODULES = pb_study.module_names(list(COMPARISONS))
+except ConfigError as exc:
+    sys.exit(f"pairbench: 1 config error (nothing was run):\n"
+             f"  {', '.join(display_path(f) for f in workflow.config_settings.configfiles)}: {exc}")
 
 
 for comparison_name, comparison_config in COMPARISONS.items():
@@ -41,6 +48,7 @@ localrules: study_index
 
 
 rule study_index:
+    """One page of every comparison's verdicts, each linking its report (results/<study>/index.md)."""
     input:
         # audit.json is each comparison's last artifact (it needs every other), so asking for it
         # asks for the whole run

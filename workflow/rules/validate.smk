@@ -53,10 +53,11 @@ checkpoint validate_retry:
         "../scripts/validate.py"
 
 
+# Retries no longer in their visit's chain (its validation was redone, or the config asks for fewer)
+# move to private/superseded/<time>/, kept, never deleted; private/retired.json records every move,
+# and the audit checks it. The one job that moves files it does not declare.
 rule retire:
-    """Retries that are no longer in their visit's chain (its validation was redone, or the config
-    asks for fewer) move to private/superseded/<time>/, kept, never deleted; private/retired.json
-    records every move, and the audit checks it. The one job that moves files it does not declare."""
+    """Move retries no longer in their visit's chain to private/superseded/ (kept, recorded, audited)."""
     input:
         measures=lambda wc: chain_artifacts(CFG, 0),
         validations=lambda wc: chain_artifacts(CFG, 1),

@@ -4,7 +4,8 @@
   an artifact kind's version is its schema's ``$id``.
 - ``conditions``: what a request is measured under (the factors, the condition ids).
 - ``metrics``: the registry of metrics (unit, orientation, question, where a record holds it).
-- ``config``: the checks a JSON Schema cannot express, and resolved views of the config.
+- ``config``: the defaults, the checks a JSON Schema cannot express, and resolved views of the config;
+  ``configsource``: where each key came from (file and line, ``--config``), YAML syntax errors.
 - ``order``: visit orders (abba, random, williams); ``plan``: the run plan (arms, conditions,
   visit order, salts, the config hash); ``naming``: visit and retry names.
 - ``layout``: every path of a run folder.

@@ -4,23 +4,30 @@ The schema (workflow/schemas/config.schema.yaml, applied by ``snakemake.utils.va
 workflow/rules/common.smk) catches unknown keys, wrong types and out-of-range numbers. What needs
 the filesystem or the model lives here, in plain functions that take the config as an argument:
 fewer than two arms, a patch or source path that does not exist, a length that does not fit in the
-model's context. Every error is a :class:`ConfigError` whose message starts with the config key.
+model's context. Every error is a :class:`ConfigError` whose message starts with the config key,
+and :func:`config_errors` finds every one of them at once (:func:`check_config` raises the first).
 """
 
 from __future__ import annotations
 
 import copy
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterator
 
 from pairbench.core.conditions import BY_NAME, conditions, levels
 from pairbench.core.metrics import DEFAULT_MEMORY, DEFAULT_METRICS, DEFAULT_SECONDARY, check_metric_lists
+from pairbench.core.configsource import parse_key
 from pairbench.core.order import block_length
 
 # The named models. "tiny" is the embedded engine's deterministic random-weight test model; its
 # context is fixed by engine/ (keep in step with engine's tiny config).
 MODEL_FILES = {"smollm2-135m": "resources/SmolLM2-135M-Instruct.Q4_1.gguf"}
 NAMED_CONTEXT = {"tiny": 2048}
+
+# The top-level keys with a default (the schema's defaults; tests/pairbench/test_config.py keeps the
+# two in step). `arms` has none: what is compared is the one thing a config must say.
+TOP_DEFAULTS = {"label": "default", "model": "smollm2-135m", "lengths": [256, 1024], "output_tokens": 64,
+                "rounds": 6, "repeats": 1, "seed": 0, "order": "abba", "retries": 0}
 
 EMBEDDED_SOURCE = "engine"
 ARM_DEFAULTS = {"source": None, "patches": [], "args": [], "env": {}, "engine": "embedded", "threads": None,
@@ -53,6 +60,17 @@ CONTEXT_MARGIN = 16
 class ConfigError(ValueError):
     """A config that cannot run. The message starts with the offending key."""
 
+    @property
+    def key(self) -> tuple:
+        """The key path the message starts with: ``arms.b.patches[0]: ...`` → ``("arms", "b", "patches", 0)``;
+        ``config key 'lengths.1': ...`` → ``("lengths", 1)``; ``()`` for the whole config."""
+        msg = str(self)
+        if msg.startswith("config key '"):
+            text = msg[len("config key '"):].split("'", 1)[0]
+            return () if text == "<root>" else parse_key(text)
+        head = msg.split(": ", 1)[0]
+        return parse_key(head) if head and " " not in head else ()
+
 
 def normalized(config: dict) -> dict:
     """A deep copy of *config* with every optional section filled with its defaults.
@@ -61,6 +79,8 @@ def normalized(config: dict) -> dict:
     under ``additionalProperties``), so every consumer reads the config through this.
     """
     cfg = copy.deepcopy(dict(config))
+    for key, value in TOP_DEFAULTS.items():
+        cfg.setdefault(key, copy.deepcopy(value))
     cfg["arms"] = {
         name: {**copy.deepcopy(ARM_DEFAULTS), **(arm or {})} for name, arm in cfg.get("arms", {}).items()
     }
@@ -77,8 +97,6 @@ def normalized(config: dict) -> dict:
     cfg["crosscheck"] = {**CROSSCHECK_DEFAULTS, **(cfg.get("crosscheck") or {})}
     cfg["gates"] = {**GATES_DEFAULTS, **(cfg.get("gates") or {})}
     cfg["resources"] = _resources(cfg.get("resources") or {})
-    cfg.setdefault("order", "abba")
-    cfg.setdefault("repeats", 1)
     if cfg["server"]["pin"] in ("true", "false"):
         cfg["server"]["pin"] = cfg["server"]["pin"] == "true"
     cfg.setdefault("baseline", None)
@@ -256,68 +274,140 @@ def serve_context(config: dict) -> int:
 
 
 def check_config(config: dict, root: Path) -> None:
-    """Raise :class:`ConfigError` naming the key if *config* (already schema-valid) cannot run."""
+    """Raise the first :class:`ConfigError` (naming the key) if *config* (already schema-valid) cannot run."""
+    errors = config_errors(config, root)
+    if errors:
+        raise errors[0]
+
+
+def config_errors(config: dict, root: Path, skip: frozenset | set = frozenset()) -> list[ConfigError]:
+    """Every reason *config* cannot run, each a :class:`ConfigError` naming its key, in check order.
+
+    A check that reads a top-level key in *skip* (one the schema already rejected) is left out, so a
+    schema-invalid config still gets every other finding; that key's defaults stand in for it.
+    """
     root = Path(root)
-    cfg = normalized(config)
+    cfg = normalized({k: v for k, v in config.items() if k not in skip})
+    out: list[ConfigError] = []
+    for keys, check in CHECKS:
+        if keys & set(skip) or (keys & {"arms"} and len(cfg["arms"]) < 2 and check is not _check_arm_count):
+            continue
+        try:
+            found = list(check(cfg, root))
+        except ConfigError as exc:  # a check that cannot go on (a model file it cannot read)
+            found = [exc]
+        out.extend(e for e in found if str(e) not in {str(o) for o in out})
+    return out
+
+
+def _check_arm_count(cfg: dict, root: Path) -> Iterator[ConfigError]:
     arms = arm_names(cfg)
     if len(arms) < 2:
-        raise ConfigError(f"arms: a paired benchmark needs at least two arms, got {len(arms)} ({', '.join(arms) or 'none'})")
-    check_arm_roles(cfg)
-    for name, arm in cfg["arms"].items():  # each arm's engine profile: pairbench.engines.policy.check_engines
+        yield ConfigError(f"arms: a paired benchmark needs at least two arms, got {len(arms)} ({', '.join(arms) or 'none'})")
+
+
+def _check_roles(cfg: dict, root: Path) -> Iterator[ConfigError]:
+    try:
+        check_arm_roles(cfg)
+    except ConfigError as exc:
+        yield exc
+
+
+def _check_sources(cfg: dict, root: Path) -> Iterator[ConfigError]:
+    """Each arm's source directory and patch files exist (its engine profile: engines.policy)."""
+    for name, arm in cfg["arms"].items():
         if isinstance(arm["source"], str):
             src = root / arm["source"]
             if not src.is_dir():
-                raise ConfigError(f"arms.{name}.source: directory {arm['source']} does not exist")
-            if arm["engine"] == ARM_DEFAULTS["engine"] and not (src / "VERSION").is_file():
-                raise ConfigError(f"arms.{name}.source: {arm['source']} has no VERSION file")
+                yield ConfigError(f"arms.{name}.source: directory {arm['source']} does not exist")
+            elif arm["engine"] == ARM_DEFAULTS["engine"] and not (src / "VERSION").is_file():
+                yield ConfigError(f"arms.{name}.source: {arm['source']} has no VERSION file")
         elif arm["source"] is None and arm["patches"]:
-            raise ConfigError(f"arms.{name}.patches: engine {arm['engine']} has no source to patch "
+            yield ConfigError(f"arms.{name}.patches: engine {arm['engine']} has no source to patch "
                               f"(give arms.{name}.source: {{git: ..., tag: ...}} or a path)")
         for i, patch in enumerate(arm["patches"]):
             if not (root / patch).is_file():
-                raise ConfigError(f"arms.{name}.patches[{i}]: patch file {patch} does not exist")
+                yield ConfigError(f"arms.{name}.patches[{i}]: patch file {patch} does not exist")
+
+
+def _check_patch_names(cfg: dict, root: Path) -> Iterator[ConfigError]:
     bundled: dict[str, str] = {}  # the bundle's patches/ holds one file per name, from every arm
     for name, arm in cfg["arms"].items():
         for i, patch in enumerate(arm["patches"]):
             first = bundled.setdefault(Path(patch).name, patch)
-            if first != patch and (root / first).read_bytes() != (root / patch).read_bytes():
-                raise ConfigError(f"arms.{name}.patches[{i}]: {patch} has the file name of another arm's "
+            if first != patch and (root / first).is_file() and (root / patch).is_file() \
+                    and (root / first).read_bytes() != (root / patch).read_bytes():
+                yield ConfigError(f"arms.{name}.patches[{i}]: {patch} has the file name of another arm's "
                                   f"patch {first} but other content; the published bundle keeps one file "
                                   "per name, so rename one")
+
+
+def _check_gpus(cfg: dict, root: Path) -> Iterator[ConfigError]:
     for name in cfg["resources"]["gpus"]:
         if name not in cfg["arms"]:
-            raise ConfigError(f"resources.gpus.{name}: not one of the arms ({', '.join(arms)})")
+            yield ConfigError(f"resources.gpus.{name}: not one of the arms ({', '.join(arm_names(cfg))})")
+
+
+def _check_model(cfg: dict, root: Path) -> Iterator[ConfigError]:
     external_engines = sorted({a["engine"] for a in cfg["arms"].values() if a["engine"] != ARM_DEFAULTS["engine"]})
     if external_engines and resolve_model(cfg["model"], root)["kind"] == "named":
-        raise ConfigError(f"model: engine(s) {', '.join(external_engines)} need a .gguf model file, "
+        yield ConfigError(f"model: engine(s) {', '.join(external_engines)} need a .gguf model file, "
                           f"not the named model {cfg['model']!r}")
+
+
+def _check_context(cfg: dict, root: Path) -> Iterator[ConfigError]:
     context = model_context(cfg["model"], root)
     longest_out = max(levels(cfg, BY_NAME["output_tokens"]))
     for i, length in enumerate(cfg["lengths"]):
         if length + longest_out + CONTEXT_MARGIN > context:
-            raise ConfigError(
+            yield ConfigError(
                 f"lengths[{i}]: {length} input + {longest_out} output tokens "
                 f"(+{CONTEXT_MARGIN} margin) exceed the context of model {cfg['model']!r} ({context})"
             )
+
+
+def _check_metrics(cfg: dict, root: Path) -> Iterator[ConfigError]:
     st = cfg["stats"]
     try:
         check_metric_lists(st["metrics"], st["secondary"], st["memory"])
     except ValueError as exc:
-        raise ConfigError(str(exc)) from None
-    rounds = cfg["rounds"]
+        yield ConfigError(str(exc))
+
+
+def _check_rounds(cfg: dict, root: Path) -> Iterator[ConfigError]:
+    rounds, arms = cfg["rounds"], arm_names(cfg)
     if isinstance(rounds, dict):
         block = block_length(len(arms), cfg["order"])
         if rounds["max"] < rounds["min"]:
-            raise ConfigError(f"rounds.max: {rounds['max']} is less than rounds.min ({rounds['min']})")
+            yield ConfigError(f"rounds.max: {rounds['max']} is less than rounds.min ({rounds['min']})")
         for key in ("min", "max"):
             if rounds[key] % block:
-                raise ConfigError(f"rounds.{key}: {rounds[key]} is not a multiple of {block}, the counterbalanced "
+                yield ConfigError(f"rounds.{key}: {rounds[key]} is not a multiple of {block}, the counterbalanced "
                                   f"block of order {cfg['order']!r} with {len(arms)} arms (every block of rounds "
                                   f"measured must be a whole counterbalanced block)")
+
+
+def _check_trim(cfg: dict, root: Path) -> Iterator[ConfigError]:
+    rounds = cfg["rounds"]
     least = rounds["min"] if isinstance(rounds, dict) else rounds
     trim = cfg["stats"]["trim"]
     if trim is not None and 2 * trim >= least:
-        raise ConfigError(f"stats.trim: trimming {trim} from each end leaves nothing of {least} rounds")
+        yield ConfigError(f"stats.trim: trimming {trim} from each end leaves nothing of {least} rounds")
+
+
+# (the top-level keys a check reads, the check): config_errors skips a check whose keys the schema rejected
+CHECKS: list[tuple[frozenset, Callable[[dict, Path], Iterator[ConfigError]]]] = [
+    (frozenset({"arms"}), _check_arm_count),
+    (frozenset({"arms", "baseline", "candidate", "candidates"}), _check_roles),
+    (frozenset({"arms"}), _check_sources),
+    (frozenset({"arms"}), _check_patch_names),
+    (frozenset({"arms", "resources"}), _check_gpus),
+    (frozenset({"arms", "model"}), _check_model),
+    (frozenset({"model", "lengths", "output_tokens"}), _check_context),
+    (frozenset({"stats"}), _check_metrics),
+    (frozenset({"rounds", "order", "arms"}), _check_rounds),
+    (frozenset({"rounds", "stats"}), _check_trim),
+]
 
 
 def schema_check(config: dict, schema_path: str | Path) -> None:
@@ -326,14 +416,43 @@ def schema_check(config: dict, schema_path: str | Path) -> None:
     ``snakemake.utils.validate`` (run afterwards, to fill defaults) reports the same problems, but
     as a dump of the schema; this names the key first.
     """
+    errors = schema_errors(config, schema_path)
+    if errors:
+        raise errors[0]
+
+
+def schema_errors(config: dict, schema_path: str | Path) -> list[ConfigError]:
+    """Every schema violation of *config*, one :class:`ConfigError` per key (an unknown key each),
+    shallowest key first."""
     import jsonschema
     import yaml
 
     schema = yaml.safe_load(Path(schema_path).read_text())
     errors = sorted(jsonschema.Draft202012Validator(schema).iter_errors(config),
                     key=lambda e: (len(e.absolute_path), list(map(str, e.absolute_path))))
-    if errors:
-        raise ConfigError(format_schema_error(errors[0]))
+    out: list[ConfigError] = []
+    for error in errors:
+        for message in _messages(error):
+            if message not in {str(o) for o in out}:
+                out.append(ConfigError(message))
+    return out
+
+
+def _messages(error: Any) -> list[str]:
+    """One message per culprit: an unknown key each, a missing required key each, else one."""
+    path = ".".join(str(p) for p in error.absolute_path)
+    where = f"{path}." if path else ""
+    if error.validator == "additionalProperties" and isinstance(error.instance, dict) and error.schema.get("properties"):
+        allowed = sorted(error.schema["properties"])
+        return [f"config key '{where}{k}': unknown key (allowed: {', '.join(allowed)})"
+                for k in sorted(k for k in error.instance if k not in allowed)]
+    if error.validator == "required" and isinstance(error.instance, dict):
+        missing = [k for k in error.validator_value if k not in error.instance]
+        return [f"config key '{where}{k}': missing; it has no default"
+                + (" (the arms to compare, e.g. arms: {baseline: {}, candidate: {patches: [my.patch]}})"
+                   if f"{where}{k}" == "arms" else "")
+                for k in missing]
+    return [format_schema_error(error)]
 
 
 def format_schema_error(error: Any) -> str:
@@ -355,6 +474,9 @@ def format_schema_error(error: Any) -> str:
         types = " or ".join(repr(e.validator_value) for errs in branches.values() for e in errs if e.validator == "type")
         return f"config key '{'.'.join(str(p) for p in error.absolute_path)}': {error.instance!r} is not of type {types}"
     path = ".".join(str(p) for p in error.absolute_path)
+    if path == "label" and error.validator == "pattern":
+        return (f"config key 'label': {error.instance!r} is not a label: letters, digits and _ . - only, "
+                "starting with a letter or digit (it names the folder results/<label>/)")
     if path == "arms" and error.validator == "minProperties":
         arms = list(error.instance)
         return (f"config key 'arms': a paired benchmark needs at least two arms, got {len(arms)} "

@@ -11,4 +11,7 @@ every stage runs and is tested without Snakemake.
 - ``analysis``: statistics and tables, plots
 - ``publish``: the report and the sanitized bundle, the HTML report's landing page
 - ``integrity``: provenance and the audit
+
+Before any rule: ``runconfig`` checks the config whole (every error at once, at its file and line)
+and ``summary`` puts the plan in words (workflow/rules/common.smk; ``python -m pairbench plan``).
 """
