@@ -58,7 +58,10 @@ else:
             rules.plan.output,
             *(L.per_arm(stage, a) for stage in PER_ARM for a in arms(CFG)),
             rules.fixtures.output.fixtures,
-            lambda wc: chain_artifacts(CFG, 0) + chain_artifacts(CFG, 1),
+            # each visit's own artifacts by name (a checkpoint being redone must not hide the others),
+            # then the retries its validation earned
+            lambda wc: [p for v in run_visit_ids(CFG) for p in (L.measure(v), L.validate(v))],
+            lambda wc: chain_artifacts(CFG, 0, retries_only=True) + chain_artifacts(CFG, 1, retries_only=True),
             lambda wc: [path for _, path in adapt_decisions(CFG)],
             rules.stats.output,
             rules.plots.output,

@@ -15,7 +15,7 @@ import pytest
 
 from pairbench.arms.gitsource import GitSourceError, resolve_tag
 from pairbench.arms.llamacpp_tree import tag_name
-from pairbench.core.artifacts import read_artifact
+from pairbench.core.artifacts import read_artifact, schema_id
 from pairbench.core.cache import user_cache
 from pairbench.publish import envfacts, leakgate
 from pairbench.publish.verify import verify_bundle
@@ -114,7 +114,7 @@ def test_bundle_verifies_passes_the_leak_gate_and_reports_build_and_cross_check(
     assert "## How it was built" in report and "## Cross-check: llama-bench" in report
     assert "llama-bench and pairbench agree on the direction of the effect in" in report
     published = json.loads((bundle / "tables" / "crosscheck.json").read_text())
-    assert published["schema"] == "pairbench.crosscheck_summary/v1" and len(published["rows"]) == 2
+    assert published["schema"] == schema_id("crosscheck_summary") and len(published["rows"]) == 2
     assert (bundle / "patches" / "q4_1-avx2-2x2.patch").is_file()
 
 

@@ -47,7 +47,7 @@ def test_a_comparison_is_a_complete_run_and_the_index_links_its_report(one_compa
     assert read_artifact(res / "audit.json", "audit")["ok"]
     assert verify_bundle(res / "publish") == []
     index = (one_comparison / "results" / "s" / "index.md").read_text()
-    assert "| [tiny-a](../tiny-a/publish/README.md) | candidate vs baseline | decode_tok_s | 400 | **" in index
+    assert "| [tiny-a](../tiny-a/publish/README.md) | candidate vs baseline | decode_tok_s | `in400-out8` | **" in index
 
 
 def test_adding_a_comparison_runs_only_its_jobs(one_comparison):
