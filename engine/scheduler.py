@@ -6,8 +6,9 @@ llama.cpp's server (``--parallel N`` slots, ``n_batch``). The model holds ``n_sl
 until a slot is free, then owns that slot until it finishes or is cancelled. One thread runs
 ``step`` in a loop; each step
 
-1. admits queued requests into free slots, oldest first (a slot's cached tokens are reused for a
-   common prompt prefix only when the request allows it: ``cache_prompt``);
+1. frees the slots of cancelled requests, then admits queued requests into free slots, oldest
+   first (a slot's cached tokens are reused for a common prompt prefix only when the request
+   allows it: ``cache_prompt``);
 2. runs one batched forward of one new token of *every* sequence that is decoding
    (``Transformer.decode``: each weight matrix streams once for all of them);
 3. runs prompt chunks of the sequences still reading their prompts, oldest first, while the step's
@@ -142,9 +143,9 @@ class Scheduler:
     # ---- one step (the scheduler thread)
     def step(self) -> None:
         self.steps += 1
-        self._admit()
-        for seq in [s for s in self.running if s.cancelled]:
+        for seq in [s for s in self.running if s.cancelled]:  # first: a freed slot is admitted into now
             self._finish(seq, "cancelled")
+        self._admit()
         decoding = [s for s in self.running if s.feed is not None]
         if decoding:
             self._guarded(decoding, self._decode)
