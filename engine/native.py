@@ -128,6 +128,7 @@ def _bind(path: Path) -> ctypes.CDLL:
         "pb_get_threads": (i32, []),
         "pb_pool_stats": (None, [p]),
         "pb_pool_test_stall": (None, [i64, i64]),
+        "pb_pool_policy_replay": (None, [i64, p, p, p, p]),
         "pb_isa_supported": (i32, [i32]),
         "pb_set_isa": (i32, [i32]),
         "pb_get_isa": (i32, []),
@@ -238,6 +239,17 @@ def test_stall(every: int, sleep_us: int) -> None:
     L = lib()
     if L is not None:
         L.pb_pool_test_stall(int(every), int(sleep_us))
+
+
+def pool_policy_replay(start_ns: list[int], end_ns: list[int], wait_ns: list[float]) -> list[bool]:
+    """Tests only: which of these two-thread jobs (start and end times, the caller's wait for
+    helpers, in ns) the pool's policy would have run on the caller alone, from a fresh history."""
+    n = len(start_ns)
+    assert len(end_ns) == len(wait_ns) == n
+    start, end = torch.tensor(start_ns, dtype=torch.int64), torch.tensor(end_ns, dtype=torch.int64)
+    wait, alone = torch.tensor(wait_ns, dtype=torch.float64), torch.zeros(n, dtype=torch.uint8)
+    lib().pb_pool_policy_replay(n, start.data_ptr(), end.data_ptr(), wait.data_ptr(), alone.data_ptr())
+    return [bool(a) for a in alone.tolist()]
 
 
 def threads() -> int:

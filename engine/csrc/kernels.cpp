@@ -89,6 +89,41 @@ inline float hsum(__m256 v) {
 // ---------------------------------------------------------------------------------------------
 // The pool
 
+// When the pool's caller works alone (see Pool): a function of the timeline of its two-thread jobs
+// only (start, end, the caller's wait for helpers; nanoseconds of one clock), so tests replay
+// timelines through it (pb_pool_policy_replay) as well as running live jobs.
+struct Policy {
+  // The stall share is judged over about the last WINDOW_NS of two-thread jobs (sums decayed by
+  // exp(-age / WINDOW_NS)), and only once the current streak of two-thread work (no gap between
+  // jobs longer than WINDOW_NS) has lasted MIN_HISTORY_NS: a new helper's first jobs wait
+  // milliseconds for it (on a VM, for the idle second vCPU to be scheduled again).
+  static constexpr double WINDOW_NS = 100e6, MIN_HISTORY_NS = 50e6, STALL_SHARE = 0.25;
+  static constexpr int64_t BACKOFF_MIN_NS = 100000000, BACKOFF_MAX_NS = 2000000000;
+  double ew_wall_ns = 0, ew_wait_ns = 0;
+  int64_t last_end = -1, streak_start = 0, alone_until = 0, backoff = 0;
+
+  bool alone(int64_t now) const { return backoff && now < alone_until; }
+
+  void back_off(int64_t now) {  // 100 ms, doubling to 2 s while it recurs
+    backoff = std::min(BACKOFF_MAX_NS, std::max(BACKOFF_MIN_NS, backoff * 2));
+    alone_until = now + backoff;
+  }
+
+  void job(int64_t start, int64_t end, double wait_ns) {
+    // (a backoff in force keeps the streak: its history is what the backoff is about)
+    if (last_end < 0 || ((double)(start - last_end) > WINDOW_NS && !backoff)) streak_start = start;
+    const double keep = last_end < 0 ? 0.0 : std::exp(-(double)(end - last_end) / WINDOW_NS);
+    last_end = end;
+    ew_wall_ns = ew_wall_ns * keep + (double)(end - start);
+    ew_wait_ns = ew_wait_ns * keep + wait_ns;
+    if (wait_ns > 0 && (double)(end - streak_start) >= MIN_HISTORY_NS && ew_wait_ns > STALL_SHARE * ew_wall_ns) {
+      back_off(end);
+    } else if (backoff && end > alone_until + 4 * backoff) {
+      backoff = 0;  // a quiet spell: forget the history
+    }
+  }
+};
+
 struct Pool {
   using Fn = void (*)(const void* ctx, int64_t chunk);
   std::vector<std::thread> workers;
@@ -180,7 +215,7 @@ struct Pool {
   //    core): a wait over stall_us is a stall. One stall is no reason to work alone: on an idle
   //    machine one job in ~10,000 waits 0.1-1 ms (an interrupt, a kernel thread), and backing off
   //    for it (as this pool once did) ran ~80 % of a quiet machine's jobs alone, losing the 1.4x a
-  //    second core is worth. So the caller keeps decayed sums of its jobs' wall time and of their
+  //    second core is worth. So the caller keeps (Policy) decayed sums of its jobs' wall time and of their
   //    waits for helpers (about the last WINDOW_NS) and backs off only when the waits
   //    are over STALL_SHARE of the wall time, i.e. when two threads have become slower than one:
   //    two decode threads measured 1.36-1.46x one on an idle AMD EPYC guest (llama.cpp's 1.6x its
@@ -194,31 +229,13 @@ struct Pool {
   // recurs; the helpers go to sleep after spin_us), so a busy machine degrades to one thread
   // instead of to llama.cpp-style barrier stalls. On a quiet machine neither happens.
   using Clock = std::chrono::steady_clock;
-  static double ns(Clock::duration d) { return std::chrono::duration<double, std::nano>(d).count(); }
-  Clock::time_point alone_until{};
-  std::chrono::microseconds backoff{0};
+  static int64_t now_ns() { return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count(); }
   int64_t stall_us = 50;
   static constexpr int CHECK_JOBS = 128;
-  // The stall share is judged over about the last WINDOW_NS of two-thread jobs (sums decayed by
-  // exp(-age / WINDOW_NS)), and only once the current streak of two-thread work (no gap between
-  // jobs longer than WINDOW_NS) has lasted MIN_HISTORY_NS: a new helper's first jobs wait
-  // milliseconds for it (on a VM, for the idle second vCPU to be scheduled again).
-  static constexpr double WINDOW_NS = 100e6, MIN_HISTORY_NS = 50e6, STALL_SHARE = 0.25;
-  double ew_wall_ns = 0, ew_wait_ns = 0;
-  Clock::time_point last_end{}, streak_start{};
+  Policy policy;
 
-  void reset_policy() {  // a new pool (or a test's new stall pattern) starts with no history
-    ew_wall_ns = ew_wait_ns = 0;
-    last_end = streak_start = Clock::time_point{};
-    backoff = std::chrono::microseconds(0);
-    alone_until = Clock::time_point{};
-  }
+  void reset_policy() { policy = Policy{}; }  // a new pool (or a test's new stall pattern) starts with no history
   uint64_t n_jobs = 0, n_stalls = 0, n_alone = 0, n_busy = 0;
-
-  void back_off() {
-    backoff = std::min(std::chrono::microseconds(2000000), std::max(std::chrono::microseconds(100000), backoff * 2));
-    alone_until = Clock::now() + backoff;
-  }
 
   static int64_t runqueue_wait_ns() {  // this thread's time spent runnable but not running
     FILE* f = std::fopen("/proc/thread-self/schedstat", "r");
@@ -234,23 +251,30 @@ struct Pool {
   // decode token) is what torch's OpenMP workers spend spinning after a prefill's last GEMM,
   // a transient that is cheaper to ride out than a 100 ms backoff.
   struct Window { Clock::time_point t0{}, last{}; int64_t wait0 = -1; int jobs = 0; int busy_run = 0; };
+  static double ns(Clock::duration d) { return std::chrono::duration<double, std::nano>(d).count(); }
 
   void check_oversubscribed() {
     static thread_local Window w;
     const Clock::time_point now = Clock::now();
-    if (w.wait0 < 0 || now - w.last > std::chrono::milliseconds(5)) {  // idle gap: start afresh
+    if (w.wait0 < 0) {
       w = Window{now, now, runqueue_wait_ns(), 0, 0};
       return;
     }
+    const bool gap = now - w.last > std::chrono::milliseconds(5);
     w.last = now;
-    if (++w.jobs < CHECK_JOBS) return;
+    if (!gap && ++w.jobs < CHECK_JOBS) return;
+    // Every CHECK_JOBS jobs, and after a gap between jobs: a gap is either idle time (the caller
+    // ran other code; the window starts afresh) or the caller itself waiting for a core, preempted
+    // between two jobs, which is oversubscription as much as a wait inside a window is.
     const int64_t wait = runqueue_wait_ns();
     const double wall_ns = ns(now - w.t0);
     int busy_run = 0;
     if (wait >= 0 && wall_ns > 0 && (double)(wait - w.wait0) > 0.05 * wall_ns) {
       ++n_busy;
       busy_run = w.busy_run + 1;
-      if (busy_run >= 2) back_off();
+      if (busy_run >= 2) policy.back_off(now_ns());
+    } else if (gap) {
+      busy_run = 0;  // idle: start afresh
     }
     w = Window{now, now, wait, 0, busy_run};
   }
@@ -263,12 +287,12 @@ struct Pool {
       return;
     }
     check_oversubscribed();
-    if (backoff.count() && Clock::now() < alone_until) {
+    if (policy.alone(now_ns())) {
       ++n_alone;
       for (int64_t i = 0; i < n; ++i) f(c, i);
       return;
     }
-    const Clock::time_point start = Clock::now();
+    const int64_t start = now_ns();
     fn = f; ctx = c; n_chunks = n;
     done.store(0, std::memory_order_relaxed);
     gen += 1;
@@ -294,20 +318,10 @@ struct Pool {
     // Close the generation: a helper still holding the old state fails its claim, so it can never
     // take a chunk number of this job against the next job's parameters.
     state.store(((uint64_t)gen << 32) | 0xffffffffull, std::memory_order_release);
-    const Clock::time_point end = Clock::now();
-    const double wait_ns = spins && !waking ? ns(end - t0) : 0.0;
-    // (a backoff in force keeps the streak: its history is what the backoff is about)
-    if (last_end == Clock::time_point{} || (ns(start - last_end) > WINDOW_NS && !backoff.count())) streak_start = start;
-    const double keep = std::exp(-ns(end - last_end) / WINDOW_NS);
-    last_end = end;
-    ew_wall_ns = ew_wall_ns * keep + ns(end - start);
-    ew_wait_ns = ew_wait_ns * keep + wait_ns;
+    const Clock::time_point t_end = Clock::now();
+    const double wait_ns = spins && !waking ? ns(t_end - t0) : 0.0;
     if (wait_ns > 1e3 * (double)stall_us) ++n_stalls;
-    if (wait_ns > 0 && ns(end - streak_start) >= MIN_HISTORY_NS && ew_wait_ns > STALL_SHARE * ew_wall_ns) {
-      back_off();
-    } else if (backoff.count() && end > alone_until + 4 * backoff) {
-      backoff = std::chrono::microseconds(0);  // a quiet spell: forget the history
-    }
+    policy.job(start, std::chrono::duration_cast<std::chrono::nanoseconds>(t_end.time_since_epoch()).count(), wait_ns);
   }
 };
 
@@ -926,6 +940,17 @@ PB_API void pb_pool_test_stall(int64_t every, int64_t sleep_us) {
   pool().stall_every = every;
   pool().stall_sleep_us = sleep_us;
   pool().reset_policy();
+}
+
+// Tests only: replay n jobs (start, end: ns; wait: the caller's wait for helpers, ns) through a fresh
+// policy; alone[i] = 1 where job i would have run on the caller alone (its timing then not fed back).
+PB_API void pb_pool_policy_replay(int64_t n, const int64_t* start, const int64_t* end, const double* wait,
+                                  uint8_t* alone) {
+  Policy p;
+  for (int64_t i = 0; i < n; ++i) {
+    alone[i] = p.alone(start[i]);
+    if (!alone[i]) p.job(start[i], end[i], wait[i]);
+  }
 }
 
 // y (m, n) = x (m, k) @ dequant(w (n, k)).T. w: n rows of k/32 blocks in format fmt.
