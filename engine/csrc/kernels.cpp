@@ -435,18 +435,24 @@ constexpr int64_t PREFETCH_BYTES = 8192;
 inline int64_t qs_bytes(int fmt) { return fmt == F_Q4_1 ? 16 : 32; }
 inline int64_t row_bytes_of(int fmt, int64_t k) { return (k / QK) * (fmt == F_Q4_1 ? 20 : 34); }
 
+// The first cnt (1..8) lanes set: a row's last group of blocks is loaded with a masked load, which
+// never touches the memory beyond it (a copy through a stack buffer stalled on store forwarding:
+// with 18 blocks per row, a third of the groups, it cost as much as the blocks themselves).
+inline __m256i lanes(int cnt) {
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(cnt), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
 // 8 fp16 values (fewer than 8: zero-padded) -> floats
 inline __m256 load_h8(const uint16_t* p, int cnt) {
   if (cnt == 8) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p));
+  if (cnt % 2 == 0)  // whole 32-bit pairs: a masked load reads none beyond p[cnt - 1]
+    return _mm256_cvtph_ps(_mm_maskload_epi32((const int*)p, _mm256_castsi256_si128(lanes(cnt / 2))));
   alignas(16) uint16_t t[8] = {0};
   for (int i = 0; i < cnt; ++i) t[i] = p[i];
   return _mm256_cvtph_ps(_mm_load_si128((const __m128i*)t));
 }
 inline __m256 load_f8(const float* p, int cnt) {
   if (cnt == 8) return _mm256_loadu_ps(p);
-  alignas(32) float t[8] = {0};
-  for (int i = 0; i < cnt; ++i) t[i] = p[i];
-  return _mm256_load_ps(t);
+  return _mm256_maskload_ps(p, lanes(cnt));
 }
 
 // R weight rows (consecutive, row_bytes apart) against G activation rows: y[i * ys + r] = row r . x[i].
@@ -465,12 +471,19 @@ inline void dots(const uint8_t* w, int64_t row_bytes, int64_t nb, const XRow* x,
   // A prefetch past the end of the matrix is harmless (it never faults).
   if (prefetch)
     for (int64_t o = 0; o < R * row_bytes; o += 64) _mm_prefetch((const char*)(w + PREFETCH_BYTES + o), _MM_HINT_T0);
+  __m256 macc[R][G];  // q4_1's min terms, per group of 8 blocks (kept beside the scales: one pass)
+  for (int r = 0; r < R; ++r) for (int i = 0; i < G; ++i) macc[r][i] = _mm256_setzero_ps();
   alignas(32) float sc[R][G][8];
   for (int64_t b0 = 0; b0 < nb; b0 += 8) {
     const int cnt = (int)std::min<int64_t>(8, nb - b0);
     for (int r = 0; r < R; ++r) {
-      const __m256 dw = load_h8((const uint16_t*)(w + r * row_bytes + nb * QB) + b0, cnt);
+      const uint16_t* d = (const uint16_t*)(w + r * row_bytes + nb * QB) + b0;
+      const __m256 dw = load_h8(d, cnt);
       for (int i = 0; i < G; ++i) _mm256_store_ps(sc[r][i], _mm256_mul_ps(dw, load_f8(x[i].d + b0, cnt)));
+      if constexpr (FMT == F_Q4_1) {
+        const __m256 mw = load_h8(d + nb, cnt);
+        for (int i = 0; i < G; ++i) macc[r][i] = _mm256_fmadd_ps(mw, load_f8(x[i].s + b0, cnt), macc[r][i]);
+      }
     }
     for (int t = 0; t < cnt; ++t) {
       const int64_t b = b0 + t;
@@ -486,21 +499,9 @@ inline void dots(const uint8_t* w, int64_t row_bytes, int64_t nb, const XRow* x,
     }
   }
   const __m256 c254 = _mm256_set1_ps(254.f);
-  for (int r = 0; r < R; ++r) {
-    const uint16_t* mins = (const uint16_t*)(w + r * row_bytes + nb * QB) + nb;
-    for (int i = 0; i < G; ++i) {
-      __m256 tot = _mm256_div_ps(acc[r][i], c254);  // a division, not * (1/254): exact when it can be
-      if (FMT == F_Q4_1) {
-        __m256 m = _mm256_setzero_ps();
-        for (int64_t b0 = 0; b0 < nb; b0 += 8) {
-          const int cnt = (int)std::min<int64_t>(8, nb - b0);
-          m = _mm256_fmadd_ps(load_h8(mins + b0, cnt), load_f8(x[i].s + b0, cnt), m);
-        }
-        tot = _mm256_add_ps(tot, m);
-      }
-      y[i * ys + r] = hsum(tot);
-    }
-  }
+  for (int r = 0; r < R; ++r)
+    for (int i = 0; i < G; ++i)  // a division, not * (1/254): exact when it can be
+      y[i * ys + r] = hsum(_mm256_add_ps(_mm256_div_ps(acc[r][i], c254), macc[r][i]));
 }
 
 struct GemvJob {
@@ -520,16 +521,17 @@ void gemv_pass(const GemvJob& j, int64_t r0, int64_t r1, int64_t i0, bool prefet
   for (; r < r1; ++r) dots<P, FMT, 1, G>(j.w + r * rb, rb, nb, j.x + i0, j.y + i0 * j.n + r, j.n, prefetch);
 }
 
-// Weight rows r0..r1 against every activation row, in passes of 8, 4, 2 or 1 rows (the accumulators
-// of a pass stay in registers); the first pass prefetches the stream, later ones find it in cache.
+// Weight rows r0..r1 against every activation row, in passes of 4, 2 or 1 activation rows (against
+// 1, 1 or 4 weight rows at a time): a pass's sums and min terms stay in registers (passes of 8 rows
+// spilled, and measured slower than two passes of 4); the first pass prefetches the weights, later
+// ones find them in cache.
 template <class P, int FMT>
 void gemv_rows(const GemvJob& j, int64_t r0, int64_t r1) {
   for (int64_t i = 0; i < j.m;) {
     const int64_t left = j.m - i;
     const bool pf = i == 0;
-    if (left >= 8) { gemv_pass<P, FMT, 1, 8>(j, r0, r1, i, pf); i += 8; }
-    else if (left >= 4) { gemv_pass<P, FMT, 2, 4>(j, r0, r1, i, pf); i += 4; }
-    else if (left >= 2) { gemv_pass<P, FMT, 2, 2>(j, r0, r1, i, pf); i += 2; }
+    if (left >= 4) { gemv_pass<P, FMT, 1, 4>(j, r0, r1, i, pf); i += 4; }
+    else if (left >= 2) { gemv_pass<P, FMT, 1, 2>(j, r0, r1, i, pf); i += 2; }
     else { gemv_pass<P, FMT, 4, 1>(j, r0, r1, i, pf); i += 1; }
   }
 }
