@@ -121,30 +121,48 @@ class KVCache(nn.Module):
         shape = (n_slots, n_kv_heads, max_context, head_dim)  # (N, H_kv, S, D)
         # Uninitialized on purpose: a position is always written before it is read (the contract
         # above), so the pages of positions never used are never touched and resident memory
-        # follows the longest sequences served, not n_slots x max_context.
-        self.register_buffer("k", torch.empty(shape, dtype=dtype), persistent=False)
-        self.register_buffer("v", torch.empty(shape, dtype=dtype), persistent=False)
+        # follows the longest sequences served, not n_slots x max_context. Plain attributes, not
+        # module buffers: they are read several times per layer and token, and a buffer's lookup
+        # through nn.Module costs ~2 us each.
+        self.k = torch.empty(shape, dtype=dtype)
+        self.v = torch.empty(shape, dtype=dtype)
 
     def update(self, slots: torch.Tensor, positions: torch.Tensor, k: torch.Tensor,
                v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         B, T = positions.shape
-        assert slots.shape == (B,) and k.shape == v.shape == (B, self.k.shape[1], T, self.k.shape[3]), (
+        _, H, S, D = self.k.shape
+        assert slots.shape == (B,) and k.shape == v.shape == (B, H, T, D), (
             f"KVCache.update: slots {tuple(slots.shape)}, positions {tuple(positions.shape)}, k {tuple(k.shape)}, "
-            f"v {tuple(v.shape)}; expected (B,), (B, T), (B, {self.k.shape[1]}, T, {self.k.shape[3]})")
-        last = int(positions[0, -1]) if B == 1 else int(positions[:, -1].max())
-        assert last < self.max_context, f"KVCache.update: position {last} beyond max_context {self.max_context}"
-        if B == 1:  # one sequence (a prompt chunk, or a lone decode step): a plain copy into its slot
-            s = int(slots[0])
+            f"v {tuple(v.shape)}; expected (B,), (B, T), (B, {H}, T, {D})")
+        if B == 1:  # one sequence (a prompt chunk, or a lone decode step): a copy into its slot's positions
+            s, first = slots.item(), (positions.item() if T == 1 else int(positions[0, 0]))  # (.item(): ~0.4 us)
             assert 0 <= s < self.n_slots, f"KVCache.update: slot {s} outside [0, {self.n_slots})"
-            self.k[s].index_copy_(1, positions[0], k[0].to(self.k.dtype))  # rounds to an f16 cache's dtype
-            self.v[s].index_copy_(1, positions[0], v[0].to(self.v.dtype))
+            assert first + T <= self.max_context, (
+                f"KVCache.update: position {first + T - 1} beyond max_context {self.max_context}")
+            self.k[s, :, first:first + T].copy_(k[0])  # positions are contiguous; rounds to an f16 cache's dtype
+            self.v[s, :, first:first + T].copy_(v[0])
         else:
-            # (B, T) index pairs -> every (slot, position) gets its (H_kv, D) row in one scatter
-            assert len(set(slots.tolist())) == B, f"KVCache.update: slots {slots.tolist()} are not distinct"
-            rows = slots[:, None].expand(B, T)
-            self.k[rows, :, positions] = k.transpose(1, 2).to(self.k.dtype)  # (B, T, H_kv, D)
-            self.v[rows, :, positions] = v.transpose(1, 2).to(self.v.dtype)
+            rows = self._rows(slots, positions, H, S)
+            self.k.view(-1, D).index_copy_(0, rows, k.reshape(-1, D).to(self.k.dtype))
+            self.v.view(-1, D).index_copy_(0, rows, v.reshape(-1, D).to(self.v.dtype))
         return self.k, self.v
+
+    _last = (None, None, None, None)  # (slots, positions, geometry, rows): shared by a step's layers
+
+    def _rows(self, slots: torch.Tensor, positions: torch.Tensor, H: int, S: int) -> torch.Tensor:
+        """(B * H_kv * T,) rows of the cache seen as (N * H_kv * S, D) where each new key goes; the
+        contract's checks. Every layer of a decode step passes the same tensors: computed once."""
+        geometry = (self.n_slots, H, S, self.max_context)
+        last = KVCache._last
+        if last[0] is slots and last[1] is positions and last[2] == geometry:
+            return last[3]
+        assert len(set(slots.tolist())) == len(slots), f"KVCache.update: slots {slots.tolist()} are not distinct"
+        assert int(slots.max()) < self.n_slots and int(slots.min()) >= 0, f"KVCache.update: slots {slots.tolist()}"
+        end = int(positions[:, -1].max())
+        assert end < self.max_context, f"KVCache.update: position {end} beyond max_context {self.max_context}"
+        rows = ((slots * (H * S))[:, None, None] + (torch.arange(H) * S)[:, None] + positions[:, None, :]).reshape(-1)
+        KVCache._last = (slots, positions, geometry, rows)
+        return rows
 
     def nbytes(self) -> int:
         """Bytes of KV storage held (what the server reports as ``memory.kv_bytes``), all slots."""
