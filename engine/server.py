@@ -66,7 +66,7 @@ from .weights import DEFAULT_LINEAR
 
 MAX_BODY_BYTES = 32 * 1024 * 1024
 #: prompt tokens per chunk and per step with more than one slot (``--batch-tokens``)
-PARALLEL_BATCH_TOKENS = 256
+PARALLEL_BATCH_TOKENS = 512
 
 
 # --------------------------------------------------------------------------------------------------
