@@ -29,6 +29,7 @@ string ended it), then ``finished(reason)`` ("eos", "stop", "length", "cancelled
 from __future__ import annotations
 
 import threading
+import traceback
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -133,7 +134,14 @@ class Scheduler:
                     self.cond.wait()
                 if self.stopped:
                     return
-            self.step()
+            try:
+                self.step()
+            except Exception as e:  # a bug outside any forward (which _guarded handles): fail what is in flight
+                traceback.print_exc()
+                for seq in list(self.running):
+                    self.slots[seq.slot].cached = []
+                    self._release(seq)
+                    seq.sink.failed(e)
 
     def stop(self) -> None:
         with self.cond:
