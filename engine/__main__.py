@@ -18,10 +18,12 @@ def main(argv=None) -> int:
     serve.add_argument("--port", type=int, required=True)
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
-    serve.add_argument("--decode-threads", type=int, default=1,
-                       help="native pool threads for each decode step (default 1: with a streaming client "
-                            "on the same 2 cores, 2 measured slower and noisier in the default pipeline; "
-                            "alone on an idle machine 2 are ~1.36x, see docs/perf.md; 0 = same as --threads)")
+    serve.add_argument("--decode-threads", type=int, default=None,
+                       help="native pool threads for each decode step; 0 = same as --threads. Default: 1 with "
+                            "--parallel 1 (with a streaming client on the same 2 cores, 2 measured slower and "
+                            "noisier in the default pipeline; alone on an idle machine 2 are ~1.36x), all of "
+                            "--threads with several slots (a batched step is a large job: 8 streams measured "
+                            "1.30x on 2 threads against 1). See docs/perf.md")
     serve.add_argument("--max-context", type=int, default=None,
                        help="KV cache positions of each slot (default: the model's whole context, e.g. 8192 for "
                             "SmolLM2); unlike llama-server's -c, not divided among the slots")
@@ -94,7 +96,8 @@ def main(argv=None) -> int:
 
         return run_server(args.model, host=args.host, port=args.port, threads=args.threads,
                           max_context=args.max_context, linear=args.linear,
-                          decode_threads=args.decode_threads or None, kv=args.kv,
+                          decode_threads=(1 if args.parallel == 1 else 0) if args.decode_threads is None
+                          else args.decode_threads, kv=args.kv,
                           malloc_tuning=args.malloc_tuning == "on", parallel=args.parallel,
                           batch_tokens=args.batch_tokens, max_queue=args.max_queue)
     if args.command == "convert":

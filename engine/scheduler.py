@@ -29,6 +29,7 @@ string ended it), then ``finished(reason)`` ("eos", "stop", "length", "cancelled
 from __future__ import annotations
 
 import threading
+import time
 import traceback
 from collections import deque
 from dataclasses import dataclass, field
@@ -97,6 +98,7 @@ class Scheduler:
         self.stopped = False
         # counters for /metrics (written by the scheduler thread only)
         self.steps = self.decode_steps = self.decode_tokens = self.prefill_chunks = self.prefill_tokens = 0
+        self.decode_seconds = 0.0  # inside the batched decode forwards
         self.last_batch = 0
         self.batch_hist = [0] * (len(BATCH_BUCKETS) + 1)
 
@@ -201,8 +203,10 @@ class Scheduler:
         tokens = torch.tensor([s.feed for s in seqs])  # (B,)
         positions = torch.tensor([len(s.ids) + s.generated - 1 for s in seqs])  # (B,) where each feed goes
         slots = torch.tensor([s.slot for s in seqs])  # (B,)
+        t0 = time.perf_counter()
         with torch.inference_mode(), intra_op_threads(self.decode_threads):
             logits = self.model.decode(tokens, positions, slots)  # (B, vocab)
+        self.decode_seconds += time.perf_counter() - t0
         B = len(seqs)
         self.decode_steps, self.decode_tokens, self.last_batch = self.decode_steps + 1, self.decode_tokens + B, B
         self.batch_hist[next((i for i, le in enumerate(BATCH_BUCKETS) if B <= le), len(BATCH_BUCKETS))] += 1

@@ -291,6 +291,7 @@ class Engine:
             ("decode_steps_total", "counter", "Batched decode forward passes.", sch.decode_steps),
             ("decode_batch_tokens_total", "counter", "Tokens decoded in them (sum of batch sizes).", sch.decode_tokens),
             ("decode_batch_size_last", "gauge", "Sequences in the last decode step.", sch.last_batch),
+            ("decode_step_seconds_total", "counter", "Time inside the batched decode forwards.", sch.decode_seconds),
             ("prefill_chunks_total", "counter", "Prompt chunks evaluated.", sch.prefill_chunks),
             ("kv_cache_bytes", "gauge", "Bytes of KV cache allocated (all slots).", mem["kv_bytes"]),
             ("peak_rss_bytes", "gauge", "Peak resident set size of the server process.", mem["peak_rss_bytes"]),
@@ -598,6 +599,7 @@ def serve(spec: str, host: str = "127.0.0.1", port: int = 8080, threads: int | N
     tuned = tune_malloc() if malloc_tuning else {}
     if threads is not None:
         torch.set_num_threads(threads)
+    decode_threads = decode_threads or None  # 0: all of the process's threads
     engine = Engine(spec, max_context, linear, decode_threads, kv, parallel, batch_tokens, max_queue)
     server = make_server(engine, host, port)
     thread = threading.Thread(target=server.serve_forever, name="http", daemon=True)
