@@ -23,7 +23,8 @@ chunk. Cancelling (a client that went away) frees the slot at the next step boun
 A request talks to the scheduler through its ``sink`` (the server's per-request text side):
 ``started(reuse, limit)`` at admission, ``token(id) -> bool`` per generated token (True: a stop
 string ended it), then ``finished(reason)`` ("eos", "stop", "length", "cancelled") or
-``failed(exc)``. Sinks run on the scheduler thread and must be quick.
+``failed(exc)``, always exactly one of these last two. Sinks run on the scheduler thread (a request
+cancelled while queued: on the cancelling thread) and must be quick.
 """
 
 from __future__ import annotations
@@ -113,12 +114,16 @@ class Scheduler:
             self.cond.notify()
 
     def cancel(self, seq: Sequence) -> None:
-        """Stop ``seq``: dropped from the queue now, or its slot freed at the next step boundary."""
+        """Stop ``seq``: dropped from the queue now (its sink told at once), or its slot freed (and its
+        sink told) at the next step boundary."""
         with self.cond:
             seq.cancelled = True
-            if seq in self.queue:
+            queued = seq in self.queue
+            if queued:
                 self.queue.remove(seq)
             self.cond.notify()
+        if queued:
+            seq.sink.finished("cancelled")
 
     @property
     def queue_length(self) -> int:

@@ -224,7 +224,7 @@ def test_a_queued_request_can_be_cancelled_before_it_runs(tiny4):
     sched.cancel(seqs[5])
     assert sched.queue_length == 5
     run_until_idle(sched)
-    assert [s.reason for s in sinks] == ["length"] * 5 + [None] and sinks[5].tokens == []
+    assert [s.reason for s in sinks] == ["length"] * 5 + ["cancelled"] and sinks[5].tokens == []
 
 
 def test_the_queue_is_bounded(tiny4):

@@ -176,3 +176,19 @@ def test_metrics_report_slots_queue_and_batch_sizes(server):
     m = metrics(server)
     assert counts[-1] == m["decode_batch_size_count"] == m["decode_steps_total"]
     assert m["decode_batch_size_sum"] == m["decode_batch_tokens_total"]
+
+
+def test_requests_leave_no_file_descriptors_behind(server):
+    """Each request's wake-up pipe is closed by both sides, whether it finished, was cancelled or
+    was refused."""
+    fds = lambda: len(list((__import__("pathlib").Path(f"/proc/{server.proc.pid}/fd")).iterdir()))  # noqa: E731
+    server.client.post("/v1/completions", json=body("warm", 2))
+    before = fds()
+    for i in range(20):
+        assert server.client.post("/v1/completions", json=body(f"request {i}", 3)).status_code == 200
+    test_a_client_that_disconnects_mid_stream_frees_its_slot(server)
+    wait_for(server, "idle", lambda m: m["slots_in_use"] == 0 and m["queue_length"] == 0)
+    end = time.monotonic() + 60  # the left connection's thread closes its socket after the slot is freed
+    while fds() != before and time.monotonic() < end:
+        time.sleep(0.01)
+    assert fds() == before
