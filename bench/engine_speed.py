@@ -122,22 +122,24 @@ class EngineArm:
 
 
 class Server:
-    """``python -m engine serve`` in a subprocess, waited on until healthy."""
+    """A server subprocess (``python -m engine serve`` from this tree or another one, or llama.cpp's
+    ``llama-server``), waited on until healthy. Its log goes to a temporary file (a pipe nobody
+    reads would block a server that logs every request)."""
 
-    def __init__(self, model: str, threads: int, max_context: int, extra: list[str] = ()):
+    def __init__(self, cmd: list[str], label: str, root: Path = REPO, env: dict | None = None):
+        import tempfile
+
         import httpx
 
-        self.port = free_port()
-        cmd = [sys.executable, "-m", "engine", "serve", "--model", model, "--port", str(self.port),
-               "--host", "127.0.0.1", "--threads", str(threads), "--max-context", str(max_context), *extra]
-        self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                     env=dict(os.environ, PYTHONPATH=str(REPO)))
+        self.label, self.port = label, int(cmd[cmd.index("--port") + 1])
+        self.log = tempfile.TemporaryFile()
+        self.proc = subprocess.Popen(cmd, cwd=root, stdout=self.log, stderr=subprocess.STDOUT,
+                                     env=dict(os.environ, PYTHONPATH=str(root), **(env or {})))
         self.client = httpx.Client(base_url=f"http://127.0.0.1:{self.port}", timeout=900)
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"engine server exited {self.proc.returncode}: "
-                                   f"{self.proc.stderr.read().decode(errors='replace')[-2000:]}")
+                raise RuntimeError(f"{label} exited {self.proc.returncode}: {self.output()[-2000:]}")
             try:
                 if self.client.get("/health").status_code == 200:
                     return
@@ -145,7 +147,28 @@ class Server:
                 pass
             time.sleep(0.2)
         self.close()
-        raise RuntimeError("engine server did not become healthy within 600 s")
+        raise RuntimeError(f"{label} did not become healthy within 600 s")
+
+    @classmethod
+    def engine(cls, model: str, threads: int, max_context: int, extra: list[str] = (), root: Path = REPO,
+               label: str = "engine-http") -> "Server":
+        """Our server; ``root``: the tree whose engine/ runs (an old engine, side by side)."""
+        port = free_port()
+        return cls([sys.executable, "-m", "engine", "serve", "--model", model, "--port", str(port), "--host",
+                    "127.0.0.1", "--threads", str(threads), "--max-context", str(max_context), *extra], label, root)
+
+    @classmethod
+    def llama(cls, binary: Path, gguf: Path, threads: int, n_ctx: int, parallel: int,
+              label: str = "llama-server") -> "Server":
+        """llama.cpp's server: -c is the context of all slots together (n_ctx / parallel each)."""
+        port = free_port()
+        return cls([str(binary), "--model", str(gguf), "--host", "127.0.0.1", "--port", str(port),
+                    "--ctx-size", str(n_ctx), "--parallel", str(parallel), "--threads", str(threads),
+                    "--threads-batch", str(threads), "--batch-size", "2048"], label)
+
+    def output(self) -> str:
+        self.log.seek(0)
+        return self.log.read().decode(errors="replace")
 
     def complete(self, ids: list[int], n_new: int) -> dict:
         body = {"prompt": ids, "max_tokens": n_new, "temperature": 0, "ignore_eos": True, "cache_prompt": False}
@@ -154,7 +177,7 @@ class Server:
         doc = r.json()
         t = doc["timings"]
         if t["prompt_n"] != len(ids) or t["predicted_n"] != n_new:
-            raise RuntimeError(f"engine-http: evaluated {t['prompt_n']} prompt / {t['predicted_n']} "
+            raise RuntimeError(f"{self.label}: evaluated {t['prompt_n']} prompt / {t['predicted_n']} "
                                f"generated tokens, expected {len(ids)} / {n_new}")
         return doc
 
@@ -166,6 +189,7 @@ class Server:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+        self.log.close()
 
 
 class HttpArm:
@@ -174,7 +198,7 @@ class HttpArm:
     label = "engine-http"
 
     def __init__(self, model: str, threads: int, max_context: int):
-        self.server = Server(model, threads, max_context)
+        self.server = Server.engine(model, threads, max_context)
 
     def run(self, ids: list[int], n_new: int) -> dict:
         t = self.server.complete(ids, n_new)["timings"]
@@ -335,7 +359,7 @@ def memory(args, ids: list[int]) -> dict:
 
     cfg = gguf_config(GGUFFile(args.gguf))
     out = {"ctx": args.memory_ctx, "prompt": args.memory_prompt}
-    srv = Server(args.model or str(args.gguf), args.threads, args.memory_ctx)
+    srv = Server.engine(args.model or str(args.gguf), args.threads, args.memory_ctx)
     try:
         after_load = vm_hwm(srv.proc.pid)
         doc = srv.complete(ids[:args.memory_prompt], 8)
@@ -359,8 +383,8 @@ def memory(args, ids: list[int]) -> dict:
 
 
 def faults(args, ids: list[int]) -> dict:
-    servers = {mode: Server(args.model or str(args.gguf), args.threads, args.faults_prompt + 64,
-                            ["--malloc-tuning", mode]) for mode in ("off", "on")}
+    servers = {mode: Server.engine(args.model or str(args.gguf), args.threads, args.faults_prompt + 64,
+                                   ["--malloc-tuning", mode]) for mode in ("off", "on")}
     per = {mode: [] for mode in servers}
     try:
         for i in range(args.faults + 1):
@@ -385,6 +409,224 @@ def faults(args, ids: list[int]) -> dict:
     return out
 
 
+# ------------------------------------------------------------------------------------------------ serving
+
+
+def stream_request(url: str, ids: list[int], n_new: int, out: dict, key) -> None:
+    """One streamed completion, as a load client sends it: the arrival time of every token's chunk
+    (client side) and the final chunk's timings and usage. Runs in its own thread."""
+    import httpx
+
+    body = {"prompt": ids, "max_tokens": n_new, "temperature": 0, "ignore_eos": True, "cache_prompt": False,
+            "stream": True, "stream_options": {"include_usage": True}}
+    chunks, final = [], {}
+    t0 = time.perf_counter()
+    try:
+        with httpx.stream("POST", url + "/v1/completions", json=body, timeout=3600) as r:
+            r.raise_for_status()
+            for line in r.iter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                ev = json.loads(line[6:])
+                if ev.get("choices"):
+                    c = ev["choices"][0]
+                    chunks.append((time.perf_counter(), c.get("text") or "", c.get("finish_reason")))
+                for k in ("timings", "usage"):
+                    if k in ev:
+                        final[k] = ev[k]
+    except Exception as e:  # noqa: BLE001 - reported by the caller
+        out[key] = {"error": f"{type(e).__name__}: {e}"}
+        return
+    n = (final.get("usage") or {}).get("completion_tokens", len(chunks))
+    if len(chunks) == n + 1 and not chunks[-1][1] and chunks[-1][2]:
+        chunks.pop()  # a closing chunk that carries only finish_reason (llama-server), not a token
+    if len(chunks) != n or n != n_new:
+        out[key] = {"error": f"{len(chunks)} token chunks, usage says {n}, asked {n_new}"}
+        return
+    out[key] = {"t0": t0, "stamps": [c[0] for c in chunks], **final}
+
+
+def concurrent(server: Server, prompts: list[list[int]], n_new: int) -> dict:
+    """len(prompts) streams sent at once. Total decode tok/s counts the tokens that arrive while
+    every stream is decoding (after the last stream's first token, up to the first stream's last
+    token), over that window: the steady state of N streams, the same for every server."""
+    import threading
+
+    def counters() -> dict:  # our server's decode-step counters (llama-server: none)
+        if not server.label.startswith("engine"):
+            return {}
+        lines = server.client.get("/metrics").text.splitlines()
+        return {k: float(next(x.split()[1] for x in lines if x.startswith(f"pairbench_engine_{k} ")))
+                for k in ("decode_steps_total", "decode_step_seconds_total", "decode_batch_tokens_total")}
+
+    before = counters()
+    out: dict = {}
+    threads = [threading.Thread(target=stream_request, args=(str(server.client.base_url), ids, n_new, out, i))
+               for i, ids in enumerate(prompts)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    after = counters()
+    errors = [v["error"] for v in out.values() if "error" in v]
+    if errors:
+        raise RuntimeError(f"{server.label}: {errors[0]}")
+    runs = [out[i] for i in range(len(prompts))]
+    w0, w1 = max(r["stamps"][0] for r in runs), min(r["stamps"][-1] for r in runs)
+    in_window = sum(sum(1 for t in r["stamps"] if w0 < t <= w1) for r in runs)
+    start = min(r["t0"] for r in runs)
+    return {"streams": len(prompts),
+            "total_decode_tok_s": in_window / (w1 - w0) if w1 > w0 else None,
+            "window_s": w1 - w0,
+            "per_stream_decode_tok_s": [(len(r["stamps"]) - 1) / (r["stamps"][-1] - r["stamps"][0]) for r in runs],
+            "ttft_s": [r["stamps"][0] - r["t0"] for r in runs],
+            "wall_s": max(r["stamps"][-1] for r in runs) - start,
+            "engine_decode_tok_s": [(r["timings"]["predicted_n"] - 1) / r["timings"]["predicted_ms"] * 1e3
+                                    for r in runs if r.get("timings")],
+            # server side: mean time inside a batched decode forward, and tokens per forward
+            "server_step_ms": ((after["decode_step_seconds_total"] - before["decode_step_seconds_total"]) * 1e3
+                               / max(1, after["decode_steps_total"] - before["decode_steps_total"])) if after else None,
+            "server_tokens_per_step": ((after["decode_batch_tokens_total"] - before["decode_batch_tokens_total"])
+                                       / max(1, after["decode_steps_total"] - before["decode_steps_total"]))
+            if after else None}
+
+
+def serving(args, longest: list[int]) -> dict:
+    """Phase 4 (``--serve``): servers as users run them, side by side in one run.
+
+    a) One stream as the pipeline runs it (``--serve-prompt`` tokens, ``--serve-decode`` generated):
+       this engine with its defaults (``--parallel 1``, one decode thread), the same with every
+       thread decoding (engine-2t), the engine of ``--old-engine`` (a tree holding the previous
+       engine/) and llama-server ``--parallel 1``, all on ``--threads``; the servers' own timings.
+    Every repetition runs the servers in a rotated order, so no arm always comes first.
+    b) Load: ``--streams`` concurrent streams (distinct ``--load-prompt``-token prompts,
+       ``--load-decode`` tokens each) against this engine ``--parallel P`` (decode on 1 and on
+       ``--threads`` native threads) and llama-server ``--parallel P``, P = the most streams, each
+       slot ``--slot-ctx`` positions.
+    c) Memory: afterwards every P-slot server serves P streams that fill their slots; peak RSS
+       (VmHWM) of each server process.
+    """
+    P = max(args.streams)
+    model = args.model or str(args.gguf)
+    ctx1 = args.serve_prompt + args.serve_decode + 16
+    need = max(P * args.load_prompt, P * (args.slot_ctx - args.serve_decode - 8), args.serve_prompt)
+    if len(longest) < need:
+        raise SystemExit(f"--serve needs {need} prompt tokens of text, the source has {len(longest)}")
+    single: dict[str, Server] = {}
+    load: dict[str, Server] = {}
+    out: dict = {"single": {}, "load": {}, "memory": {}, "config": {
+        "threads": args.threads, "parallel": P, "slot_ctx": args.slot_ctx, "serve_prompt": args.serve_prompt,
+        "serve_decode": args.serve_decode, "load_prompt": args.load_prompt, "load_decode": args.load_decode,
+        "streams": args.streams, "old_engine": str(args.old_engine) if args.old_engine else None,
+        "llama_server": str(args.llama_server) if args.llama_server else None}}
+    try:
+        single["engine"] = Server.engine(model, args.threads, ctx1, label="engine")
+        single["engine-2t"] = Server.engine(model, args.threads, ctx1, ["--decode-threads", str(args.threads)],
+                                            label="engine-2t")
+        if args.old_engine:
+            single["engine-old"] = Server.engine(model, args.threads, ctx1, root=args.old_engine, label="engine-old")
+        if args.llama_server:
+            single["llama-server"] = Server.llama(args.llama_server, args.gguf, args.threads, ctx1, 1)
+        p_args = ["--parallel", str(P)]
+        load["engine"] = Server.engine(model, args.threads, args.slot_ctx, [*p_args, "--decode-threads", "1"],
+                                       label=f"engine-p{P}")
+        load["engine-2t"] = Server.engine(model, args.threads, args.slot_ctx,
+                                          [*p_args, "--decode-threads", str(args.threads)], label=f"engine-p{P}-2t")
+        if args.llama_server:
+            load["llama-server"] = Server.llama(args.llama_server, args.gguf, args.threads, P * args.slot_ctx, P,
+                                                label=f"llama-server-p{P}")
+        ids = longest[:args.serve_prompt]
+        for srv in (*single.values(), *load.values()):  # warm-up, not counted
+            srv.complete(longest[:64], 4)
+        def rotated(servers: dict, rep: int) -> list:
+            items = list(servers.items())
+            return items[rep % len(items):] + items[:rep % len(items)]
+
+        for rep in range(args.serve_reps):
+            for label, srv in rotated(single, rep):
+                t = srv.complete(ids, args.serve_decode)["timings"]
+                r = {"prefill_tok_s": t["prompt_per_second"],
+                     "decode_tok_s": (t["predicted_n"] - 1) / t["predicted_ms"] * 1e3}
+                out["single"].setdefault(label, []).append(r)
+                log(f"serve single rep {rep + 1}/{args.serve_reps} {label:<13} prefill {r['prefill_tok_s']:7.1f} "
+                    f"decode {r['decode_tok_s']:6.1f} tok/s  (load {os.getloadavg()[0]:.1f})")
+            for n in args.streams:
+                prompts = [longest[i * args.load_prompt:(i + 1) * args.load_prompt] for i in range(n)]
+                for label, srv in rotated(load, rep):
+                    r = concurrent(srv, prompts, args.load_decode)
+                    out["load"].setdefault(str(n), {}).setdefault(label, []).append(r)
+                    log(f"serve load {n} streams rep {rep + 1}/{args.serve_reps} {label:<13} total decode "
+                        f"{r['total_decode_tok_s'] or float('nan'):6.1f} tok/s, per stream "
+                        f"{statistics.median(r['per_stream_decode_tok_s']):5.1f}, wall {r['wall_s']:5.1f} s  "
+                        f"(load {os.getloadavg()[0]:.1f})")
+        fill = args.slot_ctx - args.serve_decode - 8
+        prompts = [longest[i * fill:(i + 1) * fill] for i in range(P)]
+        for label, srv in load.items():
+            concurrent(srv, prompts, args.serve_decode)
+            out["memory"][label] = {"peak_rss_bytes": vm_hwm(srv.proc.pid), "slots": P, "slot_ctx": args.slot_ctx,
+                                    "filled_positions": fill + args.serve_decode}
+            log(f"serve memory {label:<13} peak RSS {out['memory'][label]['peak_rss_bytes'] / 2**20:.0f} MiB "
+                f"after {P} streams of {fill} + {args.serve_decode} tokens")
+    finally:
+        for srv in (*single.values(), *load.values()):
+            srv.close()
+    return out
+
+
+def serving_report(srv: dict) -> dict:
+    """Print phase 4's tables and targets; returns the targets as {name: (value, met)}."""
+    med = lambda xs: statistics.median(xs) if xs else None  # noqa: E731
+    cfg, targets = srv["config"], {}
+    print(f"\nserving, {cfg['threads']} threads each; one stream: {cfg['serve_prompt']}-token prompt, "
+          f"{cfg['serve_decode']} tokens, servers' own timings, median of {len(next(iter(srv['single'].values())))} "
+          f"interleaved reps")
+    s = {label: {k: med([r[k] for r in rs]) for k in ("prefill_tok_s", "decode_tok_s")}
+         for label, rs in srv["single"].items()}
+    for label, v in s.items():
+        print(f"  {label:<14} prefill {v['prefill_tok_s']:7.1f} tok/s   decode {v['decode_tok_s']:6.1f} tok/s")
+    if "engine-old" in s:
+        for k, name in (("decode_tok_s", "decode"), ("prefill_tok_s", "prefill")):
+            ratio = s["engine"][k] / s["engine-old"][k]
+            targets[f"single-stream {name} within 2% of the previous engine"] = (ratio, ratio >= 0.98)
+    if "llama-server" in s:
+        for label, how in (("engine", "the pipeline's server flags: one decode thread"),
+                           ("engine-2t", "every thread decoding")):
+            ratio = s[label]["decode_tok_s"] / s["llama-server"]["decode_tok_s"]
+            targets[f"{label}: single-stream decode >= 1x llama-server at equal --threads ({how})"] = (
+                ratio, ratio >= 1.0)
+    print(f"\nload: N concurrent streams of {cfg['load_prompt']}-token prompts, {cfg['load_decode']} tokens each; "
+          f"servers with {cfg['parallel']} slots of {cfg['slot_ctx']}; total decode tok/s while every stream decodes "
+          f"(client side), median over reps")
+    tot = {}
+    for n, by in srv["load"].items():
+        for label, rs in by.items():
+            vals = [r["total_decode_tok_s"] for r in rs if r["total_decode_tok_s"]]
+            tot.setdefault(label, {})[int(n)] = med(vals)
+            print(f"  {n:>2} streams {label:<13} total decode {med(vals) or float('nan'):7.1f} tok/s   per stream "
+                  f"{med([x for r in rs for x in r['per_stream_decode_tok_s']]):6.1f}   TTFT median "
+                  f"{med([x for r in rs for x in r['ttft_s']]):6.2f} s")
+    P = cfg["parallel"]
+    for label in ("engine", "engine-2t"):
+        if label in tot and 1 in tot[label] and P in tot[label] and tot[label][1] and tot[label][P]:
+            ratio = tot[label][P] / tot[label][1]
+            targets[f"{label}: {P}-stream total decode >= 2.5x single-stream"] = (ratio, ratio >= 2.5)
+            if "llama-server" in tot and tot["llama-server"].get(P):
+                r2 = tot[label][P] / tot["llama-server"][P]
+                targets[f"{label}: {P}-stream total decode >= 1x llama-server --parallel {P}"] = (r2, r2 >= 1.0)
+    if srv["memory"]:
+        print(f"\nmemory: peak RSS after {P} streams filling {P} slots of {cfg['slot_ctx']}")
+        for label, v in srv["memory"].items():
+            print(f"  {label:<14} {v['peak_rss_bytes'] / 2**20:7.0f} MiB")
+        if "llama-server" in srv["memory"]:
+            for label in ("engine", "engine-2t"):
+                ratio = srv["memory"][label]["peak_rss_bytes"] / srv["memory"]["llama-server"]["peak_rss_bytes"]
+                targets[f"{label}: peak RSS at {P} slots x {cfg['slot_ctx']} <= 2x llama-server"] = (ratio, ratio <= 2.0)
+    print("\ntargets (issue 24):")
+    for name, (value, met) in targets.items():
+        print(f"  {'MET   ' if met else 'MISSED'} {name}: {value:.2f}")
+    return {name: {"value": value, "met": met} for name, (value, met) in targets.items()}
+
+
 # ------------------------------------------------------------------------------------------------ main
 
 
@@ -405,6 +647,19 @@ def main() -> None:
     ap.add_argument("--memory-prompt", type=int, default=2048)
     ap.add_argument("--faults", type=int, default=0, help="requests per malloc setting in the page-fault phase")
     ap.add_argument("--faults-prompt", type=int, default=1024)
+    ap.add_argument("--serve", action="store_true",
+                    help="also run the serving phase: one stream against the previous engine and llama-server, "
+                         "N concurrent streams against llama-server --parallel N, peak RSS with every slot filled")
+    ap.add_argument("--old-engine", type=Path, help="a tree holding the previous engine/ (e.g. `git archive` of main), "
+                                                     "served side by side in the serving phase")
+    ap.add_argument("--llama-server", type=Path, help="llama.cpp's llama-server binary for the serving phase")
+    ap.add_argument("--serve-prompt", type=int, default=1024)
+    ap.add_argument("--serve-decode", type=int, default=64)
+    ap.add_argument("--serve-reps", type=int, default=3)
+    ap.add_argument("--streams", default="1,8", type=lambda s: [int(x) for x in s.split(",") if x])
+    ap.add_argument("--load-prompt", type=int, default=512)
+    ap.add_argument("--load-decode", type=int, default=128)
+    ap.add_argument("--slot-ctx", type=int, default=2048, help="positions per slot of the load servers")
     ap.add_argument("--json", type=Path, help="write the figures here")
     args = ap.parse_args()
 
@@ -429,12 +684,15 @@ def main() -> None:
     from engine.weights import load_tokenizer
 
     tok = load_tokenizer(args.model or str(args.gguf))[0]
-    longest = make_prompt(tok, max([*args.contexts, args.memory_prompt, args.faults_prompt]))
+    serve_need = max(max(args.streams) * args.load_prompt,
+                     max(args.streams) * (args.slot_ctx - args.serve_decode - 8), args.serve_prompt) if args.serve else 0
+    longest = make_prompt(tok, max([*args.contexts, args.memory_prompt, args.faults_prompt, serve_need]))
     ids_for = lambda n: longest[:n]  # noqa: E731
 
-    runs, skipped = speed(args, ids_for, arms_wanted, set(args.long_arms.split(",")))
+    runs, skipped = speed(args, ids_for, arms_wanted, set(args.long_arms.split(","))) if arms_wanted else ({}, {})
     mem = memory(args, longest) if args.memory else None
     flt = faults(args, longest) if args.faults else None
+    srv = serving(args, longest) if args.serve else None
     load_after = os.getloadavg()
 
     med = {ctx: {label: {k: statistics.median(r[k] for r in rs) for k in ("prefill_tok_s", "decode_tok_s")}
@@ -487,15 +745,17 @@ def main() -> None:
             print(f"  malloc tuning {mode:<3}: first request {v['first_request_faults']} faults; steady median "
                   f"{v['median_faults']:.0f} (max {v['max_faults']}); prefill median {v['prefill_median_tok_s']:.1f} "
                   f"tok/s, SD of log rate {v['prefill_log_sd']:.3f}")
+    serve_targets = serving_report(srv) if srv else None
     print(f"\nload average (1/5/15 min) before: {load_before[0]:.1f} {load_before[1]:.1f} {load_before[2]:.1f}, "
           f"after: {load_after[0]:.1f} {load_after[1]:.1f} {load_after[2]:.1f} on {os.cpu_count()} CPUs; "
           f"{(time.time() - t_start) / 60:.1f} min")
 
     if args.json:
-        doc = {"schema": "pairbench.engine_speed/v2", "gguf": args.gguf.name, "contexts": args.contexts,
+        doc = {"schema": "pairbench.engine_speed/v3", "gguf": args.gguf.name, "contexts": args.contexts,
                "decode_tokens": args.decode, "threads": args.threads, "reps": args.reps,
                "torch": torch.__version__, "python": platform.python_version(), "runs": runs, "median": med,
-               "targets": targets, "skipped": skipped, "memory": mem, "faults": flt,
+               "targets": targets, "skipped": skipped, "memory": mem, "faults": flt, "serving": srv,
+               "serving_targets": serve_targets, "cpu": platform.processor() or platform.machine(),
                "loadavg_before": list(load_before), "loadavg_after": list(load_after)}
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n", encoding="utf-8")

@@ -18,12 +18,25 @@ def main(argv=None) -> int:
     serve.add_argument("--port", type=int, required=True)
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
-    serve.add_argument("--decode-threads", type=int, default=1,
-                       help="native pool threads for each decode step (default 1: with a streaming client "
-                            "on the same 2 cores, 2 measured slower and noisier in the default pipeline; "
-                            "alone on an idle machine 2 are ~1.36x, see docs/perf.md; 0 = same as --threads)")
+    serve.add_argument("--decode-threads", type=int, default=None,
+                       help="native pool threads for each decode step; 0 = same as --threads. Default: 1 with "
+                            "--parallel 1 (with a streaming client on the same 2 cores, 2 measured slower and "
+                            "noisier in the default pipeline; alone on an idle machine 2 are ~1.36x), all of "
+                            "--threads with several slots (a batched step is a large job: 8 streams measured "
+                            "1.30x on 2 threads against 1). See docs/perf.md")
     serve.add_argument("--max-context", type=int, default=None,
-                       help="KV cache positions (default: the model's whole context, e.g. 8192 for SmolLM2)")
+                       help="KV cache positions of each slot (default: the model's whole context, e.g. 8192 for "
+                            "SmolLM2); unlike llama-server's -c, not divided among the slots")
+    serve.add_argument("--parallel", "-np", type=int, default=1,
+                       help="KV cache slots: sequences served at once, each decode step one batched forward over "
+                            "all of them (default 1: one generation at a time)")
+    serve.add_argument("--batch-tokens", type=int, default=None,
+                       help="prompt tokens per forward pass and the token budget of one scheduler step (decode "
+                            "tokens plus prompt chunks); default 1024 with --parallel 1, 512 otherwise, so a long "
+                            "prompt delays the other streams' next tokens by one chunk (smaller chunks cost more "
+                            "CPU per prompt token: measured 1.3x at 512, 1.7x at 256, docs/perf.md)")
+    serve.add_argument("--max-queue", type=int, default=128,
+                       help="requests that may wait for a slot; one more is refused with 503 (default 128)")
     serve.add_argument("--linear", choices=list(LINEAR_KINDS), default=DEFAULT_LINEAR,
                        help="weight format of the matrix products: auto (default: a GGUF's own q4_1/q8_0 "
                             "blocks with the native kernels, else fp16), fp16, or fp32 (the exact reference)")
@@ -71,12 +84,22 @@ def main(argv=None) -> int:
         return 0
 
     if args.command == "serve":
+        from .native import MAX_BATCH
         from .server import serve as run_server
+
+        if not 1 <= args.parallel <= MAX_BATCH:
+            parser.error(f"--parallel must be between 1 and {MAX_BATCH}, got {args.parallel}")
+        if args.batch_tokens is not None and args.batch_tokens < 1:
+            parser.error(f"--batch-tokens must be >= 1, got {args.batch_tokens}")
+        if args.max_queue < 0:
+            parser.error(f"--max-queue must be >= 0, got {args.max_queue}")
 
         return run_server(args.model, host=args.host, port=args.port, threads=args.threads,
                           max_context=args.max_context, linear=args.linear,
-                          decode_threads=args.decode_threads or None, kv=args.kv,
-                          malloc_tuning=args.malloc_tuning == "on")
+                          decode_threads=(1 if args.parallel == 1 else 0) if args.decode_threads is None
+                          else args.decode_threads, kv=args.kv,
+                          malloc_tuning=args.malloc_tuning == "on", parallel=args.parallel,
+                          batch_tokens=args.batch_tokens, max_queue=args.max_queue)
     if args.command == "convert":
         from .weights import convert
 

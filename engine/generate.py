@@ -2,7 +2,9 @@
 
 prefill -> logits of the last prompt token; decode_one -> logits of the next token; sample -> an id.
 The KV cache lives in the model (``Transformer.setup_cache``); callers say which positions they
-write, which is how the server reuses a cached common prefix.
+write, which is how a cached common prefix is reused. These functions drive one sequence in slot 0
+(the library path, tests and benchmarks); the server's many sequences are driven by
+``engine/scheduler.py``, which calls the same forward passes.
 """
 
 from __future__ import annotations

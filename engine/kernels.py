@@ -6,9 +6,10 @@ stream through the core per token (docs/perf.md). The formats, fastest first:
 * ``q4_1`` / ``q8_0`` -- GGUF's own blocks of 32 weights, kept exactly as the file stores them
   (0.625 / 1.0625 bytes per weight), multiplied by ``engine/csrc/kernels.cpp`` (through
   ``engine.native``): the activation row is written as two int8 digits per value (the int8
-  rounding llama.cpp's q8_1 makes, plus its scaled remainder) and the block dot products run on
-  AVX2 integer SIMD. Many-row inputs (prefill) dequantize the matrix to fp32 for that call and use
-  MKL's sgemm.
+  rounding llama.cpp's q8_1 makes, plus its scaled remainder), i.e. one 15-bit integer, and each
+  block's dot product is an exact integer sum on AVX2 (or AVX-VNNI / AVX-512 VNNI) SIMD. A decode
+  step's rows (one per sequence) share one pass over the weights. Many-row inputs (prefill)
+  dequantize the matrix to fp32 for that call and use MKL's sgemm.
   ``QuantLinear``, ``QuantEmbedding``; needs the native library.
 * ``fp16`` -- half-precision storage, ATen's fp16 GEMV for <= 2 rows (fp32 accumulation, 1 thread:
   its multi-threaded form stalls when the other core is busy), fp32 sgemm over widened weights for
@@ -40,9 +41,9 @@ from . import native
 #: Inputs with at most this many rows (tokens) take the fp16 matrix-vector path; more rows widen the
 #: weight to fp32 for an MKL GEMM (fp16 GEMM on AVX2 is several times slower than fp32 GEMM).
 MATVEC_MAX_ROWS = 2
-#: Up to this many rows the block formats use the native kernel (weights read once per 4 rows);
-#: beyond it, dequantize once and let sgemm do the O(rows) work.
-QUANT_MAX_ROWS = 8
+#: Up to this many rows the block formats use the native kernel (weights read once for all rows: a
+#: decode step of up to 16 sequences); beyond it, dequantize once and let sgemm do the O(rows) work.
+QUANT_MAX_ROWS = 16
 
 #: Intra-op threads for the fp16 matrix-vector path (see ``linear``).
 MATVEC_THREADS = 1
@@ -250,7 +251,8 @@ def quantize_activation_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
 def linear_ref(fmt: str, blocks: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """What ``QuantLinear`` computes for <= QUANT_MAX_ROWS rows, in plain PyTorch: per block,
     d_w * d_x * (sum(q_w * q_x) + sum(q_w * r_x) / 254), plus for q4_1 m_w * sum(x) over the
-    block's exact inputs. x (rows, k) -> (rows, out)."""
+    block's exact inputs. x (rows, k) -> (rows, out). (The kernel sums 254 * q_x + r_x exactly in
+    integers and scales in float: the same value up to float rounding.)"""
     k = x.shape[-1]
     _check_blocks(fmt, blocks, k)
     n = blocks.shape[0]
@@ -343,11 +345,13 @@ class QuantEmbedding(nn.Module):
 
 
 class FusedDecode:
-    """One decoder block's decode step (T = 1) in two native calls around its KV cache update:
-    ``block_pre`` (RMSNorm, qkv product, RoPE), ``kv_cache.update`` in Python (the cache contract that
-    patches hook into), ``block_post`` (attention, output product, residual, RMSNorm, SwiGLU MLP,
-    residual). Same math as ``Block.forward``; it removes ~25 small PyTorch ops per block and lets
-    the native pool run every product of the block without returning to Python."""
+    """One decoder block's decode step (one token of each of B sequences) in two native calls around
+    its KV cache update: ``block_pre`` (RMSNorm, qkv product, RoPE), ``kv_cache.update`` in Python
+    (the slot contract that patches hook into), ``block_post`` (attention of each sequence over its
+    own slot, output product, residual, RMSNorm, SwiGLU MLP, residual). Same math as
+    ``Block.forward``; it removes ~25 small PyTorch ops per block, lets the native pool run every
+    product of the block without returning to Python, and multiplies all B rows in one pass over
+    each weight matrix."""
 
     def __init__(self, block: nn.Module, norm_eps: float):
         a, f = block.attention, block.feed_forward
@@ -357,10 +361,15 @@ class FusedDecode:
         self.L = native.layer_weights(tuple(m.fmt for m in mods), tuple(m.blocks for m in mods),
                                       block.attention_norm.weight, block.ffn_norm.weight, norm_eps,
                                       a.wo.out_features, f.hidden_dim, a.n_heads, a.n_kv_heads, a.head_dim)
-        # The new token's q, k, v, reused every step: the cache's update copies k and v in.
-        self.q = torch.empty(1, a.n_heads, 1, a.head_dim)  # (1, H, 1, D)
-        self.k = torch.empty(1, a.n_kv_heads, 1, a.head_dim)  # (1, H_kv, 1, D)
-        self.v = torch.empty(1, a.n_kv_heads, 1, a.head_dim)
+        self.shapes = (a.n_heads, a.n_kv_heads, a.head_dim)
+        self.buffers: dict[int, tuple] = {}  # B -> the new tokens' q, k, v, reused every step
+
+    def _buffers(self, B: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        if B not in self.buffers:
+            H, Hkv, D = self.shapes
+            self.buffers[B] = (torch.empty(B, H, 1, D), torch.empty(B, Hkv, 1, D),  # (B, H, 1, D), (B, H_kv, 1, D)
+                               torch.empty(B, Hkv, 1, D))
+        return self.buffers[B]
 
     @staticmethod
     def supported(block: nn.Module) -> bool:
@@ -368,12 +377,12 @@ class FusedDecode:
         return (all(isinstance(m, QuantLinear) for m in (a.wqkv, a.wo, f.w13, f.w2)) and native.available()
                 and native.attention_supported(a.n_heads, a.n_kv_heads, a.head_dim))
 
-    def __call__(self, block: nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                 positions: torch.Tensor) -> torch.Tensor:
-        x = x.contiguous()  # (1, 1, dim), updated in place below
-        native.block_pre(self.L, x, cos, sin, self.q, self.k, self.v)
-        k_all, v_all = block.attention.kv_cache.update(positions, self.k, self.v)  # (1, H_kv, S, D)
-        native.block_post(self.L, x, self.q, k_all, v_all)
+    def __call__(self, block: nn.Module, x: torch.Tensor, step) -> torch.Tensor:
+        x = x.contiguous()  # (B, 1, dim), updated in place below
+        q, k, v = self._buffers(x.shape[0])  # the cache's update copies k and v in
+        native.block_pre(self.L, x, step.cos, step.sin, q, k, v)  # cos, sin (B, 1, D) contiguous
+        k_all, v_all = block.attention.kv_cache.update(step.slots, step.positions, k, v)  # (N, H_kv, S, D)
+        native.block_post(self.L, x, q, k_all, v_all, step.slots, step.lengths)
         return x
 
 

@@ -3,7 +3,13 @@
 Shape and structure follow pytorch-labs/gpt-fast and the Llama papers: RMSNorm, rotary position
 embeddings (the "rotate half" layout used by Hugging Face; GGUF's permuted q/k weights are undone at
 load time in ``weights.py``), grouped-query attention through ``F.scaled_dot_product_attention`` and
-a SwiGLU MLP. One sequence at a time (batch 1): the server runs one generation at a time.
+a SwiGLU MLP.
+
+Many sequences at once, as llama.cpp's server and vLLM serve them: the KV cache holds ``n_slots``
+sequences ("slots", llama.cpp's word), and one forward pass is either one sequence's prompt chunk
+(B = 1, T tokens; ``forward``) or one new token of each of B sequences, each at its own position in
+its own slot (T = 1; ``decode``). Every token's computation is the same in both, and the same
+whatever else is in the batch: rows never mix except in the KV slot each sequence owns.
 
 All matrix multiplications by weights go through ``Linear`` / ``linear`` below, so a faster kernel
 can be plugged in at that single point without touching the rest: ``engine.kernels`` swaps in its
@@ -93,41 +99,73 @@ class Linear(nn.Module):
 
 
 class KVCache(nn.Module):
-    """Keys and values of one attention layer, preallocated to ``max_context`` positions, stored in
-    ``dtype`` (float16 when engine.native's attention kernel reads the cache, float32 otherwise).
+    """Keys and values of one attention layer for ``n_slots`` sequences, each preallocated to
+    ``max_context`` positions, stored in ``dtype`` (float16 when engine.native's attention kernel
+    reads the cache, float32 otherwise).
 
-    Contract of ``update(positions, k, v)``:
-      positions: (T,) int64, the absolute positions of the T new tokens, ascending and contiguous;
-      k, v:      (1, H_kv, T, D), the new keys/values (keys already rotated);
-      returns (k_all, v_all): (1, H_kv, positions[-1] + 1, D), views of every cached position up to
-      and including the last new one. Positions before positions[0] must have been written earlier
-      (or be reused from a previous request's common prefix).
+    Contract of ``update(slots, positions, k, v)`` (the slot contract):
+      slots:     (B,) int64, distinct slots in [0, n_slots): slot slots[b] belongs to sequence b;
+      positions: (B, T) int64, row b the absolute positions of sequence b's T new tokens, ascending
+                 and contiguous, below max_context;
+      k, v:      (B, H_kv, T, D), the new keys/values (keys already rotated);
+      returns (k_all, v_all): (n_slots, H_kv, S, D) with S > every written position, in which
+      [slots[b], :, :positions[b, -1] + 1] holds every key/value of sequence b up to and including
+      its newest one. Positions before positions[b, 0] must have been written earlier into the same
+      slot (or be reused from a previous request's common prefix). Other slots are never touched.
     """
 
-    def __init__(self, max_context: int, n_kv_heads: int, head_dim: int, dtype: torch.dtype = torch.float32):
+    def __init__(self, max_context: int, n_kv_heads: int, head_dim: int, dtype: torch.dtype = torch.float32,
+                 n_slots: int = 1):
         super().__init__()
-        self.max_context = max_context
-        shape = (1, n_kv_heads, max_context, head_dim)  # (B, H_kv, S, D)
+        self.max_context, self.n_slots = max_context, n_slots
+        shape = (n_slots, n_kv_heads, max_context, head_dim)  # (N, H_kv, S, D)
         # Uninitialized on purpose: a position is always written before it is read (the contract
         # above), so the pages of positions never used are never touched and resident memory
-        # follows the longest sequence served, not max_context.
-        self.register_buffer("k", torch.empty(shape, dtype=dtype), persistent=False)
-        self.register_buffer("v", torch.empty(shape, dtype=dtype), persistent=False)
+        # follows the longest sequences served, not n_slots x max_context. Plain attributes, not
+        # module buffers: they are read several times per layer and token, and a buffer's lookup
+        # through nn.Module costs ~2 us each.
+        self.k = torch.empty(shape, dtype=dtype)
+        self.v = torch.empty(shape, dtype=dtype)
 
-    def update(self, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        T = positions.shape[0]
-        assert positions.dim() == 1 and k.shape == v.shape == (1, self.k.shape[1], T, self.k.shape[3]), (
-            f"KVCache.update: positions {tuple(positions.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}; "
-            f"expected (T,), (1, {self.k.shape[1]}, T, {self.k.shape[3]})"
-        )
-        end = int(positions[-1]) + 1
-        assert end <= self.max_context, f"KVCache.update: position {end - 1} beyond max_context {self.max_context}"
-        self.k.index_copy_(2, positions, k.to(self.k.dtype))  # rounds to an f16 cache's dtype
-        self.v.index_copy_(2, positions, v.to(self.v.dtype))
-        return self.k[:, :, :end], self.v[:, :, :end]
+    def update(self, slots: torch.Tensor, positions: torch.Tensor, k: torch.Tensor,
+               v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        B, T = positions.shape
+        _, H, S, D = self.k.shape
+        assert slots.shape == (B,) and k.shape == v.shape == (B, H, T, D), (
+            f"KVCache.update: slots {tuple(slots.shape)}, positions {tuple(positions.shape)}, k {tuple(k.shape)}, "
+            f"v {tuple(v.shape)}; expected (B,), (B, T), (B, {H}, T, {D})")
+        if B == 1:  # one sequence (a prompt chunk, or a lone decode step): a copy into its slot's positions
+            s, first = slots.item(), (positions.item() if T == 1 else int(positions[0, 0]))  # (.item(): ~0.4 us)
+            assert 0 <= s < self.n_slots, f"KVCache.update: slot {s} outside [0, {self.n_slots})"
+            assert first + T <= self.max_context, (
+                f"KVCache.update: position {first + T - 1} beyond max_context {self.max_context}")
+            self.k[s, :, first:first + T].copy_(k[0])  # positions are contiguous; rounds to an f16 cache's dtype
+            self.v[s, :, first:first + T].copy_(v[0])
+        else:
+            rows = self._rows(slots, positions, H, S)
+            self.k.view(-1, D).index_copy_(0, rows, k.reshape(-1, D).to(self.k.dtype))
+            self.v.view(-1, D).index_copy_(0, rows, v.reshape(-1, D).to(self.v.dtype))
+        return self.k, self.v
+
+    _last = (None, None, None, None)  # (slots, positions, geometry, rows): shared by a step's layers
+
+    def _rows(self, slots: torch.Tensor, positions: torch.Tensor, H: int, S: int) -> torch.Tensor:
+        """(B * H_kv * T,) rows of the cache seen as (N * H_kv * S, D) where each new key goes; the
+        contract's checks. Every layer of a decode step passes the same tensors: computed once."""
+        geometry = (self.n_slots, H, S, self.max_context)
+        last = KVCache._last
+        if last[0] is slots and last[1] is positions and last[2] == geometry:
+            return last[3]
+        assert len(set(slots.tolist())) == len(slots), f"KVCache.update: slots {slots.tolist()} are not distinct"
+        assert int(slots.max()) < self.n_slots and int(slots.min()) >= 0, f"KVCache.update: slots {slots.tolist()}"
+        end = int(positions[:, -1].max())
+        assert end < self.max_context, f"KVCache.update: position {end} beyond max_context {self.max_context}"
+        rows = ((slots * (H * S))[:, None, None] + (torch.arange(H) * S)[:, None] + positions[:, None, :]).reshape(-1)
+        KVCache._last = (slots, positions, geometry, rows)
+        return rows
 
     def nbytes(self) -> int:
-        """Bytes of KV storage held (what the server reports as ``memory.kv_bytes``)."""
+        """Bytes of KV storage held (what the server reports as ``memory.kv_bytes``), all slots."""
         return self.k.nelement() * self.k.element_size() + self.v.nelement() * self.v.element_size()
 
 
@@ -166,10 +204,24 @@ def rope_tables(head_dim: int, length: int, theta: float) -> tuple[torch.Tensor,
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: (1, H, T, D); cos/sin: (T, D)."""
+    """x: (B, H, T, D); cos/sin: (B, T, D), each row's own positions."""
+    cos, sin = cos[:, None], sin[:, None]  # (B, 1, T, D)
     half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)  # (1, H, T, D)
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)  # (B, H, T, D)
     return x * cos + rotated * sin
+
+
+@dataclass
+class Step:
+    """What one forward pass reads and writes: one sequence's chunk (B = 1, T tokens) or one new
+    token of each of B sequences (T = 1)."""
+
+    slots: torch.Tensor      # (B,) int64, the sequences' KV slots
+    positions: torch.Tensor  # (B, T) int64, absolute positions of the new tokens
+    lengths: torch.Tensor    # (B,) int64, positions[:, -1] + 1: how many positions each sequence attends to
+    cos: torch.Tensor        # (B, T, D) RoPE rows of the new tokens
+    sin: torch.Tensor
+    mask: torch.Tensor | None  # (T, S) additive mask of a chunk after cached positions (B = 1), else None
 
 
 class Attention(nn.Module):
@@ -182,32 +234,40 @@ class Attention(nn.Module):
         self.wqkv = Linear(cfg.dim, q_out + 2 * kv_out)
         self.wo = Linear(q_out, cfg.dim)
         self.kv_cache: KVCache | None = None
-        # Optional single-token attention kernel (q (1, H, 1, D), k, v (1, H_kv, S, D)) -> (1, 1, H*D);
-        # set at load (engine.weights) when engine.native is available, else SDPA below.
+        # Optional single-token attention kernel (q (B, H, 1, D), the cache k, v (N, H_kv, S, D),
+        # slots, lengths) -> (B, 1, H*D); set at load (engine.weights) when engine.native is
+        # available, else SDPA below.
         self.decode_attention = None
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
-                mask: torch.Tensor | None) -> torch.Tensor:
-        _, T, _ = x.shape  # (1, T, dim)
+    def forward(self, x: torch.Tensor, step: Step) -> torch.Tensor:
+        B, T, _ = x.shape  # (B, T, dim)
         q, k, v = self.wqkv(x).split(self.split, dim=-1)
-        q = q.view(1, T, self.n_heads, self.head_dim).transpose(1, 2)  # (1, H, T, D)
-        k = k.view(1, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (1, H_kv, T, D)
-        v = v.view(1, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (1, H_kv, T, D)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        k, v = self.kv_cache.update(positions, k, v)  # (1, H_kv, S, D), the cache's dtype
+        q = q.view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, T, D)
+        k = k.view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, H_kv, T, D)
+        v = v.view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, H_kv, T, D)
+        q, k = apply_rope(q, step.cos, step.sin), apply_rope(k, step.cos, step.sin)
+        k_all, v_all = self.kv_cache.update(step.slots, step.positions, k, v)  # (N, H_kv, S, D), the cache's dtype
         if T == 1 and self.decode_attention is not None:
-            y = self.decode_attention(q, k, v)  # (1, 1, H*D): engine.native's kernel reads f16 KV as is
+            # engine.native's kernel reads each sequence's slot of the f16 cache as is
+            y = self.decode_attention(q, k_all, v_all, step.slots, step.lengths)  # (B, 1, H*D)
         elif T == 1:
-            # Decode: one query per head attends to every cached position, so fold the query heads
-            # that share a KV head into the "sequence" axis and skip the GQA expansion entirely.
+            # Decode: one query per head attends to every cached position of its own slot, so fold
+            # the query heads that share a KV head into the "sequence" axis and skip the GQA expansion.
             rep = self.n_heads // self.n_kv_heads
-            qg = q.view(1, self.n_kv_heads, rep, self.head_dim)  # (1, H_kv, rep, D)
-            y = F.scaled_dot_product_attention(qg, k.to(q.dtype), v.to(q.dtype))  # (1, H_kv, rep, D)
-            y = y.reshape(1, 1, self.n_heads * self.head_dim)  # (1, 1, H*D)
+            rows = []
+            for b, (s, n) in enumerate(zip(step.slots.tolist(), step.lengths.tolist())):
+                qg = q[b:b + 1].view(1, self.n_kv_heads, rep, self.head_dim)  # (1, H_kv, rep, D)
+                ks, vs = k_all[s:s + 1, :, :n], v_all[s:s + 1, :, :n]  # (1, H_kv, S_b, D)
+                rows.append(F.scaled_dot_product_attention(qg, ks.to(q.dtype), vs.to(q.dtype)))  # (1, H_kv, rep, D)
+            y = torch.cat(rows).reshape(B, 1, self.n_heads * self.head_dim)  # (B, 1, H*D)
         else:
-            # Prefill: widen an f16 cache to the queries' dtype once per layer (cheap beside the GEMMs).
-            y = F.scaled_dot_product_attention(q, k.to(q.dtype), v.to(q.dtype), attn_mask=mask,
-                                               is_causal=mask is None, enable_gqa=True)  # (1, H, T, D)
+            # Prefill of one sequence's chunk: widen an f16 cache to the queries' dtype once per layer
+            # (cheap beside the GEMMs).
+            assert B == 1, "a multi-token pass is one sequence's chunk"
+            s, n = int(step.slots[0]), int(step.lengths[0])
+            ks, vs = k_all[s:s + 1, :, :n], v_all[s:s + 1, :, :n]  # (1, H_kv, S, D)
+            y = F.scaled_dot_product_attention(q, ks.to(q.dtype), vs.to(q.dtype), attn_mask=step.mask,
+                                               is_causal=step.mask is None, enable_gqa=True)  # (1, H, T, D)
             y = y.transpose(1, 2).reshape(1, T, self.n_heads * self.head_dim)  # (1, T, H*D)
         return self.wo(y)
 
@@ -220,7 +280,7 @@ class FeedForward(nn.Module):
         self.w2 = Linear(cfg.hidden_dim, cfg.dim)  # down
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.w13(x).split(self.hidden_dim, dim=-1)  # (1, T, hidden) each
+        gate, up = self.w13(x).split(self.hidden_dim, dim=-1)  # (B, T, hidden) each
         return self.w2(F.silu(gate) * up)
 
 
@@ -235,10 +295,10 @@ class Block(nn.Module):
         # (engine.kernels.FusedDecode): the same math in two native calls around kv_cache.update.
         self.fused_decode = None
 
-    def forward(self, x, cos, sin, positions, mask):
+    def forward(self, x: torch.Tensor, step: Step) -> torch.Tensor:
         if x.shape[1] == 1 and self.fused_decode is not None:
-            return self.fused_decode(self, x, cos, sin, positions)  # (1, 1, dim)
-        h = x + self.attention(self.attention_norm(x), cos, sin, positions, mask)
+            return self.fused_decode(self, x, step)  # (B, 1, dim)
+        h = x + self.attention(self.attention_norm(x), step)
         return h + self.feed_forward(self.ffn_norm(h))
 
 
@@ -252,35 +312,47 @@ class Transformer(nn.Module):
         self.output = Linear(cfg.dim, cfg.vocab_size,
                              weight=self.tok_embeddings.weight if cfg.tie_embeddings else None)
         self.max_context = 0
+        self.n_slots = 0
         self.register_buffer("rope_cos", torch.empty(0), persistent=False)
         self.register_buffer("rope_sin", torch.empty(0), persistent=False)
 
-    def setup_cache(self, max_context: int, dtype: torch.dtype = torch.float32) -> None:
-        """Allocate a KV cache of ``max_context`` positions per layer, and the RoPE tables."""
+    def setup_cache(self, max_context: int, dtype: torch.dtype = torch.float32, n_slots: int = 1) -> None:
+        """Allocate a KV cache of ``n_slots`` sequences x ``max_context`` positions per layer, and the
+        RoPE tables."""
         cfg = self.config
-        self.max_context = max_context
+        self.max_context, self.n_slots = max_context, n_slots
         for layer in self.layers:
-            layer.attention.kv_cache = KVCache(max_context, cfg.n_kv_heads, cfg.head_dim, dtype)
+            layer.attention.kv_cache = KVCache(max_context, cfg.n_kv_heads, cfg.head_dim, dtype, n_slots)
         self.rope_cos, self.rope_sin = rope_tables(cfg.head_dim, max_context, cfg.rope_theta)
 
     def kv_nbytes(self) -> int:
         return sum(layer.attention.kv_cache.nbytes() for layer in self.layers)
 
     def kv_bytes_per_position(self) -> int:
-        return self.kv_nbytes() // self.max_context if self.max_context else 0
+        """Bytes of KV per position of one sequence (one slot)."""
+        return self.kv_nbytes() // (self.max_context * self.n_slots) if self.max_context else 0
 
-    def forward(self, tokens: torch.Tensor, start: int, all_logits: bool = False) -> torch.Tensor:
-        """tokens: (1, T) int64 at absolute positions start..start+T-1, whose KV is written to the cache.
+    def _run(self, tokens: torch.Tensor, step: Step, all_logits: bool) -> torch.Tensor:
+        x = self.tok_embeddings(tokens)  # (B, T, dim)
+        for layer in self.layers:
+            x = layer(x, step)
+        if not all_logits:
+            x = x[:, -1:]  # (B, 1, dim): the lm_head is the largest matrix; apply it once per sequence
+        return self.output(self.norm(x))  # (B, T', vocab)
 
-        Every position before ``start`` must already be in the cache. Returns float32 logits of
+    def forward(self, tokens: torch.Tensor, start: int, all_logits: bool = False, slot: int = 0) -> torch.Tensor:
+        """tokens: (1, T) int64 of one sequence at absolute positions start..start+T-1, whose KV is
+        written to slot ``slot`` of the cache.
+
+        Every position before ``start`` must already be in that slot. Returns float32 logits of
         shape (T, vocab) if ``all_logits`` else (vocab,) for the last position.
         """
         T = tokens.shape[1]
         end = start + T
         if end > self.max_context:
             raise ValueError(f"sequence of {end} tokens exceeds max_context {self.max_context}")
-        positions = torch.arange(start, end)  # (T,)
-        cos, sin = self.rope_cos[start:end], self.rope_sin[start:end]  # (T, D)
+        if not 0 <= slot < self.n_slots:
+            raise ValueError(f"slot {slot} outside the cache's {self.n_slots} slots")
         mask = None
         if T > 1 and start > 0:
             # Queries start+i may see keys 0..start+i; SDPA's is_causal would align them top-left.
@@ -288,10 +360,18 @@ class Transformer(nn.Module):
             # float in every layer (a (T, S) float32 allocation per layer, page faults included).
             allowed = torch.ones(T, end, dtype=torch.bool).tril(diagonal=start)  # (T, S)
             mask = torch.zeros(T, end).masked_fill_(~allowed, float("-inf"))  # (T, S)
-        x = self.tok_embeddings(tokens)  # (1, T, dim)
-        for layer in self.layers:
-            x = layer(x, cos, sin, positions, mask)
-        if not all_logits:
-            x = x[:, -1:]  # (1, 1, dim): the lm_head is the largest matrix; apply it once
-        logits = self.output(self.norm(x))  # (1, T', vocab)
+        step = Step(slots=torch.tensor([slot]), positions=torch.arange(start, end)[None], lengths=torch.tensor([end]),
+                    cos=self.rope_cos[None, start:end], sin=self.rope_sin[None, start:end], mask=mask)  # (1, T, D)
+        logits = self._run(tokens, step, all_logits)
         return logits[0].float() if all_logits else logits[0, -1].float()
+
+    def decode(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+        """One new token of each of B sequences: tokens, positions, slots (B,) int64 (distinct
+        slots; sequence b's positions before positions[b] already in its slot). Returns (B, vocab)
+        float32 logits of each sequence's next token."""
+        if int(positions.max()) >= self.max_context:
+            raise ValueError(f"position {int(positions.max())} beyond max_context {self.max_context}")
+        pos = positions[:, None]  # (B, 1)
+        step = Step(slots=slots, positions=pos, lengths=positions + 1, cos=self.rope_cos[pos],
+                    sin=self.rope_sin[pos], mask=None)  # cos, sin (B, 1, D)
+        return self._run(tokens[:, None], step, all_logits=False)[:, 0].float()  # (B, vocab)

@@ -13,6 +13,11 @@ C++ source therefore gets its own build, and identical sources share one. ``./in
 
 Without a compiler, on a CPU without AVX2/FMA/F16C, or with ``PAIRBENCH_ENGINE_NATIVE=0``, ``lib()``
 returns None, one warning names the reason, and the engine uses its PyTorch fp16 path.
+
+Instruction sets: the integer dot products have an AVX2 path and, chosen at run time when the CPU
+has them, AVX-VNNI and AVX-512 VNNI paths (``isa()``). Every path gives bit-identical results (the
+block sums are exact integers), so ``PAIRBENCH_ENGINE_ISA=avx2|avxvnni|avx512vnni`` (or
+``set_isa``) forces one, e.g. to compare them; a path this CPU lacks is refused with a warning.
 """
 
 from __future__ import annotations
@@ -33,8 +38,12 @@ import torch
 SOURCE = Path(__file__).resolve().parent / "csrc" / "kernels.cpp"
 FLAGS = ["-O3", "-std=c++17", "-fPIC", "-shared", "-pthread", "-fvisibility=hidden",
          "-mavx2", "-mfma", "-mf16c", "-fno-math-errno"]
-ABI_VERSION = 5
+ABI_VERSION = 6
 FORMATS = {"q4_1": 0, "q8_0": 1}
+#: the integer dot-product paths of kernels.cpp, in its numbering
+ISAS = ("avx2", "avxvnni", "avx512vnni")
+#: sequences per decode step (and activation rows per product) the kernels take
+MAX_BATCH = 64
 #: bytes per block of 32 weights
 BLOCK_BYTES = {"q4_1": 20, "q8_0": 34}
 #: how long (microseconds) pool helpers spin for the next job before they sleep
@@ -119,12 +128,16 @@ def _bind(path: Path) -> ctypes.CDLL:
         "pb_get_threads": (i32, []),
         "pb_pool_stats": (None, [p]),
         "pb_pool_test_stall": (None, [i64, i64]),
+        "pb_pool_policy_replay": (None, [i64, p, p, p, p]),
+        "pb_isa_supported": (i32, [i32]),
+        "pb_set_isa": (i32, [i32]),
+        "pb_get_isa": (i32, []),
         "pb_linear": (i32, [i32, p, i64, i64, p, i64, p]),
-        "pb_quantize_row": (None, [p, i64, p, p, p, p]),
+        "pb_quantize_row": (None, [p, i64, p, p, p, p, p]),
         "pb_dequantize": (None, [i32, p, i64, p, i64, p]),
-        "pb_attention_decode": (i32, [p, p, p, i32, i64, i64, i64, i64, i32, i32, i32, i32, f32, p]),
-        "pb_block_pre": (None, [ctypes.POINTER(LayerW), p, p, p, p, p, p]),
-        "pb_block_post": (i32, [ctypes.POINTER(LayerW), p, p, p, p, i32, i64, i64, i64, i64, i32]),
+        "pb_attention_decode": (i32, [p, p, p, i32, i64, i64, i64, i64, i64, i64, i32, i32, i32, i32, p, p, f32, p]),
+        "pb_block_pre": (None, [ctypes.POINTER(LayerW), p, p, p, p, p, p, i32]),
+        "pb_block_post": (i32, [ctypes.POINTER(LayerW), p, p, p, p, i32, i64, i64, i64, i64, i64, i64, i32, p, p]),
     }
     for name, (res, args) in sig.items():
         fn = getattr(L, name)
@@ -149,6 +162,8 @@ def lib() -> ctypes.CDLL | None:
                     L, why = None, f"library ABI {L.pb_abi_version()} != {ABI_VERSION}"
                 elif not L.pb_cpu_supported():
                     L, why = None, "this CPU lacks AVX2/FMA/F16C"
+                else:
+                    _force_isa(L, os.environ.get("PAIRBENCH_ENGINE_ISA", ""))
             except (RuntimeError, OSError) as e:
                 L, why = None, str(e)
         if L is None:
@@ -156,6 +171,37 @@ def lib() -> ctypes.CDLL | None:
                   "fp16 path (slower decode, same API)", file=sys.stderr, flush=True)
         _state["lib"], _state["why"] = L, why
         return L
+
+
+def _force_isa(L: ctypes.CDLL, name: str) -> None:
+    if not name:
+        return
+    if name not in ISAS:
+        print(f"pairbench-engine: warning: PAIRBENCH_ENGINE_ISA={name!r} is not one of {', '.join(ISAS)}; "
+              f"using {ISAS[L.pb_get_isa()]}", file=sys.stderr, flush=True)
+    elif L.pb_set_isa(ISAS.index(name)) < 0:
+        print(f"pairbench-engine: warning: PAIRBENCH_ENGINE_ISA={name}: this CPU (or the compiler) lacks it; "
+              f"using {ISAS[L.pb_get_isa()]}", file=sys.stderr, flush=True)
+
+
+def isa() -> str | None:
+    """The dot-product path of the block products (``ISAS``): the widest this CPU runs unless forced."""
+    L = lib()
+    return ISAS[L.pb_get_isa()] if L is not None else None
+
+
+def isa_supported(name: str) -> bool:
+    L = lib()
+    return L is not None and name in ISAS and bool(L.pb_isa_supported(ISAS.index(name)))
+
+
+def set_isa(name: str | None) -> bool:
+    """Use the path ``name`` (None: the best this CPU runs) for every later product; False (and no
+    change) when this CPU or the compiler lacks it."""
+    L = lib()
+    if L is None or (name is not None and name not in ISAS):
+        return False
+    return L.pb_set_isa(-1 if name is None else ISAS.index(name)) >= 0
 
 
 def available() -> bool:
@@ -195,6 +241,17 @@ def test_stall(every: int, sleep_us: int) -> None:
         L.pb_pool_test_stall(int(every), int(sleep_us))
 
 
+def pool_policy_replay(start_ns: list[int], end_ns: list[int], wait_ns: list[float]) -> list[bool]:
+    """Tests only: which of these two-thread jobs (start and end times, the caller's wait for
+    helpers, in ns) the pool's policy would have run on the caller alone, from a fresh history."""
+    n = len(start_ns)
+    assert len(end_ns) == len(wait_ns) == n
+    start, end = torch.tensor(start_ns, dtype=torch.int64), torch.tensor(end_ns, dtype=torch.int64)
+    wait, alone = torch.tensor(wait_ns, dtype=torch.float64), torch.zeros(n, dtype=torch.uint8)
+    lib().pb_pool_policy_replay(n, start.data_ptr(), end.data_ptr(), wait.data_ptr(), alone.data_ptr())
+    return [bool(a) for a in alone.tolist()]
+
+
 def threads() -> int:
     L = lib()
     return L.pb_get_threads() if L is not None else 1
@@ -204,7 +261,8 @@ def threads() -> int:
 # Tensor-level wrappers (the shape contracts of kernels.cpp)
 
 def linear(x: torch.Tensor, fmt: str, blocks: torch.Tensor, out_features: int) -> torch.Tensor:
-    """x (..., k) float32 @ dequant(blocks).T -> (..., out_features) float32, at most 64 rows.
+    """x (..., k) float32 @ dequant(blocks).T -> (..., out_features) float32, at most MAX_BATCH rows,
+    all in one pass over the weights.
 
     blocks: (out_features, k/32 * BLOCK_BYTES[fmt]) uint8, contiguous, in the split row layout
     (``engine.kernels.split_rows``)."""
@@ -218,15 +276,17 @@ def linear(x: torch.Tensor, fmt: str, blocks: torch.Tensor, out_features: int) -
     return y
 
 
-def quantize_row(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The kernels' two-digit int8 form of one activation row x (k,): (d, s, q, r) = per-32 scales,
-    exact block sums, the int8 rounding and its scaled remainder (``kernels.quantize_activation_ref``)."""
+def quantize_row(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The kernels' two-digit int8 form of one activation row x (k,): (d, s, q, r, x16) = per-32
+    scales, block sums, the int8 rounding, its scaled remainder (``kernels.quantize_activation_ref``)
+    and the 15-bit integer the products use, 254 * q + r (int16)."""
     x = x.float().contiguous()
     k = x.numel()
     d, s = torch.empty(k // 32), torch.empty(k // 32)
     q, r = torch.empty(k, dtype=torch.int8), torch.empty(k, dtype=torch.int8)
-    lib().pb_quantize_row(x.data_ptr(), k, d.data_ptr(), s.data_ptr(), q.data_ptr(), r.data_ptr())
-    return d, s, q, r
+    x16 = torch.empty(k, dtype=torch.int16)
+    lib().pb_quantize_row(x.data_ptr(), k, d.data_ptr(), s.data_ptr(), q.data_ptr(), r.data_ptr(), x16.data_ptr())
+    return d, s, q, r, x16
 
 
 def dequantize(fmt: str, blocks: torch.Tensor, k: int, rows: torch.Tensor | None = None,
@@ -249,20 +309,33 @@ def dequantize(fmt: str, blocks: torch.Tensor, k: int, rows: torch.Tensor | None
     return out
 
 
-def attention_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """Attention of one new token. q (1, H, 1, D) float32; k, v (1, H_kv, S, D) float16 or float32
-    with unit stride along D (views of the cache are fine). Returns (1, 1, H*D) float32."""
-    _, H, _, D = q.shape
-    _, Hkv, S, _ = k.shape
-    assert k.dtype == v.dtype and k.dtype in (torch.float16, torch.float32) and k.stride(3) == v.stride(3) == 1, (
-        f"attention_decode: k {k.dtype} {tuple(k.stride())}, v {v.dtype} {tuple(v.stride())}")
-    q = q.reshape(H, D).contiguous().float()
-    out = torch.empty((1, 1, H * D), dtype=torch.float32)
-    rc = lib().pb_attention_decode(q.data_ptr(), k.data_ptr(), v.data_ptr(), int(k.dtype == torch.float16),
-                                   k.stride(1), k.stride(2), v.stride(1), v.stride(2), H, Hkv, D, S,
-                                   D ** -0.5, out.data_ptr())
+def _kv_args(k: torch.Tensor, v: torch.Tensor) -> tuple:
+    """(kv_f16, k slot/head/position strides, v strides) of a cache (N, H_kv, S, D) or a view of it."""
+    assert k.dim() == v.dim() == 4 and k.dtype == v.dtype and k.dtype in (torch.float16, torch.float32) and (
+        k.stride(3) == v.stride(3) == 1), f"KV: {k.dtype} {tuple(k.shape)} {tuple(k.stride())}, v {tuple(v.stride())}"
+    return (int(k.dtype == torch.float16), k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2))
+
+
+def attention_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor | None = None,
+                     lengths: torch.Tensor | None = None) -> torch.Tensor:
+    """Attention of one new token of each of B sequences over its own KV slot. q (B, H, 1, D) float32;
+    k, v (N, H_kv, S, D) float16 or float32 with unit stride along D (the cache, or views of it);
+    slots, lengths (B,) int64: sequence b attends to positions 0..lengths[b]-1 of slot slots[b]
+    (default: slot b, all S positions). Returns (B, 1, H*D) float32."""
+    B, H, _, D = q.shape
+    Hkv, S = k.shape[1], k.shape[2]
+    if slots is None:
+        slots = torch.arange(B)
+    if lengths is None:
+        lengths = torch.full((B,), S, dtype=torch.int64)
+    assert slots.dtype == lengths.dtype == torch.int64 and slots.shape == lengths.shape == (B,)
+    q = q.reshape(B, H * D).contiguous().float()
+    out = torch.empty((B, 1, H * D), dtype=torch.float32)
+    rc = lib().pb_attention_decode(q.data_ptr(), k.data_ptr(), v.data_ptr(), *_kv_args(k, v), H, Hkv, D, B,
+                                   slots.contiguous().data_ptr(), lengths.contiguous().data_ptr(), D ** -0.5,
+                                   out.data_ptr())
     if rc != 0:
-        raise ValueError(f"attention_decode: unsupported shape H={H} H_kv={Hkv} D={D} S={S}")
+        raise ValueError(f"attention_decode: unsupported shape B={B} H={H} H_kv={Hkv} D={D} lengths={lengths.tolist()}")
     return out
 
 
@@ -282,17 +355,18 @@ def layer_weights(fmts: tuple[str, str, str, str], blocks: tuple, attn_norm: tor
 
 def block_pre(L: LayerW, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
               v: torch.Tensor) -> None:
-    """Fill q (H*D), k, v (H_kv*D) float32 for token x (dim): RMSNorm, qkv product, RoPE (cos/sin rows (D,))."""
+    """Fill q (B, H*D), k, v (B, H_kv*D) float32 for tokens x (B, dim): RMSNorm, qkv product, RoPE
+    with each token's cos/sin rows (B, D). All tensors contiguous float32."""
     lib().pb_block_pre(ctypes.byref(L), x.data_ptr(), cos.data_ptr(), sin.data_ptr(), q.data_ptr(), k.data_ptr(),
-                       v.data_ptr())
+                       v.data_ptr(), x.shape[0])
 
 
-def block_post(L: LayerW, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-    """x (dim) float32, in place: += wo(attention(q, k, v)), then += the SwiGLU MLP of its RMSNorm.
-    k, v: (1, H_kv, S, D) float16/float32 with unit stride along D."""
-    assert k.dtype == v.dtype and k.dtype in (torch.float16, torch.float32) and k.stride(3) == v.stride(3) == 1
-    rc = lib().pb_block_post(ctypes.byref(L), x.data_ptr(), q.data_ptr(), k.data_ptr(), v.data_ptr(),
-                             int(k.dtype == torch.float16), k.stride(1), k.stride(2), v.stride(1), v.stride(2),
-                             k.shape[2])
+def block_post(L: LayerW, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor,
+               lengths: torch.Tensor) -> None:
+    """x (B, dim) float32, in place: += wo(attention(q, each sequence's KV slot)), then += the SwiGLU
+    MLP of its RMSNorm. k, v: the cache (N, H_kv, S, D) float16/float32 with unit stride along D;
+    slots, lengths (B,) int64 contiguous: sequence b attends to positions 0..lengths[b]-1 of slot slots[b]."""
+    rc = lib().pb_block_post(ctypes.byref(L), x.data_ptr(), q.data_ptr(), k.data_ptr(), v.data_ptr(), *_kv_args(k, v),
+                             x.shape[0], slots.data_ptr(), lengths.data_ptr())
     if rc != 0:
-        raise ValueError(f"block_post: unsupported shape (S={k.shape[2]})")
+        raise ValueError(f"block_post: unsupported shape (B={x.shape[0]}, lengths {lengths.tolist()})")

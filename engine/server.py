@@ -1,9 +1,21 @@
 """HTTP server speaking llama.cpp's server API and the OpenAI API (docs/contracts.md §1), on the
 standard library.
 
-``ThreadingHTTPServer`` answers health/version/tokenize/models/metrics concurrently; a lock around
-the model runs one generation at a time (the KV cache is a single sequence). Streaming uses
-server-sent events over chunked transfer encoding, as vLLM's and llama.cpp's OpenAI servers do.
+``ThreadingHTTPServer`` gives each connection a thread; generation runs on one more thread, the
+scheduler (``engine/scheduler.py``), which serves ``--parallel N`` sequences at once in the KV
+cache's N slots: each decode step is one batched forward over every active sequence, and prompts
+are read in chunks between decode steps (continuous batching, as llama.cpp's server and vLLM do).
+``--parallel 1`` (the default) serves one generation at a time, as this server always did, with
+the same forward passes. A connection thread turns its request's events into the HTTP response;
+the scheduler never blocks on a client. Streaming uses server-sent events over chunked transfer
+encoding, as vLLM's and llama.cpp's OpenAI servers do.
+
+Under load: requests beyond the slots wait in a FIFO queue of at most ``--max-queue``; one more is
+a 503 in OpenAI's error shape (a prompt beyond the context is a 400). A client that disconnects,
+mid-stream or while waiting, is noticed at once: its connection thread sleeps in ``select`` on the
+client's socket and on a pipe the scheduler writes a byte to with each event (no polling: a thread
+waking every 50 ms cost ~4% of a prefill on two busy cores, measured), and the slot is freed at
+the next step. ``/metrics`` shows slots in use, the queue's length and the decode batch sizes.
 
 OpenAI compatibility (what the official ``openai`` client, AIPerf and guidellm send): ``GET
 /v1/models``; ``max_completion_tokens`` (as ``max_tokens``); ``stop`` (a string or a list);
@@ -12,15 +24,16 @@ message ``content`` as a list of text parts; error bodies shaped ``{"error": {"m
 ``top_p`` < 1, tools ...) is a 400 naming the field, never a silently different answer. Request
 parsing lives in ``engine/api.py``.
 
-Prefix cache (llama.cpp's ``cache_prompt``): the server remembers which tokens the KV cache holds;
-a new request reuses the longest common token prefix with them (at most N-1 of its N prompt
-tokens, because the last one must be evaluated to get logits) and evaluates only the rest.
+Prefix cache (llama.cpp's ``cache_prompt``): each slot remembers which tokens its KV holds; a new
+request goes to the free slot sharing the longest common token prefix with it and reuses that
+prefix (at most N-1 of its N prompt tokens, because the last one must be evaluated to get logits).
+A request with ``cache_prompt: false`` reuses nothing, whatever slot it gets.
 
-Timings follow llama.cpp: ``prompt_ms`` runs from the start of evaluation until the first token is
-sampled; ``predicted_ms`` from the first token to the last, so it spans ``predicted_n - 1`` forward
-passes while ``predicted_per_second`` = predicted_n / predicted_ms, exactly as llama.cpp reports it.
-Nothing but the clock is read inside the token loop: usage, memory and the token list are built once,
-after the last token.
+Timings follow llama.cpp: ``prompt_ms`` runs from the request's admission into a slot until its
+first token is sampled; ``predicted_ms`` from the first token to the last, so it spans
+``predicted_n - 1`` decode steps (shared with whatever else runs) while ``predicted_per_second`` =
+predicted_n / predicted_ms, exactly as llama.cpp reports it. Nothing but the clock is read per
+token: usage, memory and the token list are built once, after the last token.
 
 Memory between requests: glibc returns freed blocks above its trim/mmap thresholds to the OS and
 then faults them back in on the next request (8k-210k minor faults per 1K-token prefill, up to 0.4 s,
@@ -32,7 +45,10 @@ from __future__ import annotations
 
 import ctypes
 import json
+import os
+import queue
 import resource
+import select
 import signal
 import socket
 import sys
@@ -46,45 +62,144 @@ import torch
 
 from . import ENGINE_NAME, NATIVE, __version__
 from .api import RequestError, StopMatcher, get_field, is_int, parse_common, parse_messages
-from .generate import generate, token_limit
+from .generate import PREFILL_CHUNK
+from .scheduler import BATCH_BUCKETS, QueueFull, Scheduler, Sequence
 from .tokenizer import IncrementalDecoder
 from .weights import DEFAULT_LINEAR
 
 MAX_BODY_BYTES = 32 * 1024 * 1024
+#: prompt tokens per chunk and per step with more than one slot (``--batch-tokens``)
+PARALLEL_BATCH_TOKENS = 512
 
 
 # --------------------------------------------------------------------------------------------------
 
 
-def longest_common_prefix(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
+def peer_closed(sock: socket.socket) -> bool:
+    """Has the client closed its end of a readable socket? (Nothing to read, or a reset; data, e.g. a
+    pipelined next request, is not a close.)"""
+    try:
+        return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
+
+
+class Completion:
+    """One request's text side, the scheduler's ``sink``: detokenizes and cuts at stop strings as
+    tokens arrive (on the scheduler thread), and hands the connection thread events:
+    ("token", id, piece, finish, stats) per token, where finish and stats are None except on a final
+    token known as such (the length limit, or a stop string: "length" / "stop"); then ("done",
+    finish_reason, tail_text, stats, announced), where announced says a token event already carried
+    finish_reason (else, e.g. after a stop id, the stream needs a closing chunk); or ("error", exc).
+    Each event also writes a byte to the ``wake`` pipe, which the connection thread selects on; the
+    scheduler closes its end with its last call (finished or failed), the connection thread the other."""
+
+    def __init__(self, engine: "Engine", ids: list[int], p: dict):
+        self.engine, self.ids, self.events = engine, ids, queue.SimpleQueue()
+        self.wake_r, self.wake_w = os.pipe()
+        os.set_blocking(self.wake_w, False)
+        tok = engine.loaded.tokenizer
+        self.detok = IncrementalDecoder(tok)
+        self.stops = StopMatcher(p["stop"]) if p["stop"] else None
+        self.generated: list[int] = []
+        self.hit = False
+        self.stats = None
+        self.t_first = self.t_last = None
+
+    def started(self, reuse: int, limit: int) -> None:
+        self.t0 = time.perf_counter()
+        self.reuse, self.limit = reuse, limit
+        self.faults0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+    def token(self, token: int) -> bool:
+        self.t_last = time.perf_counter()
+        if self.t_first is None:
+            self.t_first = self.t_last
+        self.generated.append(token)
+        at_limit = len(self.generated) == self.limit
+        piece = self.detok.push(token) + (self.detok.flush() if at_limit else "")
+        if self.stops is not None:
+            piece, self.hit = self.stops.push(piece)
+            if at_limit and not self.hit:
+                piece += self.stops.flush()
+        finish = "stop" if self.hit else "length" if at_limit else None
+        if finish is not None:  # the last token of this request: its chunk carries the figures
+            self.stats = self.engine.stats(self.ids, self.reuse, self.generated, self.t0, self.t_first, self.t_last,
+                                           self.faults0)
+        self._put(("token", token, piece, finish, self.stats))
+        return self.hit
+
+    def _put(self, ev: tuple) -> None:
+        self.events.put(ev)
+        try:
+            os.write(self.wake_w, b"\0")
+        except OSError:  # the reader has gone (its request is being cancelled), or the pipe is full
+            pass
+
+    def _close_writer(self) -> None:
+        if self.wake_w >= 0:
+            os.close(self.wake_w)
+            self.wake_w = -1
+
+    def finished(self, reason: str) -> None:
+        if reason == "cancelled":
+            return self._close_writer()  # nobody reads on
+        t_end = time.perf_counter()
+        tail = ""
+        if reason == "eos":  # the scheduler met a stop id itself
+            tail = self.detok.flush()
+            if self.stops is not None:
+                tail, self.hit = self.stops.push(tail)
+                tail += "" if self.hit else self.stops.flush()
+        if self.t_first is None:
+            self.t_first = self.t_last = t_end
+        announced = self.stats is not None
+        stats = self.stats or self.engine.stats(self.ids, self.reuse, self.generated, self.t0, self.t_first,
+                                                self.t_last, self.faults0)
+        self.engine.count(stats)
+        t = stats["timings"]
+        sys.stderr.write(f"timings: prompt_n={t['prompt_n']} prompt_ms={t['prompt_ms']:.2f} cache_n={t['cache_n']} "
+                         f"predicted_n={t['predicted_n']} predicted_ms={t['predicted_ms']:.2f} "
+                         f"minor_faults={stats['memory']['minor_faults']}\n")
+        self._put(("done", "stop" if reason in ("eos", "stop") else "length", tail, stats, announced))
+        self._close_writer()
+
+    def failed(self, exc: Exception) -> None:
+        self._put(("error", exc))
+        self._close_writer()
 
 
 class Engine:
-    """The loaded model plus the prefix-cache bookkeeping and counters; ``lock`` serialises generations."""
+    """The loaded model, its scheduler (started by ``load``) and the server's counters."""
 
     def __init__(self, spec: str, max_context: int | None, linear: str = DEFAULT_LINEAR,
-                 decode_threads: int | None = None, kv: str = "auto"):
+                 decode_threads: int | None = None, kv: str = "auto", parallel: int = 1,
+                 batch_tokens: int | None = None, max_queue: int = 128):
+        if parallel < 1:
+            raise ValueError(f"parallel must be >= 1, got {parallel}")
         self.spec, self.requested_context, self.linear, self.kv = spec, max_context, linear, kv
-        self.decode_threads = decode_threads
+        self.decode_threads, self.parallel, self.max_queue = decode_threads, parallel, max_queue
+        # prompt tokens per forward pass and per step: today's 1,024-token passes for one slot; with
+        # several, smaller chunks, so a long prompt holds every decoding stream back less
+        self.batch_tokens = batch_tokens or (PREFILL_CHUNK if parallel == 1 else PARALLEL_BATCH_TOKENS)
         self.loaded = None  # set once loading finishes; /health says 503 until then
-        self.lock = threading.Lock()
-        self.cached: list[int] = []  # tokens whose KV is valid at positions 0..len-1
+        self.scheduler: Scheduler | None = None
         self.counters = {"requests": 0, "prompt_tokens": 0, "generated_tokens": 0, "prompt_seconds": 0.0,
-                         "decode_seconds": 0.0, "processing": 0}
+                         "decode_seconds": 0.0}
 
     def load(self) -> None:
         from . import native
         from .weights import load
 
-        loaded = load(self.spec, self.requested_context, self.linear, self.kv)
+        loaded = load(self.spec, self.requested_context, self.linear, self.kv, slots=self.parallel)
         # before `loaded` is published: /health answers 200 from then on, and a request must not
         # reach the pool while it is resized
         native.set_threads(self.decode_threads or torch.get_num_threads())
+        self.scheduler = Scheduler(loaded.model, loaded.tokenizer.stop_ids, chunk=self.batch_tokens,
+                                   max_queue=self.max_queue, decode_threads=self.decode_threads)
+        threading.Thread(target=self.scheduler.run, name="scheduler", daemon=True).start()
         self.loaded = loaded
 
     @property
@@ -126,74 +241,47 @@ class Engine:
                 "kv_bytes_per_position": int(self.loaded.model.kv_bytes_per_position()),
                 "peak_rss_bytes": peak_rss_bytes()}
 
-    def run(self, ids: list[int], p: dict):
-        """Generate under the lock. Yields ("token", id, piece, finish, stats) per token, where finish
-        and stats are None except on a final token known as such (the length limit, or a stop
-        string: "length" / "stop"), then ("done", finish_reason, tail_text, stats, announced), where
-        announced says a token event already carried finish_reason (else, e.g. after a stop id, the
-        stream needs a closing chunk)."""
-        tok = self.loaded.tokenizer
-        limit = token_limit(len(ids), p["max_tokens"], self.max_context)
-        with self.lock:
-            self.counters["processing"] += 1
-            faults0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-            reuse = min(longest_common_prefix(self.cached, ids), len(ids) - 1) if p["cache_prompt"] else 0
-            self.cached = []  # until this generation completes, the cache content is in flux
-            generated: list[int] = []
-            detok = IncrementalDecoder(tok)
-            stops = StopMatcher(p["stop"]) if p["stop"] else None
-            hit = False
-            t0 = time.perf_counter()
-            t_first = t_last = None
-            gen = generate(self.loaded.model, ids, p["max_tokens"], stop_ids=tok.stop_ids,
-                           temperature=p["temperature"], seed=p["seed"], ignore_eos=p["ignore_eos"], start=reuse,
-                           decode_threads=self.decode_threads)
-            stats = None
-            try:
-                for token in gen:
-                    t_last = time.perf_counter()
-                    if t_first is None:
-                        t_first = t_last
-                    generated.append(token)
-                    at_limit = len(generated) == limit
-                    piece = detok.push(token) + (detok.flush() if at_limit else "")
-                    if stops is not None:
-                        piece, hit = stops.push(piece)
-                        if at_limit and not hit:
-                            piece += stops.flush()
-                    finish = "stop" if hit else "length" if at_limit else None
-                    if finish is not None:  # the last token of this request: its chunk carries the figures
-                        stats = self._stats(ids, reuse, generated, t0, t_first, t_last, faults0)
-                    yield "token", token, piece, finish, stats
-                    if hit:
-                        break
-            finally:
-                gen.close()
-                t_end = time.perf_counter()
-                eos = len(generated) < limit and not hit  # the generator met a stop id itself
-                # KV now holds the prompt and every generated token that was fed back (all of them
-                # after a stop id, all but the last one otherwise).
-                self.cached = ids + (generated if eos else generated[:-1])
-                self.counters["processing"] -= 1
-            if t_first is None:
-                t_first = t_last = t_end
-            tail = ""
-            if eos:
-                tail = detok.flush()
-                if stops is not None:
-                    tail, hit = stops.push(tail)
-                    tail += "" if hit else stops.flush()
-            announced = stats is not None
-            if stats is None:
-                stats = self._stats(ids, reuse, generated, t0, t_first, t_last, faults0)
-            self._count(stats)
-            t = stats["timings"]
-            sys.stderr.write(f"timings: prompt_n={t['prompt_n']} prompt_ms={t['prompt_ms']:.2f} cache_n={t['cache_n']} "
-                             f"predicted_n={t['predicted_n']} predicted_ms={t['predicted_ms']:.2f} "
-                             f"minor_faults={stats['memory']['minor_faults']}\n")
-            yield "done", "stop" if (eos or hit) else "length", tail, stats, announced
+    def run(self, ids: list[int], p: dict, conn: socket.socket | None = None):
+        """Queue a generation and yield its events (``Completion``) as the scheduler makes them.
+        Closing the generator early cancels the request, which frees its slot; so does the client
+        closing ``conn`` (its socket) while this waits, which also raises ConnectionAbortedError."""
+        sink = Completion(self, ids, p)
+        seq = Sequence(ids, p["max_tokens"], sink, temperature=p["temperature"], seed=p["seed"],
+                       ignore_eos=p["ignore_eos"], cache_prompt=p["cache_prompt"])
+        try:
+            self.scheduler.submit(seq)
+        except QueueFull as e:
+            sink._close_writer()
+            os.close(sink.wake_r)
+            raise RequestError(f"server busy: {e}; try again later", 503, "unavailable_error", code="queue_full") from e
+        done, watch = False, conn  # the socket is watched for a close until the client sends more
+        try:
+            while True:
+                try:
+                    ev = sink.events.get_nowait()
+                except queue.Empty:
+                    fds = [sink.wake_r] if watch is None else [sink.wake_r, watch]
+                    readable = select.select(fds, [], [])[0]  # sleeps until an event or the client moves
+                    if sink.wake_r in readable:
+                        os.read(sink.wake_r, 65536)
+                    if watch is not None and watch in readable:
+                        if peer_closed(watch):
+                            raise ConnectionAbortedError("the client disconnected")
+                        watch = None  # a pipelined next request: data, not a close
+                    continue
+                if ev[0] == "error":
+                    raise RuntimeError(f"generation failed: {type(ev[1]).__name__}: {ev[1]}") from ev[1]
+                if ev[0] == "done":
+                    done = True
+                yield ev
+                if done:
+                    return
+        finally:
+            if not done:
+                self.scheduler.cancel(seq)
+            os.close(sink.wake_r)
 
-    def _stats(self, ids, reuse, generated, t0, t_first, t_last, faults0) -> dict:
+    def stats(self, ids, reuse, generated, t0, t_first, t_last, faults0) -> dict:
         prompt_ms = (t_first - t0) * 1e3
         predicted_ms = (t_last - t_first) * 1e3
         n, m = len(ids), len(generated)
@@ -209,7 +297,7 @@ class Engine:
         return {"timings": timings, "usage": usage, "tokens_cached": reuse, "memory": memory,
                 "tokens": list(generated)}
 
-    def _count(self, stats: dict) -> None:
+    def count(self, stats: dict) -> None:
         c, t = self.counters, stats["timings"]
         c["requests"] += 1
         c["prompt_tokens"] += t["prompt_n"]
@@ -219,21 +307,38 @@ class Engine:
 
     def metrics(self) -> str:
         """Prometheus text exposition (as llama.cpp's ``--metrics`` and vLLM serve it)."""
-        c, mem = self.counters, self.memory()
+        c, mem, sch = self.counters, self.memory(), self.scheduler
         rows = [
             ("requests_total", "counter", "Completed generation requests.", c["requests"]),
             ("prompt_tokens_total", "counter", "Prompt tokens evaluated (cached ones excluded).", c["prompt_tokens"]),
             ("generated_tokens_total", "counter", "Tokens generated.", c["generated_tokens"]),
             ("prompt_seconds_total", "counter", "Time spent evaluating prompts.", c["prompt_seconds"]),
             ("decode_seconds_total", "counter", "Time from each first to last generated token.", c["decode_seconds"]),
-            ("requests_processing", "gauge", "Generations running now (0 or 1).", c["processing"]),
-            ("kv_cache_bytes", "gauge", "Bytes of KV cache allocated.", mem["kv_bytes"]),
+            ("requests_processing", "gauge", "Generations holding a slot now.", sch.slots_in_use),
+            ("slots_total", "gauge", "KV cache slots (--parallel).", len(sch.slots)),
+            ("slots_in_use", "gauge", "Slots serving a request now.", sch.slots_in_use),
+            ("queue_length", "gauge", "Requests waiting for a slot.", sch.queue_length),
+            ("queue_max", "gauge", "Requests that may wait before one more is refused (503).", sch.max_queue),
+            ("steps_total", "counter", "Scheduler steps run.", sch.steps),
+            ("decode_steps_total", "counter", "Batched decode forward passes.", sch.decode_steps),
+            ("decode_batch_tokens_total", "counter", "Tokens decoded in them (sum of batch sizes).", sch.decode_tokens),
+            ("decode_batch_size_last", "gauge", "Sequences in the last decode step.", sch.last_batch),
+            ("decode_step_seconds_total", "counter", "Time inside the batched decode forwards.", sch.decode_seconds),
+            ("prefill_chunks_total", "counter", "Prompt chunks evaluated.", sch.prefill_chunks),
+            ("kv_cache_bytes", "gauge", "Bytes of KV cache allocated (all slots).", mem["kv_bytes"]),
             ("peak_rss_bytes", "gauge", "Peak resident set size of the server process.", mem["peak_rss_bytes"]),
         ]
         lines = []
         for name, kind, help_, value in rows:
             lines += [f"# HELP pairbench_engine_{name} {help_}", f"# TYPE pairbench_engine_{name} {kind}",
                       f"pairbench_engine_{name} {value}"]
+        name = "pairbench_engine_decode_batch_size"
+        lines += [f"# HELP {name} Sequences per batched decode step.", f"# TYPE {name} histogram"]
+        total = 0
+        for le, n in zip([*map(str, BATCH_BUCKETS), "+Inf"], sch.batch_hist):
+            total += n
+            lines.append(f'{name}_bucket{{le="{le}"}} {total}')
+        lines += [f"{name}_sum {sch.decode_tokens}", f"{name}_count {sch.decode_steps}"]
         return "\n".join(lines) + "\n"
 
 
@@ -254,7 +359,7 @@ class Handler(BaseHTTPRequestHandler):
     def handle(self):
         try:
             super().handle()
-        except (ConnectionResetError, BrokenPipeError, TimeoutError) as e:
+        except (ConnectionError, TimeoutError) as e:
             self.log_message("client connection closed: %s", type(e).__name__)  # one line, no traceback
             self.close_connection = True
 
@@ -344,7 +449,7 @@ class Handler(BaseHTTPRequestHandler):
             routes[self.path](body)
         except RequestError as e:
             self._send_error(e)
-        except (BrokenPipeError, ConnectionResetError):
+        except ConnectionError:
             self.log_message("client connection closed mid-response")
             self.close_connection = True
         except Exception as e:  # a bug must not take the server down; report it as a 500
@@ -369,7 +474,7 @@ class Handler(BaseHTTPRequestHandler):
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         head = {"id": rid, "object": "chat.completion" if chat else "text_completion",
                 "created": int(time.time()), "model": self.engine.loaded.name}
-        events = self.engine.run(ids, p)
+        events = self.engine.run(ids, p, conn=self.connection)
         if p["stream"]:
             self._stream(events, head, p, chat)
         else:
@@ -389,7 +494,7 @@ class Handler(BaseHTTPRequestHandler):
                     _, finish, tail, stats, _ = ev
                     text.append(tail)
         finally:
-            events.close()  # releases the model lock even if something above failed
+            events.close()  # cancels the request (frees its slot) if something above failed
         choice = {"index": 0, "finish_reason": finish, "logprobs": None}
         if chat:
             choice["message"] = {"role": "assistant", "content": "".join(text)}
@@ -442,8 +547,8 @@ class Handler(BaseHTTPRequestHandler):
                         self._event(dict(chunk_head, choices=[], usage=stats["usage"], **self._extras(stats)))
             self._event(b"[DONE]")
             self._chunk(b"")  # end of the chunked body
-        except (BrokenPipeError, ConnectionResetError):
-            self.log_message("client left mid-stream")  # the generator's finally restores the cache
+        except ConnectionError:
+            self.log_message("client left mid-stream")  # closing the generator frees the request's slot
             self.close_connection = True
         except Exception as e:
             if not started:
@@ -464,7 +569,7 @@ class Server(ThreadingHTTPServer):
     def handle_error(self, request, client_address):
         # A client that resets its connection is routine: one line, not socketserver's traceback.
         exc = sys.exc_info()[1]
-        if isinstance(exc, (ConnectionResetError, BrokenPipeError, TimeoutError)):
+        if isinstance(exc, (ConnectionError, TimeoutError)):
             sys.stderr.write(f"{client_address[0]} client connection closed: {type(exc).__name__}\n")
         else:
             super().handle_error(request, client_address)
@@ -511,12 +616,14 @@ def tune_malloc() -> dict:
 
 def serve(spec: str, host: str = "127.0.0.1", port: int = 8080, threads: int | None = None,
           max_context: int | None = None, linear: str = DEFAULT_LINEAR, decode_threads: int | None = 1,
-          kv: str = "auto", malloc_tuning: bool = True) -> int:
+          kv: str = "auto", malloc_tuning: bool = True, parallel: int = 1, batch_tokens: int | None = None,
+          max_queue: int = 128) -> int:
     """Listen at once (``/health`` answers 503 while loading), load the model, serve until SIGTERM/SIGINT."""
     tuned = tune_malloc() if malloc_tuning else {}
     if threads is not None:
         torch.set_num_threads(threads)
-    engine = Engine(spec, max_context, linear, decode_threads, kv)
+    decode_threads = decode_threads or None  # 0: all of the process's threads
+    engine = Engine(spec, max_context, linear, decode_threads, kv, parallel, batch_tokens, max_queue)
     server = make_server(engine, host, port)
     thread = threading.Thread(target=server.serve_forever, name="http", daemon=True)
     thread.start()
@@ -535,8 +642,12 @@ def serve(spec: str, host: str = "127.0.0.1", port: int = 8080, threads: int | N
             print(f"{NATIVE}: cannot load model: {e}", file=sys.stderr, flush=True)
             return 2
         lm = engine.loaded
+        from . import native
+
         print(f"{NATIVE} ready: model {lm.name} on http://{host}:{server.server_address[1]} "
-              f"(max_context {engine.max_context}, linear {lm.linear}, kv {lm.kv_dtype}, "
+              f"({engine.parallel} slot{'s' if engine.parallel > 1 else ''} of max_context {engine.max_context}, "
+              f"batch tokens {engine.batch_tokens}, queue {engine.max_queue}, linear {lm.linear} "
+              f"({native.isa() or 'no native kernels'}), kv {lm.kv_dtype}, "
               f"threads {torch.get_num_threads()}, decode threads {decode_threads or torch.get_num_threads()}, "
               f"malloc {'tuned ' + ','.join(tuned) if tuned else 'glibc defaults'}, "
               f"loaded in {time.perf_counter() - t0:.1f} s)", file=sys.stderr, flush=True)
@@ -544,6 +655,8 @@ def serve(spec: str, host: str = "127.0.0.1", port: int = 8080, threads: int | N
     except SystemExit as e:
         code = e.code or 0
     finally:
+        if engine.scheduler is not None:
+            engine.scheduler.stop()
         server.shutdown()
         server.server_close()
     return code

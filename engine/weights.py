@@ -131,10 +131,10 @@ def _make_embedding(w, kind: str) -> tuple[nn.Module, nn.Module]:
 
 
 def build_model(cfg: ModelConfig, state: dict, max_context: int, linear: str = DEFAULT_LINEAR,
-                kv: str = "auto") -> tuple[Transformer, str, str]:
+                kv: str = "auto", slots: int = 1) -> tuple[Transformer, str, str]:
     """A Transformer holding ``state`` (this engine's parameter names; values are float tensors or
     ``Blocks``), each weight converted once to the decode format ``linear`` resolves to, with its KV
-    cache allocated. Returns (model, resolved linear kind, KV dtype name)."""
+    cache of ``slots`` sequences allocated. Returns (model, resolved linear kind, KV dtype name)."""
     from . import native
 
     with torch.device("meta"):
@@ -173,7 +173,7 @@ def build_model(cfg: ModelConfig, state: dict, max_context: int, linear: str = D
     norms = {k: nn.Parameter(_as_float(v), requires_grad=False) for k, v in state.items()}
     model.load_state_dict(norms, strict=False, assign=True)
     model.eval()
-    model.setup_cache(max_context, kv_dtype)
+    model.setup_cache(max_context, kv_dtype, slots)
     leftover = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
     if leftover:
         raise ValueError(f"weights do not fit the model: {leftover[:5]} not loaded")
@@ -264,10 +264,11 @@ def random_state(cfg: ModelConfig, seed: int) -> dict[str, torch.Tensor]:
     return state
 
 
-def load_named(name: str, max_context: int | None, linear: str = DEFAULT_LINEAR, kv: str = "auto") -> LoadedModel:
+def load_named(name: str, max_context: int | None, linear: str = DEFAULT_LINEAR, kv: str = "auto",
+               slots: int = 1) -> LoadedModel:
     cfg = NAMED_MODELS[name]
     model, kind, kv_dtype = build_model(cfg, random_state(cfg, zlib.crc32(name.encode())),
-                                        _resolve_max_context(cfg, max_context), linear, kv)
+                                        _resolve_max_context(cfg, max_context), linear, kv, slots)
     return LoadedModel(model=model, tokenizer=tiny_tokenizer(), config=cfg, name=name, linear=kind, kv_dtype=kv_dtype)
 
 
@@ -462,8 +463,8 @@ def read_gguf(path: Path):
     return cfg, gguf_state(g, cfg), tok, meta, template, name
 
 
-def _loaded(cfg, state, tok, meta, template, name, max_context, linear, kv) -> LoadedModel:
-    model, kind, kv_dtype = build_model(cfg, state, _resolve_max_context(cfg, max_context), linear, kv)
+def _loaded(cfg, state, tok, meta, template, name, max_context, linear, kv, slots=1) -> LoadedModel:
+    model, kind, kv_dtype = build_model(cfg, state, _resolve_max_context(cfg, max_context), linear, kv, slots)
     return LoadedModel(model=model, tokenizer=_tokenizer(tok, meta, template), config=cfg, name=name, linear=kind,
                        kv_dtype=kv_dtype)
 
@@ -533,7 +534,7 @@ def mmap_safetensors(path: Path) -> dict[str, torch.Tensor]:
     return out
 
 
-def load_converted(path: Path, max_context: int | None, linear: str, kv: str) -> LoadedModel:
+def load_converted(path: Path, max_context: int | None, linear: str, kv: str, slots: int = 1) -> LoadedModel:
     doc = json.loads((path / "config.json").read_text(encoding="utf-8"))
     if doc.get("format") != FORMAT:
         raise ValueError(f"{path / 'config.json'}: format {doc.get('format')!r}, expected {FORMAT!r} "
@@ -545,7 +546,7 @@ def load_converted(path: Path, max_context: int | None, linear: str, kv: str) ->
     state = mmap_safetensors(path / "model.safetensors")
     for key, info in doc.get("weights", {}).items():
         state[key] = Blocks(info["format"], state[key], tuple(info["shape"]), info.get("layout", "gguf"))
-    return _loaded(cfg, state, tok, doc["tokenizer"], template, doc["name"], max_context, linear, kv)
+    return _loaded(cfg, state, tok, doc["tokenizer"], template, doc["name"], max_context, linear, kv, slots)
 
 
 def load_tokenizer(spec: str) -> tuple[Tokenizer, str, int]:
@@ -570,28 +571,32 @@ def load_tokenizer(spec: str) -> tuple[Tokenizer, str, int]:
     return _tokenizer(tok, meta, template), name, ctx
 
 
-def load(spec: str, max_context: int | None = None, linear: str = DEFAULT_LINEAR, kv: str = "auto") -> LoadedModel:
+def load(spec: str, max_context: int | None = None, linear: str = DEFAULT_LINEAR, kv: str = "auto",
+         slots: int = 1) -> LoadedModel:
     """Load a model: a name in NAMED_MODELS, a converted directory, or a GGUF file.
 
     ``linear`` picks the weight format of the matrix products (``engine.kernels``): ``auto`` (the
     default everywhere: a GGUF's own q4_1/q8_0 blocks with the native kernels when they are
     available, else fp16), ``fp16``, or ``fp32`` (the exact reference). ``kv``: the KV cache's
     dtype, ``auto`` (f16 when the native attention kernel serves it, else f32), ``f16`` or ``f32``.
-    Every weight is held once, in the format decode uses."""
+    ``slots``: sequences the KV cache holds, each of ``max_context`` positions (the server's
+    ``--parallel``). Every weight is held once, in the format decode uses."""
     if linear not in LINEAR_KINDS:
         raise ValueError(f"linear {linear!r} is not one of {LINEAR_KINDS}")
+    if not isinstance(slots, int) or isinstance(slots, bool) or slots < 1:
+        raise ValueError(f"slots must be a positive int, got {slots!r}")
     if spec in NAMED_MODELS:
-        return load_named(spec, max_context, linear, kv)
+        return load_named(spec, max_context, linear, kv, slots)
     path = Path(spec)
     if path.is_dir():
         if not (path / "config.json").exists():
             raise ValueError(f"model directory {spec} has no config.json (make one with `python -m engine convert`)")
-        return load_converted(path, max_context, linear, kv)
+        return load_converted(path, max_context, linear, kv, slots)
     if path.is_file():
         with open(path, "rb") as f:
             magic = f.read(4)
         if magic != b"GGUF":
             raise ValueError(f"model file {spec} is not a GGUF file (magic {magic!r})")
-        return _loaded(*read_gguf(path), max_context, linear, kv)
+        return _loaded(*read_gguf(path), max_context, linear, kv, slots)
     raise ValueError(f"model {spec!r} is neither a named model ({', '.join(NAMED_MODELS)}), "
                      "a converted directory nor a GGUF file")

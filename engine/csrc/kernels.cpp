@@ -1,21 +1,28 @@
-// pairbench-engine native kernels: the CPU decode hot path in plain C++ (AVX2 + FMA + F16C).
+// pairbench-engine native kernels: the CPU decode hot path in plain C++ (AVX2 + FMA + F16C, with
+// AVX-VNNI / AVX-512 VNNI variants of the integer dot products chosen at run time).
 //
 // Built by engine/native.py with the system compiler into a cache directory keyed by this file's
-// hash, and called through ctypes (no torch headers: it compiles in about a second and does not
-// depend on torch's C++ ABI). Everything here has a pure-PyTorch reference in engine/kernels.py and
-// a unit test against it (tests/engine/test_kernels.py).
+// hash, and called through ctypes (no torch headers: it compiles in seconds and does not depend on
+// torch's C++ ABI). Everything here has a pure-PyTorch reference in engine/kernels.py and a unit
+// test against it (tests/engine/test_kernels.py).
 //
 // What is here, and where the idea comes from:
-//  * matrix-vector products over GGUF block-quantized weights, kept exactly as the GGUF stores them
-//    (Q4_1: 32 weights = fp16 scale d, fp16 min m, 16 bytes of nibbles; Q8_0: fp16 d, 32 int8).
-//    The activation row is quantized to int8 per 32-block (scale dx, plus the exact float sum for
-//    Q4_1's min term) and the block dot products run on integer SIMD (maddubs), as llama.cpp's
-//    ggml_vec_dot_q4_1_q8_1 / q8_0_q8_0 do. Bytes per weight: 0.625 (Q4_1), 1.0625 (Q8_0), against
-//    2 for fp16: decode at batch 1 is a stream over the weights, so fewer bytes is the lever.
+//  * products of a small batch of activation rows (one per sequence of a decode step, B <= 64)
+//    with GGUF block-quantized weights, kept exactly as the GGUF stores them (Q4_1: 32 weights =
+//    fp16 scale d, fp16 min m, 16 bytes of nibbles; Q8_0: fp16 d, 32 int8). Each weight block is
+//    loaded and widened once and multiplied by every row of the batch while it is in registers, so
+//    the weights stream through the core once per decode step, not once per sequence (the batched
+//    GEMV of llama.cpp's server and vLLM's continuous batching). Each activation row is quantized
+//    per 32-block (llama.cpp's q8_1 idea) to a 15-bit integer, 254 * q + r: q the int8 rounding
+//    llama.cpp makes and r its remainder digit. A block's 32 products are summed exactly in integers
+//    (vpmaddwd on AVX2, vpdpwssd on AVX-VNNI and AVX-512 VNNI), then scaled in float. Because every
+//    block sum is exact, the result is bit-identical whatever the batch size, the grouping of rows
+//    or the instruction set: a sequence decodes the same tokens alone and in a batch, on any path.
 //  * dequantization of whole matrices to fp32 (prefill hands the result to MKL sgemm) and of single
 //    embedding rows;
-//  * single-query attention over the KV cache (f16 or f32), split over positions in blocks whose
-//    partial softmax states are merged at the end (flash-decoding, Dao et al. 2023);
+//  * single-query attention of each sequence of a batch over its own KV slot (f16 or f32), split
+//    over positions in blocks whose partial softmax states are merged at the end (flash-decoding,
+//    Dao et al. 2023);
 //  * a tiny work-sharing pool: the calling thread and (threads - 1) helpers claim fixed-size chunks
 //    from one atomic counter. There is no barrier to wait at: a helper that the OS has not scheduled
 //    simply claims nothing and the caller does the work. A helper preempted in the middle of a chunk
@@ -25,6 +32,7 @@
 //    spin for a short while after each job, then sleep.
 #include <immintrin.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -38,6 +46,16 @@
 
 #define PB_API extern "C" __attribute__((visibility("default")))
 
+// The AVX-512 policy passes __m512i between functions that all carry its target (and are inlined).
+#pragma GCC diagnostic ignored "-Wpsabi"
+
+// AVX-VNNI (vpdpwssd on 256-bit registers, VEX-encoded): GCC 11 and clang 12 know the target.
+#if defined(__clang__) ? (__clang_major__ >= 12) : (__GNUC__ >= 11)
+#define PB_HAVE_AVXVNNI 1
+#else
+#define PB_HAVE_AVXVNNI 0
+#endif
+
 namespace {
 
 constexpr int QK = 32;  // weights per block, both formats
@@ -47,13 +65,13 @@ constexpr int QK = 32;  // weights per block, both formats
 //   q8_0: qs[nb][32] (int8), d[nb]
 // The same bytes as GGUF's blocks (d, [m,] qs), regrouped by engine/kernels.py's ``split_rows`` at
 // conversion time, so that 8 scales load and convert with one instruction. 20 / 34 bytes per block.
-// The activation row is quantized the same way (as llama.cpp's q8_1): XRow below.
+// An activation row is quantized per block too: XRow below.
 struct XRow {
-  float* d;    // (nb) scales: x ~= d * (q + r / 254)
-  float* s;    // (nb) exact sums of the 32 float inputs of each block (q4_1's min term: m * sum x)
-  int8_t* q;   // (nb, 32) x / d rounded: the int8 rounding llama.cpp's q8_1 makes
-  int8_t* r;   // (nb, 32) the rounding error x / d - q (within +-1/2) times 254, rounded: a second int8
-               // digit, so the pair carries ~15 bits and decode's products stay within ~1e-4 of fp32
+  float* d;    // (nb) int8 scales amax / 127: x ~= d * (q + r / 254) = d * x16 / 254
+  float* s;    // (nb) sums of the 32 float inputs of each block (q4_1's min term: m * sum x)
+  int16_t* x;  // (nb, 32) 254 * q + r, |x16| <= 32385: q = x / d rounded (the int8 rounding
+               // llama.cpp's q8_1 makes), r = (x / d - q) * 254 rounded (its remainder, a second
+               // digit), so decode's products stay within ~1e-4 of fp32
 };
 
 enum Format : int { F_Q4_1 = 0, F_Q8_0 = 1 };
@@ -70,6 +88,41 @@ inline float hsum(__m256 v) {
 
 // ---------------------------------------------------------------------------------------------
 // The pool
+
+// When the pool's caller works alone (see Pool): a function of the timeline of its two-thread jobs
+// only (start, end, the caller's wait for helpers; nanoseconds of one clock), so tests replay
+// timelines through it (pb_pool_policy_replay) as well as running live jobs.
+struct Policy {
+  // The stall share is judged over about the last WINDOW_NS of two-thread jobs (sums decayed by
+  // exp(-age / WINDOW_NS)), and only once the current streak of two-thread work (no gap between
+  // jobs longer than WINDOW_NS) has lasted MIN_HISTORY_NS: a new helper's first jobs wait
+  // milliseconds for it (on a VM, for the idle second vCPU to be scheduled again).
+  static constexpr double WINDOW_NS = 100e6, MIN_HISTORY_NS = 50e6, STALL_SHARE = 0.25;
+  static constexpr int64_t BACKOFF_MIN_NS = 100000000, BACKOFF_MAX_NS = 2000000000;
+  double ew_wall_ns = 0, ew_wait_ns = 0;
+  int64_t last_end = -1, streak_start = 0, alone_until = 0, backoff = 0;
+
+  bool alone(int64_t now) const { return backoff && now < alone_until; }
+
+  void back_off(int64_t now) {  // 100 ms, doubling to 2 s while it recurs
+    backoff = std::min(BACKOFF_MAX_NS, std::max(BACKOFF_MIN_NS, backoff * 2));
+    alone_until = now + backoff;
+  }
+
+  void job(int64_t start, int64_t end, double wait_ns) {
+    // (a backoff in force keeps the streak: its history is what the backoff is about)
+    if (last_end < 0 || ((double)(start - last_end) > WINDOW_NS && !backoff)) streak_start = start;
+    const double keep = last_end < 0 ? 0.0 : std::exp(-(double)(end - last_end) / WINDOW_NS);
+    last_end = end;
+    ew_wall_ns = ew_wall_ns * keep + (double)(end - start);
+    ew_wait_ns = ew_wait_ns * keep + wait_ns;
+    if (wait_ns > 0 && (double)(end - streak_start) >= MIN_HISTORY_NS && ew_wait_ns > STALL_SHARE * ew_wall_ns) {
+      back_off(end);
+    } else if (backoff && end > alone_until + 4 * backoff) {
+      backoff = 0;  // a quiet spell: forget the history
+    }
+  }
+};
 
 struct Pool {
   using Fn = void (*)(const void* ctx, int64_t chunk);
@@ -162,7 +215,7 @@ struct Pool {
   //    core): a wait over stall_us is a stall. One stall is no reason to work alone: on an idle
   //    machine one job in ~10,000 waits 0.1-1 ms (an interrupt, a kernel thread), and backing off
   //    for it (as this pool once did) ran ~80 % of a quiet machine's jobs alone, losing the 1.4x a
-  //    second core is worth. So the caller keeps decayed sums of its jobs' wall time and of their
+  //    second core is worth. So the caller keeps (Policy) decayed sums of its jobs' wall time and of their
   //    waits for helpers (about the last WINDOW_NS) and backs off only when the waits
   //    are over STALL_SHARE of the wall time, i.e. when two threads have become slower than one:
   //    two decode threads measured 1.36-1.46x one on an idle AMD EPYC guest (llama.cpp's 1.6x its
@@ -176,31 +229,13 @@ struct Pool {
   // recurs; the helpers go to sleep after spin_us), so a busy machine degrades to one thread
   // instead of to llama.cpp-style barrier stalls. On a quiet machine neither happens.
   using Clock = std::chrono::steady_clock;
-  static double ns(Clock::duration d) { return std::chrono::duration<double, std::nano>(d).count(); }
-  Clock::time_point alone_until{};
-  std::chrono::microseconds backoff{0};
+  static int64_t now_ns() { return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count(); }
   int64_t stall_us = 50;
   static constexpr int CHECK_JOBS = 128;
-  // The stall share is judged over about the last WINDOW_NS of two-thread jobs (sums decayed by
-  // exp(-age / WINDOW_NS)), and only once the current streak of two-thread work (no gap between
-  // jobs longer than WINDOW_NS) has lasted MIN_HISTORY_NS: a new helper's first jobs wait
-  // milliseconds for it (on a VM, for the idle second vCPU to be scheduled again).
-  static constexpr double WINDOW_NS = 100e6, MIN_HISTORY_NS = 50e6, STALL_SHARE = 0.25;
-  double ew_wall_ns = 0, ew_wait_ns = 0;
-  Clock::time_point last_end{}, streak_start{};
+  Policy policy;
 
-  void reset_policy() {  // a new pool (or a test's new stall pattern) starts with no history
-    ew_wall_ns = ew_wait_ns = 0;
-    last_end = streak_start = Clock::time_point{};
-    backoff = std::chrono::microseconds(0);
-    alone_until = Clock::time_point{};
-  }
+  void reset_policy() { policy = Policy{}; }  // a new pool (or a test's new stall pattern) starts with no history
   uint64_t n_jobs = 0, n_stalls = 0, n_alone = 0, n_busy = 0;
-
-  void back_off() {
-    backoff = std::min(std::chrono::microseconds(2000000), std::max(std::chrono::microseconds(100000), backoff * 2));
-    alone_until = Clock::now() + backoff;
-  }
 
   static int64_t runqueue_wait_ns() {  // this thread's time spent runnable but not running
     FILE* f = std::fopen("/proc/thread-self/schedstat", "r");
@@ -216,23 +251,30 @@ struct Pool {
   // decode token) is what torch's OpenMP workers spend spinning after a prefill's last GEMM,
   // a transient that is cheaper to ride out than a 100 ms backoff.
   struct Window { Clock::time_point t0{}, last{}; int64_t wait0 = -1; int jobs = 0; int busy_run = 0; };
+  static double ns(Clock::duration d) { return std::chrono::duration<double, std::nano>(d).count(); }
 
   void check_oversubscribed() {
     static thread_local Window w;
     const Clock::time_point now = Clock::now();
-    if (w.wait0 < 0 || now - w.last > std::chrono::milliseconds(5)) {  // idle gap: start afresh
+    if (w.wait0 < 0) {
       w = Window{now, now, runqueue_wait_ns(), 0, 0};
       return;
     }
+    const bool gap = now - w.last > std::chrono::milliseconds(5);
     w.last = now;
-    if (++w.jobs < CHECK_JOBS) return;
+    if (!gap && ++w.jobs < CHECK_JOBS) return;
+    // Every CHECK_JOBS jobs, and after a gap between jobs: a gap is either idle time (the caller
+    // ran other code; the window starts afresh) or the caller itself waiting for a core, preempted
+    // between two jobs, which is oversubscription as much as a wait inside a window is.
     const int64_t wait = runqueue_wait_ns();
     const double wall_ns = ns(now - w.t0);
     int busy_run = 0;
     if (wait >= 0 && wall_ns > 0 && (double)(wait - w.wait0) > 0.05 * wall_ns) {
       ++n_busy;
       busy_run = w.busy_run + 1;
-      if (busy_run >= 2) back_off();
+      if (busy_run >= 2) policy.back_off(now_ns());
+    } else if (gap) {
+      busy_run = 0;  // idle: start afresh
     }
     w = Window{now, now, wait, 0, busy_run};
   }
@@ -245,12 +287,12 @@ struct Pool {
       return;
     }
     check_oversubscribed();
-    if (backoff.count() && Clock::now() < alone_until) {
+    if (policy.alone(now_ns())) {
       ++n_alone;
       for (int64_t i = 0; i < n; ++i) f(c, i);
       return;
     }
-    const Clock::time_point start = Clock::now();
+    const int64_t start = now_ns();
     fn = f; ctx = c; n_chunks = n;
     done.store(0, std::memory_order_relaxed);
     gen += 1;
@@ -276,20 +318,10 @@ struct Pool {
     // Close the generation: a helper still holding the old state fails its claim, so it can never
     // take a chunk number of this job against the next job's parameters.
     state.store(((uint64_t)gen << 32) | 0xffffffffull, std::memory_order_release);
-    const Clock::time_point end = Clock::now();
-    const double wait_ns = spins && !waking ? ns(end - t0) : 0.0;
-    // (a backoff in force keeps the streak: its history is what the backoff is about)
-    if (last_end == Clock::time_point{} || (ns(start - last_end) > WINDOW_NS && !backoff.count())) streak_start = start;
-    const double keep = std::exp(-ns(end - last_end) / WINDOW_NS);
-    last_end = end;
-    ew_wall_ns = ew_wall_ns * keep + ns(end - start);
-    ew_wait_ns = ew_wait_ns * keep + wait_ns;
+    const Clock::time_point t_end = Clock::now();
+    const double wait_ns = spins && !waking ? ns(t_end - t0) : 0.0;
     if (wait_ns > 1e3 * (double)stall_us) ++n_stalls;
-    if (wait_ns > 0 && ns(end - streak_start) >= MIN_HISTORY_NS && ew_wait_ns > STALL_SHARE * ew_wall_ns) {
-      back_off();
-    } else if (backoff.count() && end > alone_until + 4 * backoff) {
-      backoff = std::chrono::microseconds(0);  // a quiet spell: forget the history
-    }
+    policy.job(start, std::chrono::duration_cast<std::chrono::nanoseconds>(t_end.time_since_epoch()).count(), wait_ns);
   }
 };
 
@@ -300,106 +332,180 @@ Pool& pool() {
 
 int g_threads = 1;
 
+
 // ---------------------------------------------------------------------------------------------
 // Activation quantization (one row of k floats -> XRow of k/32 blocks)
 
-void quantize_row(const float* x, int64_t k, XRow out) {
+// d (int8 scale), s (sum), x16 (254 q + r) of each block; q and r themselves too when asked (tests).
+// Elementwise the arithmetic is the scalar definition (kernels.quantize_activation_ref): v = x / d
+// as x * (1 / d), q = round half to even, r = round((v - q) * 254); the block sum adds 8-lane partials.
+void quantize_row(const float* x, int64_t k, XRow out, int8_t* q_out = nullptr, int8_t* r_out = nullptr) {
+  const __m256 sign = _mm256_set1_ps(-0.f), c254 = _mm256_set1_ps(254.f);
+  const __m256 lo = _mm256_set1_ps(-127.f), hi = _mm256_set1_ps(127.f);
+  constexpr int RN = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
   for (int64_t b = 0; b < k / QK; ++b) {
     const float* xb = x + b * QK;
-    float amax = 0.f, sum = 0.f;
-    for (int i = 0; i < QK; ++i) { amax = std::fmax(amax, std::fabs(xb[i])); sum += xb[i]; }
-    const float d = amax / 127.f, id = d > 0.f ? 1.f / d : 0.f;
-    out.d[b] = d;
-    out.s[b] = sum;
-    for (int i = 0; i < QK; ++i) {
-      const float v = xb[i] * id, q = std::nearbyint(v);
-      out.q[b * QK + i] = (int8_t)q;
-      out.r[b * QK + i] = (int8_t)std::fmax(-127.f, std::fmin(127.f, std::nearbyint((v - q) * 254.f)));
+    __m256 v[4], amax = _mm256_setzero_ps();
+    for (int t = 0; t < 4; ++t) {
+      v[t] = _mm256_loadu_ps(xb + 8 * t);
+      amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[t]));
     }
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    const float mx = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+    const float d = mx / 127.f, id = d > 0.f ? 1.f / d : 0.f;
+    out.d[b] = d;
+    out.s[b] = hsum(_mm256_add_ps(_mm256_add_ps(v[0], v[1]), _mm256_add_ps(v[2], v[3])));
+    const __m256 vid = _mm256_set1_ps(id);
+    __m256i x32[4];
+    for (int t = 0; t < 4; ++t) {
+      const __m256 y = _mm256_mul_ps(v[t], vid), q = _mm256_round_ps(y, RN);
+      const __m256 r = _mm256_min_ps(hi, _mm256_max_ps(lo, _mm256_round_ps(_mm256_mul_ps(_mm256_sub_ps(y, q), c254), RN)));
+      x32[t] = _mm256_cvtps_epi32(_mm256_fmadd_ps(q, c254, r));  // exact: |254 q + r| < 2^15
+      if (q_out) {
+        alignas(32) int32_t qi[8], ri[8];
+        _mm256_store_si256((__m256i*)qi, _mm256_cvtps_epi32(q));
+        _mm256_store_si256((__m256i*)ri, _mm256_cvtps_epi32(r));
+        for (int i = 0; i < 8; ++i) { q_out[b * QK + 8 * t + i] = (int8_t)qi[i]; r_out[b * QK + 8 * t + i] = (int8_t)ri[i]; }
+      }
+    }
+    // packs interleaves 128-bit halves: (a0-3 b0-3 a4-7 b4-7) -> permute to (a0-7 b0-7)
+    for (int t = 0; t < 2; ++t)
+      _mm256_storeu_si256((__m256i*)(out.x + b * QK + 16 * t),
+                          _mm256_permute4x64_epi64(_mm256_packs_epi32(x32[2 * t], x32[2 * t + 1]), 0xD8));
   }
 }
 
 // ---------------------------------------------------------------------------------------------
-// Block dot products (AVX2)
+// Block dot products: one policy per instruction set. A policy widens one weight block to 32 int16
+// (W) and returns the exact integer products with one activation block as 8 int32 lanes, lane j
+// holding elements 2j, 2j+1, 16+2j and 17+2j. Every policy yields the same lanes, so the float
+// arithmetic after them, and hence every result, is the same on every path.
 
-inline __m256i nibbles(const uint8_t* qs) {  // 32 x u8 in [0, 15]: low nibbles = 0..15, high = 16..31
-  const __m128i raw = _mm_loadu_si128((const __m128i*)qs);
-  const __m256i both = _mm256_set_m128i(_mm_srli_epi16(raw, 4), raw);
-  return _mm256_and_si256(both, _mm256_set1_epi8(0x0F));
-}
+enum Isa : int { ISA_AVX2 = 0, ISA_AVXVNNI = 1, ISA_AVX512VNNI = 2, N_ISA = 3 };
 
-inline __m256 i32_to_ps_sum(__m256i p16) {  // pairs of int16 -> 8 floats
-  return _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, _mm256_set1_epi16(1)));
-}
+inline __m128i nibbles_lo(__m128i raw) { return _mm_and_si128(raw, _mm_set1_epi8(0x0F)); }
+inline __m128i nibbles_hi(__m128i raw) { return _mm_and_si128(_mm_srli_epi16(raw, 4), _mm_set1_epi8(0x0F)); }
+
+struct W16 { __m256i lo, hi; };  // elements 0..15 and 16..31 of a block as int16
+
+struct Avx2 {
+  using W = W16;
+  static W q4_1(const uint8_t* qs) {
+    const __m128i raw = _mm_loadu_si128((const __m128i*)qs);
+    return {_mm256_cvtepu8_epi16(nibbles_lo(raw)), _mm256_cvtepu8_epi16(nibbles_hi(raw))};
+  }
+  static W q8_0(const uint8_t* qs) {
+    return {_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)qs)),
+            _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(qs + 16)))};
+  }
+  static __m256i dot(const W& w, const int16_t* x) {
+    return _mm256_add_epi32(_mm256_madd_epi16(w.lo, _mm256_loadu_si256((const __m256i*)x)),
+                            _mm256_madd_epi16(w.hi, _mm256_loadu_si256((const __m256i*)(x + 16))));
+  }
+};
+
+#if PB_HAVE_AVXVNNI
+struct AvxVnni : Avx2 {  // the second half's multiply-add fused with the first's sum (vpdpwssd)
+  __attribute__((target("avxvnni"))) static __m256i dot(const W& w, const int16_t* x) {
+    return _mm256_dpwssd_avx_epi32(_mm256_madd_epi16(w.lo, _mm256_loadu_si256((const __m256i*)x)), w.hi,
+                                   _mm256_loadu_si256((const __m256i*)(x + 16)));
+  }
+};
+#endif
+
+#define PB_AVX512 "avx512f,avx512bw,avx512vl,avx512vnni"
+struct Avx512Vnni {  // a whole block per 512-bit register: one widening, one vpdpwssd, one fold
+  using W = __m512i;
+  __attribute__((target(PB_AVX512))) static W q4_1(const uint8_t* qs) {
+    const __m128i raw = _mm_loadu_si128((const __m128i*)qs);
+    return _mm512_cvtepu8_epi16(_mm256_set_m128i(nibbles_hi(raw), nibbles_lo(raw)));
+  }
+  __attribute__((target(PB_AVX512))) static W q8_0(const uint8_t* qs) {
+    return _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i*)qs));
+  }
+  __attribute__((target(PB_AVX512))) static __m256i dot(const W& w, const int16_t* x) {
+    const __m512i p = _mm512_dpwssd_epi32(_mm512_setzero_si512(), w, _mm512_loadu_si512(x));  // 16 pairs
+    return _mm256_add_epi32(_mm512_castsi512_si256(p), _mm512_extracti64x4_epi64(p, 1));    // pair j + pair j+8
+  }
+};
 
 constexpr int64_t PREFETCH_BYTES = 8192;
 
 inline int64_t qs_bytes(int fmt) { return fmt == F_Q4_1 ? 16 : 32; }
 inline int64_t row_bytes_of(int fmt, int64_t k) { return (k / QK) * (fmt == F_Q4_1 ? 20 : 34); }
 
+// The first cnt (1..8) lanes set: a row's last group of blocks is loaded with a masked load, which
+// never touches the memory beyond it (a copy through a stack buffer stalled on store forwarding:
+// with 18 blocks per row, a third of the groups, it cost as much as the blocks themselves).
+inline __m256i lanes(int cnt) {
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(cnt), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
 // 8 fp16 values (fewer than 8: zero-padded) -> floats
 inline __m256 load_h8(const uint16_t* p, int cnt) {
   if (cnt == 8) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p));
+  if (cnt % 2 == 0)  // whole 32-bit pairs: a masked load reads none beyond p[cnt - 1]
+    return _mm256_cvtph_ps(_mm_maskload_epi32((const int*)p, _mm256_castsi256_si128(lanes(cnt / 2))));
   alignas(16) uint16_t t[8] = {0};
   for (int i = 0; i < cnt; ++i) t[i] = p[i];
   return _mm256_cvtph_ps(_mm_load_si128((const __m128i*)t));
 }
 inline __m256 load_f8(const float* p, int cnt) {
   if (cnt == 8) return _mm256_loadu_ps(p);
-  alignas(32) float t[8] = {0};
-  for (int i = 0; i < cnt; ++i) t[i] = p[i];
-  return _mm256_load_ps(t);
+  return _mm256_maskload_ps(p, lanes(cnt));
 }
 
-// R weight rows (R <= 4, consecutive, row_bytes apart) against one activation row: y[r] = row r . x.
-// Per group of 8 blocks the R x 8 scale products d_w * d_x are made in one multiply and the q4_1
-// min terms m_w * sum(x) in one FMA; per block, one integer dot product (maddubs) per row.
-template <int FMT, int R>
-inline void rows_dot(const uint8_t* w, int64_t row_bytes, int64_t nb, XRow x, float* y) {
+// R weight rows (consecutive, row_bytes apart) against G activation rows: y[i * ys + r] = row r . x[i].
+// Per block: the weights are widened once, then each activation row adds its exact block sum,
+// scaled by d_w * d_x, to its own 8 float lanes; per output, the lanes over 254 plus (q4_1) the
+// min terms m_w * sum(x), summed. The lane-wise arithmetic of an output never depends on R or G.
+template <class P, int FMT, int R, int G>
+inline void dots(const uint8_t* w, int64_t row_bytes, int64_t nb, const XRow* x, float* y, int64_t ys,
+                 bool prefetch) {
   constexpr int64_t QB = FMT == F_Q4_1 ? 16 : 32;
-  __m256 acc[R], macc[R];
-  for (int r = 0; r < R; ++r) { acc[r] = _mm256_setzero_ps(); macc[r] = _mm256_setzero_ps(); }
+  __m256 acc[R][G];
+  for (int r = 0; r < R; ++r) for (int i = 0; i < G; ++i) acc[r][i] = _mm256_setzero_ps();
   // Software prefetch PREFETCH_BYTES ahead of this row group (rows are contiguous, so this covers
   // the whole stream): one core keeps more misses in flight than its hardware prefetcher does with
   // the row's three regions; measured 5.4 -> 8.4 GB/s from DRAM on a 2-vCPU guest (docs/perf.md).
   // A prefetch past the end of the matrix is harmless (it never faults).
-  for (int64_t o = 0; o < R * row_bytes; o += 64) _mm_prefetch((const char*)(w + PREFETCH_BYTES + o), _MM_HINT_T0);
-  alignas(32) float sc[R][8];
+  if (prefetch)
+    for (int64_t o = 0; o < R * row_bytes; o += 64) _mm_prefetch((const char*)(w + PREFETCH_BYTES + o), _MM_HINT_T0);
+  __m256 macc[R][G];  // q4_1's min terms, per group of 8 blocks (kept beside the scales: one pass)
+  for (int r = 0; r < R; ++r) for (int i = 0; i < G; ++i) macc[r][i] = _mm256_setzero_ps();
+  alignas(32) float sc[R][G][8];
   for (int64_t b0 = 0; b0 < nb; b0 += 8) {
     const int cnt = (int)std::min<int64_t>(8, nb - b0);
-    const __m256 xd = load_f8(x.d + b0, cnt);
     for (int r = 0; r < R; ++r) {
       const uint16_t* d = (const uint16_t*)(w + r * row_bytes + nb * QB) + b0;
-      _mm256_store_ps(sc[r], _mm256_mul_ps(load_h8(d, cnt), xd));
-      if (FMT == F_Q4_1) macc[r] = _mm256_fmadd_ps(load_h8(d + nb, cnt), load_f8(x.s + b0, cnt), macc[r]);
+      const __m256 dw = load_h8(d, cnt);
+      for (int i = 0; i < G; ++i) _mm256_store_ps(sc[r][i], _mm256_mul_ps(dw, load_f8(x[i].d + b0, cnt)));
+      if constexpr (FMT == F_Q4_1) {
+        const __m256 mw = load_h8(d + nb, cnt);
+        for (int i = 0; i < G; ++i) macc[r][i] = _mm256_fmadd_ps(mw, load_f8(x[i].s + b0, cnt), macc[r][i]);
+      }
     }
-    for (int i = 0; i < cnt; ++i) {
-      const int64_t b = b0 + i;
-      const __m256i xq = _mm256_loadu_si256((const __m256i*)(x.q + b * QK));
-      const __m256i xr = _mm256_loadu_si256((const __m256i*)(x.r + b * QK));
+    for (int t = 0; t < cnt; ++t) {
+      const int64_t b = b0 + t;
       for (int r = 0; r < R; ++r) {
         const uint8_t* qs = w + r * row_bytes + b * QB;
-        __m256i p16, r16;
-        if (FMT == F_Q4_1) {
-          const __m256i wq = nibbles(qs);
-          p16 = _mm256_maddubs_epi16(wq, xq);
-          r16 = _mm256_maddubs_epi16(wq, xr);
-        } else {  // maddubs wants one unsigned operand: |w| against x carrying w's sign
-          const __m256i wq = _mm256_loadu_si256((const __m256i*)qs), aw = _mm256_sign_epi8(wq, wq);
-          p16 = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(xq, wq));
-          r16 = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(xr, wq));
+        typename P::W wb;
+        if constexpr (FMT == F_Q4_1) wb = P::q4_1(qs); else wb = P::q8_0(qs);
+        for (int i = 0; i < G; ++i) {
+          const __m256 dot = _mm256_cvtepi32_ps(P::dot(wb, x[i].x + b * QK));  // exact: |lane| < 2^24
+          acc[r][i] = _mm256_fmadd_ps(dot, _mm256_broadcast_ss(&sc[r][i][t]), acc[r][i]);
         }
-        // sum(w q) + sum(w r) / 254, in float: both integer sums are exact
-        const __m256 dot = _mm256_fmadd_ps(i32_to_ps_sum(r16), _mm256_set1_ps(1.f / 254.f), i32_to_ps_sum(p16));
-        acc[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(&sc[r][i]), dot, acc[r]);
       }
     }
   }
-  for (int r = 0; r < R; ++r) y[r] = hsum(_mm256_add_ps(acc[r], macc[r]));
+  const __m256 c254 = _mm256_set1_ps(254.f);
+  for (int r = 0; r < R; ++r)
+    for (int i = 0; i < G; ++i)  // a division, not * (1/254): exact when it can be
+      y[i * ys + r] = hsum(_mm256_add_ps(_mm256_div_ps(acc[r][i], c254), macc[r][i]));
 }
 
 struct GemvJob {
-  int fmt;
+  int fmt, isa;
   const uint8_t* w;
   int64_t n, k, m;     // weight rows, inputs, activation rows
   const XRow* x;       // (m) quantized activation rows
@@ -407,29 +513,99 @@ struct GemvJob {
   int64_t rows_per_chunk;
 };
 
-template <int FMT>
-void gemv_rows(const GemvJob& j, int64_t r0, int64_t r1) {
+template <class P, int FMT, int R, int G>
+void gemv_pass(const GemvJob& j, int64_t r0, int64_t r1, int64_t i0, bool prefetch) {
   const int64_t rb = row_bytes_of(FMT, j.k), nb = j.k / QK;
-  for (int64_t i = 0; i < j.m; ++i) {
-    float* y = j.y + i * j.n;
-    int64_t r = r0;
-    for (; r + 4 <= r1; r += 4) rows_dot<FMT, 4>(j.w + r * rb, rb, nb, j.x[i], y + r);
-    for (; r < r1; ++r) rows_dot<FMT, 1>(j.w + r * rb, rb, nb, j.x[i], y + r);
+  int64_t r = r0;
+  for (; r + R <= r1; r += R) dots<P, FMT, R, G>(j.w + r * rb, rb, nb, j.x + i0, j.y + i0 * j.n + r, j.n, prefetch);
+  for (; r < r1; ++r) dots<P, FMT, 1, G>(j.w + r * rb, rb, nb, j.x + i0, j.y + i0 * j.n + r, j.n, prefetch);
+}
+
+// Weight rows r0..r1 against every activation row, in passes of 4, 2 or 1 activation rows (against
+// 1, 1 or 4 weight rows at a time): a pass's sums and min terms stay in registers (passes of 8 rows
+// spilled, and measured slower than two passes of 4); the first pass prefetches the weights, later
+// ones find them in cache.
+template <class P, int FMT>
+void gemv_rows(const GemvJob& j, int64_t r0, int64_t r1) {
+  for (int64_t i = 0; i < j.m;) {
+    const int64_t left = j.m - i;
+    const bool pf = i == 0;
+    if (left >= 4) { gemv_pass<P, FMT, 1, 4>(j, r0, r1, i, pf); i += 4; }
+    else if (left >= 2) { gemv_pass<P, FMT, 1, 2>(j, r0, r1, i, pf); i += 2; }
+    else { gemv_pass<P, FMT, 4, 1>(j, r0, r1, i, pf); i += 1; }
   }
+}
+
+// One compiled copy per instruction set: each wrapper carries its target, and `flatten` inlines the
+// whole kernel into it, so the policy's instructions are compiled for that target only.
+using RowsFn = void (*)(const GemvJob&, int64_t, int64_t);
+__attribute__((flatten)) void rows_avx2_q4_1(const GemvJob& j, int64_t a, int64_t b) { gemv_rows<Avx2, F_Q4_1>(j, a, b); }
+__attribute__((flatten)) void rows_avx2_q8_0(const GemvJob& j, int64_t a, int64_t b) { gemv_rows<Avx2, F_Q8_0>(j, a, b); }
+#if PB_HAVE_AVXVNNI
+__attribute__((target("avxvnni"), flatten)) void rows_avxvnni_q4_1(const GemvJob& j, int64_t a, int64_t b) {
+  gemv_rows<AvxVnni, F_Q4_1>(j, a, b);
+}
+__attribute__((target("avxvnni"), flatten)) void rows_avxvnni_q8_0(const GemvJob& j, int64_t a, int64_t b) {
+  gemv_rows<AvxVnni, F_Q8_0>(j, a, b);
+}
+#endif
+__attribute__((target(PB_AVX512), flatten)) void rows_avx512_q4_1(const GemvJob& j, int64_t a, int64_t b) {
+  gemv_rows<Avx512Vnni, F_Q4_1>(j, a, b);
+}
+__attribute__((target(PB_AVX512), flatten)) void rows_avx512_q8_0(const GemvJob& j, int64_t a, int64_t b) {
+  gemv_rows<Avx512Vnni, F_Q8_0>(j, a, b);
+}
+
+const RowsFn ROWS[N_ISA][2] = {
+    {rows_avx2_q4_1, rows_avx2_q8_0},
+#if PB_HAVE_AVXVNNI
+    {rows_avxvnni_q4_1, rows_avxvnni_q8_0},
+#else
+    {nullptr, nullptr},
+#endif
+    {rows_avx512_q4_1, rows_avx512_q8_0},
+};
+
+const char* const ISA_NAMES[N_ISA] = {"avx2", "avxvnni", "avx512vnni"};
+
+bool isa_supported(int isa) {
+  __builtin_cpu_init();
+  switch (isa) {
+    case ISA_AVX2: return true;  // the library's baseline (pb_cpu_supported)
+    case ISA_AVXVNNI: return PB_HAVE_AVXVNNI && __builtin_cpu_supports("avxvnni");
+    case ISA_AVX512VNNI:
+      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+    default: return false;
+  }
+}
+
+int best_isa() {
+  for (int isa = N_ISA - 1; isa > 0; --isa)
+    if (isa_supported(isa)) return isa;
+  return ISA_AVX2;
+}
+
+int g_isa = -1;  // the dot-product path of every later product; -1: not chosen yet (best_isa())
+
+int current_isa() {
+  if (g_isa < 0) g_isa = best_isa();
+  return g_isa;
 }
 
 void gemv_chunk(const void* p, int64_t c) {
   const GemvJob& j = *(const GemvJob*)p;
   const int64_t r0 = c * j.rows_per_chunk, r1 = std::min(j.n, r0 + j.rows_per_chunk);
-  if (j.fmt == F_Q4_1) gemv_rows<F_Q4_1>(j, r0, r1); else gemv_rows<F_Q8_0>(j, r0, r1);
+  ROWS[j.isa][j.fmt == F_Q4_1 ? 0 : 1](j, r0, r1);
 }
 
 // ---------------------------------------------------------------------------------------------
-// Attention of one query token per head over S cached positions
+// Attention of one query token per head over S cached positions, for each sequence of a batch
 
-struct AttnJob {
+// One sequence: element (h, s, d) of its keys at k + h*k_hs + s*k_ps + d (its own KV slot).
+struct AttnOne {
   const float* q;          // (H, D)
-  const void* k;           // element (h, s, d) at k + h*k_hs + s*k_ps + d
+  const void* k;
   const void* v;
   int kv_f16;
   int64_t k_hs, k_ps, v_hs, v_ps;
@@ -437,6 +613,16 @@ struct AttnJob {
   float scale;
   float* part;             // per (kv head, block, rep): [max, sum, acc(D)]
   int n_blocks;
+};
+
+constexpr int MAX_B = 64;  // sequences per decode step, activation rows per product
+
+// A batch: the chunks of every sequence, numbered one after the other (sequence b owns chunks
+// chunk0[b] .. chunk0[b + 1] - 1), so one pool job covers the whole step's attention.
+struct AttnJob {
+  int B;
+  AttnOne seq[MAX_B];
+  int64_t chunk0[MAX_B + 1];
 };
 
 // exp for x <= 0 (softmax after subtracting the max): Cephes-style range reduction and a degree-6
@@ -460,20 +646,12 @@ inline __m256 exp256(__m256 x) {
 
 constexpr int MAX_REP = 16, MAX_REP_REG = 16, MAX_D = 256, MAX_BLOCK = 256;
 
-// Sum each of 8 vectors: returns (sum(a[0]), ..., sum(a[7])).
-inline __m256 reduce8(const __m256* a) {
-  const __m256 t0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
-  const __m256 t1 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
-  return _mm256_add_ps(_mm256_permute2f128_ps(t0, t1, 0x20), _mm256_permute2f128_ps(t0, t1, 0x31));
-}
-
 inline __m256 load8(const void* base, int f16, int64_t off) {
   if (f16) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)((const uint16_t*)base + off)));
   return _mm256_loadu_ps((const float*)base + off);
 }
 
-void attn_chunk(const void* p, int64_t c) {
-  const AttnJob& j = *(const AttnJob*)p;
+void attn_one_chunk(const AttnOne& j, int64_t c) {
   const int h = (int)(c / j.n_blocks), blk = (int)(c % j.n_blocks);
   const int rep = j.H / j.Hkv, D = j.D;
   const int s0 = blk * j.block, s1 = std::min(j.S, s0 + j.block), n = s1 - s0;
@@ -559,6 +737,22 @@ void attn_chunk(const void* p, int64_t c) {
   }
 }
 
+
+void attn_chunk(const void* p, int64_t c) {
+  const AttnJob& j = *(const AttnJob*)p;
+  int b = 0;
+  while (j.chunk0[b + 1] <= c) ++b;
+  attn_one_chunk(j.seq[b], c - j.chunk0[b]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Dequantization (prefill's weights for sgemm, embedding rows)
+
+inline __m256i nibbles(const uint8_t* qs) {  // 32 x u8 in [0, 15]: low nibbles = 0..15, high = 16..31
+  const __m128i raw = _mm_loadu_si128((const __m128i*)qs);
+  return _mm256_set_m128i(nibbles_hi(raw), nibbles_lo(raw));
+}
+
 struct DequantJob {
   static constexpr int64_t ROWS = 16;
   int fmt;
@@ -607,45 +801,77 @@ T* grow(std::vector<T>& v, size_t n) {  // per-thread scratch that only ever gro
 }
 
 thread_local std::vector<float> t_xf;
-thread_local std::vector<int8_t> t_xq;
+thread_local std::vector<int16_t> t_x16;
 thread_local std::vector<float> t_part, t_f1, t_f2, t_f3;
 
-constexpr int MAX_M = 64;  // activation rows per call (engine/kernels.py sends at most QUANT_MAX_ROWS)
+constexpr int MAX_M = MAX_B;  // activation rows per product
 
+// y (m, n) = x (m, k) @ dequant(w (n, k)).T, every activation row against each weight block in one pass
 void linear_impl(int fmt, const uint8_t* w, int64_t n, int64_t k, const float* x, int64_t m, float* y) {
   const int64_t nb = k / QK;
   float* f = grow(t_xf, (size_t)(2 * m * nb));
-  int8_t* q = grow(t_xq, (size_t)(2 * m * k));
+  int16_t* q = grow(t_x16, (size_t)(m * k));
   XRow rows[MAX_M];
   for (int64_t i = 0; i < m; ++i) {
-    rows[i] = XRow{f + 2 * i * nb, f + (2 * i + 1) * nb, q + 2 * i * k, q + (2 * i + 1) * k};
+    rows[i] = XRow{f + 2 * i * nb, f + (2 * i + 1) * nb, q + i * k};
     quantize_row(x + i * k, k, rows[i]);
   }
-  GemvJob j{fmt, w, n, k, m, rows, y, 32};
+  GemvJob j{fmt, current_isa(), w, n, k, m, rows, y, 32};
   pool().run(gemv_chunk, &j, (n + j.rows_per_chunk - 1) / j.rows_per_chunk);
 }
 
-void attention_impl(const float* q, const void* k, const void* v, int kv_f16, int64_t k_hs, int64_t k_ps,
-                    int64_t v_hs, int64_t v_ps, int H, int Hkv, int D, int S, float scale, float* out) {
-  const int block = MAX_BLOCK, n_blocks = (S + block - 1) / block, rep = H / Hkv;
-  float* part = grow(t_part, (size_t)Hkv * n_blocks * rep * (D + 2));
-  AttnJob j{q, k, v, kv_f16, k_hs, k_ps, v_hs, v_ps, H, Hkv, D, S, block, scale, part, n_blocks};
-  pool().run(attn_chunk, &j, (int64_t)Hkv * n_blocks);
-  for (int h = 0; h < Hkv; ++h) {  // merge the blocks' partial softmax states
-    for (int r = 0; r < rep; ++r) {
-      float mx = -INFINITY;
-      for (int b = 0; b < n_blocks; ++b) mx = std::fmax(mx, part[((int64_t)(h * n_blocks + b) * rep + r) * (D + 2)]);
-      float* o = out + (int64_t)(h * rep + r) * D;
-      std::memset(o, 0, sizeof(float) * D);
-      float total = 0.f;
-      for (int b = 0; b < n_blocks; ++b) {
-        const float* pp = part + ((int64_t)(h * n_blocks + b) * rep + r) * (D + 2);
-        const float w = std::exp(pp[0] - mx);
-        total += w * pp[1];
-        for (int d = 0; d < D; ++d) o[d] += w * pp[2 + d];
+// Where sequence b's keys and values are: slot slots[b] of a cache whose element (slot, h, s, d)
+// sits at base + slot*ss + h*hs + s*ps + d; its first lengths[b] positions are attended.
+struct KvView {
+  const void *k, *v;
+  int kv_f16;
+  int64_t k_ss, k_hs, k_ps, v_ss, v_hs, v_ps;
+  const int64_t *slots, *lengths;
+};
+
+bool attention_shape_ok(int H, int Hkv, int D) { return Hkv > 0 && H % Hkv == 0 && H / Hkv <= MAX_REP && D % 8 == 0 && D <= MAX_D; }
+
+// q (B, H, D) float32 (already rotated) -> out (B, H, D): each sequence over its own slot.
+void attention_impl(const float* q, const KvView& kv, int H, int Hkv, int D, int B, float scale, float* out) {
+  const int block = MAX_BLOCK, rep = H / Hkv;
+  const int64_t esz = kv.kv_f16 ? 2 : 4;
+  static thread_local AttnJob j;  // per calling thread: 6 KB, kept off the stack
+  j.B = B;
+  int64_t parts = 0;
+  j.chunk0[0] = 0;
+  for (int b = 0; b < B; ++b) {
+    const int S = (int)kv.lengths[b], n_blocks = (S + block - 1) / block;
+    const char* kb = (const char*)kv.k + kv.slots[b] * kv.k_ss * esz;
+    const char* vb = (const char*)kv.v + kv.slots[b] * kv.v_ss * esz;
+    j.seq[b] = AttnOne{q + (int64_t)b * H * D, kb, vb, kv.kv_f16, kv.k_hs, kv.k_ps, kv.v_hs, kv.v_ps, H, Hkv, D, S,
+                       block, scale, nullptr, n_blocks};
+    j.chunk0[b + 1] = j.chunk0[b] + (int64_t)Hkv * n_blocks;
+    parts += (int64_t)Hkv * n_blocks * rep * (D + 2);
+  }
+  float* part = grow(t_part, (size_t)parts);
+  for (int b = 0; b < B; ++b) {
+    j.seq[b].part = part;
+    part += (int64_t)Hkv * j.seq[b].n_blocks * rep * (D + 2);
+  }
+  pool().run(attn_chunk, &j, j.chunk0[B]);
+  for (int b = 0; b < B; ++b) {  // merge each sequence's blocks' partial softmax states
+    const AttnOne& s = j.seq[b];
+    for (int h = 0; h < Hkv; ++h) {
+      for (int r = 0; r < rep; ++r) {
+        float mx = -INFINITY;
+        for (int c = 0; c < s.n_blocks; ++c) mx = std::fmax(mx, s.part[((int64_t)(h * s.n_blocks + c) * rep + r) * (D + 2)]);
+        float* o = out + (int64_t)b * H * D + (int64_t)(h * rep + r) * D;
+        std::memset(o, 0, sizeof(float) * D);
+        float total = 0.f;
+        for (int c = 0; c < s.n_blocks; ++c) {
+          const float* pp = s.part + ((int64_t)(h * s.n_blocks + c) * rep + r) * (D + 2);
+          const float w = std::exp(pp[0] - mx);
+          total += w * pp[1];
+          for (int d = 0; d < D; ++d) o[d] += w * pp[2 + d];
+        }
+        const float inv = 1.f / total;
+        for (int d = 0; d < D; ++d) o[d] *= inv;
       }
-      const float inv = 1.f / total;
-      for (int d = 0; d < D; ++d) o[d] *= inv;
     }
   }
 }
@@ -675,12 +901,24 @@ void rope(float* x, int n_heads, int D, const float* cos, const float* sin) {
 // ---------------------------------------------------------------------------------------------
 // C API (argument shapes in engine/native.py)
 
-PB_API int pb_abi_version() { return 5; }
+PB_API int pb_abi_version() { return 6; }
 
 PB_API int pb_cpu_supported() {
   __builtin_cpu_init();
   return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
 }
+
+// The integer dot-product path: 0 avx2, 1 avxvnni, 2 avx512vnni. pb_set_isa(-1) chooses the best
+// this CPU runs; a path the CPU (or the compiler that built this library) lacks is refused (-1).
+PB_API int pb_isa_supported(int isa) { return isa >= 0 && isa < N_ISA && ROWS[isa][0] && isa_supported(isa); }
+PB_API int pb_set_isa(int isa) {
+  if (isa < 0) isa = best_isa();
+  if (!pb_isa_supported(isa)) return -1;
+  g_isa = isa;
+  return isa;
+}
+PB_API int pb_get_isa() { return current_isa(); }
+PB_API const char* pb_isa_name(int isa) { return isa >= 0 && isa < N_ISA ? ISA_NAMES[isa] : ""; }
 
 PB_API void pb_set_threads(int n, int64_t spin_us) {
   if (n < 1) n = 1;
@@ -706,6 +944,17 @@ PB_API void pb_pool_test_stall(int64_t every, int64_t sleep_us) {
   pool().reset_policy();
 }
 
+// Tests only: replay n jobs (start, end: ns; wait: the caller's wait for helpers, ns) through a fresh
+// policy; alone[i] = 1 where job i would have run on the caller alone (its timing then not fed back).
+PB_API void pb_pool_policy_replay(int64_t n, const int64_t* start, const int64_t* end, const double* wait,
+                                  uint8_t* alone) {
+  Policy p;
+  for (int64_t i = 0; i < n; ++i) {
+    alone[i] = p.alone(start[i]);
+    if (!alone[i]) p.job(start[i], end[i], wait[i]);
+  }
+}
+
 // y (m, n) = x (m, k) @ dequant(w (n, k)).T. w: n rows of k/32 blocks in format fmt.
 PB_API int pb_linear(int fmt, const uint8_t* w, int64_t n, int64_t k, const float* x, int64_t m, float* y) {
   if (m < 1 || m > MAX_M || k % QK) return -1;
@@ -713,9 +962,9 @@ PB_API int pb_linear(int fmt, const uint8_t* w, int64_t n, int64_t k, const floa
   return 0;
 }
 
-// The activation quantization alone, for tests: d, s (k/32 floats each), q, r (k int8 each).
-PB_API void pb_quantize_row(const float* x, int64_t k, float* d, float* s, int8_t* q, int8_t* r) {
-  quantize_row(x, k, XRow{d, s, q, r});
+// The activation quantization alone, for tests: d, s (k/32 floats each), q, r (k int8 each), x16 (k int16).
+PB_API void pb_quantize_row(const float* x, int64_t k, float* d, float* s, int8_t* q, int8_t* r, int16_t* x16) {
+  quantize_row(x, k, XRow{d, s, x16}, q, r);
 }
 
 // out (len(rows), k) float32 = dequant of the listed rows of w (rows == nullptr: rows 0..n_rows-1).
@@ -729,19 +978,23 @@ PB_API void pb_dequantize(int fmt, const uint8_t* w, int64_t k, const int64_t* r
   for (int64_t c = 0; c < n_chunks; ++c) dequant_chunk(&j, c);
 }
 
-// Attention of one new token: q (H, D) float32 (already rotated), out (H, D) float32; K/V element
-// (h, s, d) at base + h*hs + s*ps + d (in elements of their dtype: f16 if kv_f16 else f32); S
-// positions; H a multiple of Hkv (grouped-query attention). Returns -1 for an unsupported shape.
-PB_API int pb_attention_decode(const float* q, const void* k, const void* v, int kv_f16, int64_t k_hs, int64_t k_ps,
-                               int64_t v_hs, int64_t v_ps, int H, int Hkv, int D, int S, float scale, float* out) {
-  if (H % Hkv || H / Hkv > MAX_REP || D % 8 || D > MAX_D || S < 1) return -1;
-  attention_impl(q, k, v, kv_f16, k_hs, k_ps, v_hs, v_ps, H, Hkv, D, S, scale, out);
+// Attention of one new token of each of B sequences: q (B, H, D) float32 (already rotated), out
+// (B, H, D) float32. K/V element (slot, h, s, d) at base + slot*ss + h*hs + s*ps + d, in elements of
+// their dtype (f16 if kv_f16 else f32); sequence b reads slot slots[b], positions 0..lengths[b]-1.
+// H a multiple of Hkv (grouped-query attention). Returns -1 for an unsupported shape.
+PB_API int pb_attention_decode(const float* q, const void* k, const void* v, int kv_f16, int64_t k_ss, int64_t k_hs,
+                               int64_t k_ps, int64_t v_ss, int64_t v_hs, int64_t v_ps, int H, int Hkv, int D, int B,
+                               const int64_t* slots, const int64_t* lengths, float scale, float* out) {
+  if (!attention_shape_ok(H, Hkv, D) || B < 1 || B > MAX_B) return -1;
+  for (int b = 0; b < B; ++b)
+    if (lengths[b] < 1) return -1;
+  attention_impl(q, KvView{k, v, kv_f16, k_ss, k_hs, k_ps, v_ss, v_hs, v_ps, slots, lengths}, H, Hkv, D, B, scale, out);
   return 0;
 }
 
-// One decoder block for one token, in two halves around the KV cache update (which stays in
-// Python: the cache's update(positions, k, v) contract is where patches such as int8 KV hook in).
-// Same math as engine/model.py's Block.forward for T = 1.
+// One decoder block for one token of each of B sequences, in two halves around the KV cache update
+// (which stays in Python: the cache's update(slots, positions, k, v) contract is where patches such
+// as int8 KV hook in). Same math as engine/model.py's Block.forward for T = 1.
 struct LayerW {
   int32_t fmt_qkv, fmt_o, fmt_13, fmt_2;
   const uint8_t *wqkv, *wo, *w13, *w2;
@@ -750,39 +1003,49 @@ struct LayerW {
   int32_t dim, hidden, H, Hkv, D;
 };
 
-// q (H*D), k (Hkv*D), v (Hkv*D) of token x (dim): RMSNorm, the fused qkv product, RoPE on q and k.
+// q (B, H*D), k (B, Hkv*D), v (B, Hkv*D) of tokens x (B, dim): RMSNorm, the fused qkv product (all
+// B rows in one pass over the weights), RoPE on q and k with each row's own cos/sin (B, D).
 PB_API void pb_block_pre(const LayerW* L, const float* x, const float* cos, const float* sin, float* q, float* k,
-                         float* v) {
-  const int q_out = L->H * L->D, kv_out = L->Hkv * L->D;
-  float* xn = grow(t_f1, (size_t)L->dim);
-  float* qkv = grow(t_f2, (size_t)(q_out + 2 * kv_out));
-  rms_norm(x, L->attn_norm, L->dim, L->eps, xn);
-  linear_impl(L->fmt_qkv, L->wqkv, q_out + 2 * kv_out, L->dim, xn, 1, qkv);
-  rope(qkv, L->H, L->D, cos, sin);
-  rope(qkv + q_out, L->Hkv, L->D, cos, sin);
-  std::memcpy(q, qkv, sizeof(float) * q_out);
-  std::memcpy(k, qkv + q_out, sizeof(float) * kv_out);
-  std::memcpy(v, qkv + q_out + kv_out, sizeof(float) * kv_out);
+                         float* v, int B) {
+  const int q_out = L->H * L->D, kv_out = L->Hkv * L->D, qkv_out = q_out + 2 * kv_out;
+  float* xn = grow(t_f1, (size_t)B * L->dim);
+  float* qkv = grow(t_f2, (size_t)B * qkv_out);
+  for (int b = 0; b < B; ++b) rms_norm(x + (int64_t)b * L->dim, L->attn_norm, L->dim, L->eps, xn + (int64_t)b * L->dim);
+  linear_impl(L->fmt_qkv, L->wqkv, qkv_out, L->dim, xn, B, qkv);
+  for (int b = 0; b < B; ++b) {
+    float* row = qkv + (int64_t)b * qkv_out;
+    rope(row, L->H, L->D, cos + (int64_t)b * L->D, sin + (int64_t)b * L->D);
+    rope(row + q_out, L->Hkv, L->D, cos + (int64_t)b * L->D, sin + (int64_t)b * L->D);
+    std::memcpy(q + (int64_t)b * q_out, row, sizeof(float) * q_out);
+    std::memcpy(k + (int64_t)b * kv_out, row + q_out, sizeof(float) * kv_out);
+    std::memcpy(v + (int64_t)b * kv_out, row + q_out + kv_out, sizeof(float) * kv_out);
+  }
 }
 
-// x (dim) += wo(attention(q, cache)); x += w2(silu(w1 h) * w3 h), h = RMSNorm(x). In place.
+// x (B, dim) += wo(attention(q, each sequence's slot)); x += w2(silu(w1 h) * w3 h), h = RMSNorm(x).
+// In place; every product runs all B rows in one pass over its weights.
 PB_API int pb_block_post(const LayerW* L, float* x, const float* q, const void* k, const void* v, int kv_f16,
-                         int64_t k_hs, int64_t k_ps, int64_t v_hs, int64_t v_ps, int S) {
-  if (L->H % L->Hkv || L->H / L->Hkv > MAX_REP || L->D % 8 || L->D > MAX_D || S < 1) return -1;
-  const int q_out = L->H * L->D;
-  float* att = grow(t_f1, (size_t)std::max<int64_t>(q_out, L->dim));
-  float* tmp = grow(t_f2, (size_t)std::max<int64_t>(L->dim, L->hidden));
-  float* gu = grow(t_f3, (size_t)(2 * L->hidden));
-  attention_impl(q, k, v, kv_f16, k_hs, k_ps, v_hs, v_ps, L->H, L->Hkv, L->D, S, 1.f / std::sqrt((float)L->D), att);
-  linear_impl(L->fmt_o, L->wo, L->dim, q_out, att, 1, tmp);
-  for (int i = 0; i < L->dim; ++i) x[i] += tmp[i];
-  rms_norm(x, L->ffn_norm, L->dim, L->eps, att);
-  linear_impl(L->fmt_13, L->w13, 2 * L->hidden, L->dim, att, 1, gu);
-  for (int i = 0; i < L->hidden; ++i) {
-    const float g = gu[i];
-    tmp[i] = g / (1.f + std::exp(-g)) * gu[L->hidden + i];  // silu(gate) * up
+                         int64_t k_ss, int64_t k_hs, int64_t k_ps, int64_t v_ss, int64_t v_hs, int64_t v_ps, int B,
+                         const int64_t* slots, const int64_t* lengths) {
+  if (!attention_shape_ok(L->H, L->Hkv, L->D) || B < 1 || B > MAX_B) return -1;
+  for (int b = 0; b < B; ++b)
+    if (lengths[b] < 1) return -1;
+  const int q_out = L->H * L->D, dim = L->dim, hidden = L->hidden;
+  float* att = grow(t_f1, (size_t)B * std::max(q_out, dim));
+  float* tmp = grow(t_f2, (size_t)B * std::max(dim, hidden));
+  float* gu = grow(t_f3, (size_t)B * 2 * hidden);
+  attention_impl(q, KvView{k, v, kv_f16, k_ss, k_hs, k_ps, v_ss, v_hs, v_ps, slots, lengths}, L->H, L->Hkv, L->D, B,
+                 1.f / std::sqrt((float)L->D), att);
+  linear_impl(L->fmt_o, L->wo, dim, q_out, att, B, tmp);
+  for (int64_t i = 0; i < (int64_t)B * dim; ++i) x[i] += tmp[i];
+  for (int b = 0; b < B; ++b) rms_norm(x + (int64_t)b * dim, L->ffn_norm, dim, L->eps, att + (int64_t)b * dim);
+  linear_impl(L->fmt_13, L->w13, 2 * hidden, dim, att, B, gu);
+  for (int b = 0; b < B; ++b) {
+    const float* g = gu + (int64_t)b * 2 * hidden;
+    float* t = tmp + (int64_t)b * hidden;
+    for (int i = 0; i < hidden; ++i) t[i] = g[i] / (1.f + std::exp(-g[i])) * g[hidden + i];  // silu(gate) * up
   }
-  linear_impl(L->fmt_2, L->w2, L->dim, L->hidden, tmp, 1, att);
-  for (int i = 0; i < L->dim; ++i) x[i] += att[i];
+  linear_impl(L->fmt_2, L->w2, dim, hidden, tmp, B, att);
+  for (int64_t i = 0; i < (int64_t)B * dim; ++i) x[i] += att[i];
   return 0;
 }

@@ -29,8 +29,7 @@ BLOCK_REL_BOUND = 2e-3
 EXACT_REL_BOUND = 1e-5
 GGUF_TYPES = {"q4_1": Q.Q4_1, "q8_0": Q.Q8_0}
 
-needs_native = pytest.mark.skipif(not native.available(), reason=f"native kernels unavailable: "
-                                                                  f"{native.unavailable_reason()}")
+needs_native = pytest.mark.usefixtures("native_kernels")  # a skip locally, a failure under CI
 
 
 def rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
@@ -123,10 +122,11 @@ def test_split_rows_round_trip(fmt):
 def test_activation_quantization_matches_the_reference():
     x = torch.randn(96, generator=torch.Generator().manual_seed(11)) * 3
     x[:32] = 0.0
-    d, s, q, r = native.quantize_row(x)
+    d, s, q, r, x16 = native.quantize_row(x)
     d_ref, q_ref, r_ref = kernels.quantize_activation_ref(x)
     assert torch.equal(d, d_ref) and torch.equal(q.float().reshape(3, 32), q_ref)
     assert torch.equal(r.float().reshape(3, 32), r_ref)
+    assert torch.equal(x16.int(), 254 * q.int() + r.int())  # the one 15-bit integer the products use
     torch.testing.assert_close(s, x.reshape(3, 32).sum(-1))
     # the two digits carry the value to 1/508 of a step of the first
     back = d[:, None] * (q.float().reshape(3, 32) + r.float().reshape(3, 32) / 254)
@@ -252,9 +252,13 @@ def test_fused_decode_block_matches_the_module_path(tmp_path):
     # second int8 digit by one (2**-15 of its block's largest value): measured 2e-5.
     x = torch.randn(1, 1, cfg.dim, generator=torch.Generator().manual_seed(9))
     cos, sin, pos = fused.rope_cos[6:7], fused.rope_sin[6:7], torch.arange(6, 7)
+    from engine.model import Step
+
+    step = Step(slots=torch.tensor([0]), positions=pos[None], lengths=torch.tensor([7]), cos=cos[None],
+                sin=sin[None], mask=None)
     with torch.inference_mode():
-        one_fused = fused.layers[0](x.clone(), cos, sin, pos, None)
-        one_plain = plain.layers[0](x.clone(), cos, sin, pos, None)
+        one_fused = fused.layers[0](x.clone(), step)
+        one_plain = plain.layers[0](x.clone(), step)
     assert rel_err(one_fused, one_plain) <= 1e-4
     k_fused, k_plain = (m.layers[0].attention.kv_cache.k[:, :, 6].float() for m in (fused, plain))
     assert torch.equal(k_fused, k_plain)
@@ -262,6 +266,87 @@ def test_fused_decode_block_matches_the_module_path(tmp_path):
     # the next layers carry on (measured 1.5e-3 of max |logit|).
     a, b = generate.decode_one(fused, 9, len(prompt)), generate.decode_one(plain, 9, len(prompt))
     assert rel_err(a, b) <= 1e-2
+
+
+# ---------------------------------------------------------------------------- batches and paths
+
+
+def _block_matrix(fmt: str, n: int, k: int, seed: int) -> torch.Tensor:
+    w = random_weight(n, k, seed)
+    return kernels.split_rows(fmt, kernels.quantize_q4_1(w) if fmt == "q4_1" else kernels.quantize_q8_0(w))
+
+
+@needs_native
+@pytest.mark.parametrize("fmt", ["q4_1", "q8_0"])
+def test_a_batch_gives_each_row_exactly_its_result_alone(fmt):
+    """A decode step multiplies all its sequences' rows in one pass over the weights; every block sum
+    is an exact integer, so each row's result is bit-identical to its product alone, for every batch
+    size and grouping of rows (passes of 8, 4, 2, 1)."""
+    blocks = _block_matrix(fmt, 200, 576, 12)  # 200 rows: chunks of 32 and a ragged one, groups of 4 and 1
+    x = torch.randn(23, 576, generator=torch.Generator().manual_seed(13)) * 2
+    alone = torch.cat([native.linear(x[i:i + 1], fmt, blocks, 200) for i in range(23)])
+    for m in (2, 3, 5, 7, 8, 9, 16, 23):
+        assert torch.equal(native.linear(x[:m], fmt, blocks, 200), alone[:m]), m
+    assert torch.equal(native.linear(x.flip(0), fmt, blocks, 200), alone.flip(0))  # order within the batch
+
+
+@needs_native
+@pytest.mark.parametrize("isa", ["avxvnni", "avx512vnni"])
+def test_every_instruction_set_path_gives_the_avx2_results_bit_for_bit(isa):
+    if not native.isa_supported(isa):
+        pytest.skip(f"this CPU lacks {isa} (python3 bench/kernel_check.py runs this check where it has it)")
+    before = native.isa()
+    try:
+        for fmt in ("q4_1", "q8_0"):
+            blocks = _block_matrix(fmt, 96, 1536, 14)
+            x = torch.randn(11, 1536, generator=torch.Generator().manual_seed(15))
+            assert native.set_isa("avx2")
+            want = [native.linear(x[:m], fmt, blocks, 96) for m in (1, 4, 11)]
+            assert native.set_isa(isa) and native.isa() == isa
+            assert all(torch.equal(native.linear(x[:m], fmt, blocks, 96), w) for m, w in zip((1, 4, 11), want))
+    finally:
+        native.set_isa(before)
+
+
+@needs_native
+def test_isa_selection_and_forcing(repo_root):
+    assert native.isa() in native.ISAS and native.isa_supported("avx2")
+    before = native.isa()
+    try:
+        assert native.set_isa("avx2") and native.isa() == "avx2"
+        assert not native.set_isa("sse9")
+        assert native.set_isa(None) and native.isa() == before  # None: the best this CPU runs
+    finally:
+        native.set_isa(before)
+    script = "from engine import native; print(native.isa())"
+    env = dict(os.environ, PYTHONPATH=str(repo_root), PAIRBENCH_ENGINE_ISA="avx2")
+    r = subprocess.run([sys.executable, "-c", script], cwd=repo_root, env=env, capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout.strip() == "avx2", r.stderr
+    missing = next((i for i in native.ISAS if not native.isa_supported(i)), None)
+    if missing is not None:  # forcing a path this CPU lacks keeps a working one and says so
+        r = subprocess.run([sys.executable, "-c", script], cwd=repo_root, capture_output=True, text=True,
+                           env=dict(env, PAIRBENCH_ENGINE_ISA=missing))
+        assert r.returncode == 0 and r.stdout.strip() == native.isa() and f"PAIRBENCH_ENGINE_ISA={missing}" in r.stderr
+
+
+@needs_native
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_batched_attention_reads_each_sequence_slot(dtype):
+    """One call for B sequences: each attends to its own slot up to its own length, bit-identical to
+    attending alone, and as SDPA over that slot's prefix."""
+    g = torch.Generator().manual_seed(16)
+    N, Hkv, S, D, H = 5, 3, 700, 64, 9
+    k = (torch.randn(N, Hkv, S, D, generator=g) * 2).to(dtype)
+    v = torch.randn(N, Hkv, S, D, generator=g).to(dtype)
+    q = torch.randn(4, H, 1, D, generator=g)
+    slots, lengths = torch.tensor([3, 0, 4, 1]), torch.tensor([1, 700, 257, 33])
+    got = native.attention_decode(q, k, v, slots, lengths)  # (B, 1, H*D)
+    for b, (s, n) in enumerate(zip(slots.tolist(), lengths.tolist())):
+        alone = native.attention_decode(q[b:b + 1], k[s:s + 1, :, :n], v[s:s + 1, :, :n])
+        assert torch.equal(got[b], alone[0])
+        ref = F.scaled_dot_product_attention(q[b:b + 1], k[s:s + 1, :, :n].float(), v[s:s + 1, :, :n].float(),
+                                             enable_gqa=True).reshape(1, H * D)
+        assert float((got[b] - ref).abs().max()) <= 1e-5
 
 
 # ------------------------------------------------------------------------------------- fallbacks

@@ -20,17 +20,27 @@ PROMPT = [5, 80, 120, 33, 200, 17, 64, 64, 9, 250, 3, 101, 77, 140, 12, 58]
 
 
 def test_kv_cache_update_contract():
-    cache = KVCache(max_context=8, n_kv_heads=2, head_dim=4)
-    k = torch.randn(1, 2, 3, 4)  # (1, H_kv, T, D)
+    cache = KVCache(max_context=8, n_kv_heads=2, head_dim=4, n_slots=3)
+    k = torch.randn(1, 2, 3, 4)  # (B, H_kv, T, D)
     v = torch.randn(1, 2, 3, 4)
-    k_all, v_all = cache.update(torch.arange(2, 5), k, v)
-    assert k_all.shape == (1, 2, 5, 4) and v_all.shape == (1, 2, 5, 4)
-    assert torch.equal(k_all[:, :, 2:5], k) and torch.equal(v_all[:, :, 2:5], v)
-    assert cache.nbytes() == 2 * 8 * 2 * 4 * 4
+    k_all, v_all = cache.update(torch.tensor([1]), torch.arange(2, 5)[None], k, v)
+    assert k_all.shape == (3, 2, 8, 4) and v_all.shape == (3, 2, 8, 4)  # every slot, indexed by slot
+    assert torch.equal(k_all[1, :, 2:5], k[0]) and torch.equal(v_all[1, :, 2:5], v[0])
+    assert cache.nbytes() == 3 * 2 * 8 * 2 * 4 * 4
+    # one token of each of two sequences, at their own positions, in their own slots
+    k2, v2 = torch.randn(2, 2, 1, 4), torch.randn(2, 2, 1, 4)
+    before = cache.k[1].clone()
+    cache.update(torch.tensor([2, 0]), torch.tensor([[6], [0]]), k2, v2)
+    assert torch.equal(cache.k[2, :, 6], k2[0, :, 0]) and torch.equal(cache.v[0, :, 0], v2[1, :, 0])
+    assert torch.equal(cache.k[1], before)  # a slot that is not named is never touched
     with pytest.raises(AssertionError, match="expected"):
-        cache.update(torch.arange(0, 3), torch.randn(1, 3, 3, 4), torch.randn(1, 3, 3, 4))  # wrong H_kv
+        cache.update(torch.tensor([0]), torch.arange(0, 3)[None], torch.randn(1, 3, 3, 4), torch.randn(1, 3, 3, 4))
     with pytest.raises(AssertionError, match="max_context"):
-        cache.update(torch.arange(7, 10), k, v)
+        cache.update(torch.tensor([0]), torch.arange(7, 10)[None], k, v)
+    with pytest.raises(AssertionError, match="not distinct"):
+        cache.update(torch.tensor([1, 1]), torch.tensor([[3], [4]]), k2, v2)
+    with pytest.raises(AssertionError, match="expected"):  # a slot per sequence
+        cache.update(torch.tensor([0, 1, 2]), torch.tensor([[3], [4]]), k2, v2)
 
 
 def test_config_rejects_inconsistent_shapes():

@@ -60,6 +60,17 @@ def test_patch_applies_to_pristine_engine(repo_root, tmp_path, name):
     assert touched and all(p.startswith("engine/") for p in touched), touched
 
 
+def test_decode_slowdown_patch_applies_to_the_scheduler_s_decode_step(repo_root, tmp_path):
+    """bench/power.py's known effect: every decode step of the server (the scheduler's batched step)
+    spins for a fixed fraction of its own time."""
+    root = pristine_copy(repo_root, tmp_path)
+    patch = repo_root / "bench" / "patches" / "decode-slowdown.patch"
+    r = git_apply(patch, root, check=False)
+    assert r.returncode == 0, f"{patch.name} no longer applies to engine/:\n{r.stderr}"
+    text = (root / "engine" / "scheduler.py").read_text()
+    assert "PAIRBENCH_DECODE_SLOWDOWN" in text and "* _SLOW" in text
+
+
 @pytest.mark.parametrize("name, suffix", [("int8-kv", "+int8kv"), ("kv-grow", "+kvgrow")])
 def test_patched_version_string(patched, name, suffix):
     r = subprocess.run([sys.executable, "-m", "engine", "--version"], cwd=patched[name],
