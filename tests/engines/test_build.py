@@ -15,10 +15,10 @@ import pytest
 
 from pairbench.arms.build import BuildError, build_arm, conversion_key
 from pairbench.core.artifacts import validate
+from pairbench.core.trees import manifest, tree_sha256
 from pairbench.engines.profiles import load_profile
 
 FAKE_ENGINE = Path(__file__).resolve().parents[1] / "fakes" / "engine"
-TREE_SHA = "a" * 64
 
 
 def exported(tmp_path: Path, name: str = "cand") -> Path:
@@ -28,12 +28,21 @@ def exported(tmp_path: Path, name: str = "cand") -> Path:
     return tree
 
 
-def run(tmp_path, arm_cfg, tree, model, *, recipe=None, log="b.log", commit=None):
+def source_of(tree: Path) -> dict:
+    """The ``source`` record of *tree* as exported, without patches (what the build checks the tree
+    against): the embedded engine's is its ``engine/`` folder, any other's the tree itself."""
+    embedded = (tree / "engine").is_dir()
+    man = manifest(tree / "engine" if embedded else tree)
+    return {"source": "engine" if embedded else {"git": "repo", "tag": "t1"}, "version": "0.1.0-fake",
+            "pristine": {"files": len(man), "tree_sha256": tree_sha256(man), "manifest": man}, "patches": [],
+            "patched": {"files": len(man), "tree_sha256": tree_sha256(man), "changed": []}}
+
+
+def run(tmp_path, arm_cfg, tree, model, *, recipe=None, log="b.log", commit=None, source=None):
     recipe = recipe or load_profile(arm_cfg.get("engine", "embedded")).build_recipe(arm_cfg, src=tree, commit=commit)
-    body = build_arm("cand", tree, recipe, source={"version": "0.1.0-fake", "patched": {"tree_sha256": TREE_SHA}},
-                     model=model, cache_dir=tmp_path / "cache", log=tmp_path / log, source_sha256="b" * 64,
-                     root=tmp_path)
-    validate("build", {"schema": "pairbench.build/v1", **body})
+    body = build_arm("cand", tree, recipe, source=source or source_of(tree), model=model, cache_dir=tmp_path / "cache",
+                     log=tmp_path / log, source_sha256="b" * 64, root=tmp_path)
+    validate("build", {"schema": "pairbench.build/v2", **body})
     return body
 
 
@@ -63,17 +72,20 @@ def test_each_profile_renders_its_own_recipe():
 
 def test_embedded_converts_once_per_tree_and_model_and_hands_the_server_the_converted_folder(tmp_path):
     tree, model = exported(tmp_path), gguf(tmp_path)
+    tree_sha = source_of(tree)["patched"]["tree_sha256"]
     first = run(tmp_path, {}, tree, model)
     assert [s["step"] for s in first["steps"]] == ["byte_compile", "convert", "version"]
     assert first["steps"][0]["argv"] == ["python", "-m", "compileall", "-q", "engine"]
     assert first["steps"][1]["argv"][-2] == "m.gguf"  # file names only: the paths are private
     assert first["native_version"] == "fake-engine 0.1.0-fake" and all(s["exit_code"] == 0 for s in first["steps"])
-    key = conversion_key(TREE_SHA, hashlib.sha256(b"GGUF fake weights").hexdigest())
+    key = conversion_key(tree_sha, hashlib.sha256(b"GGUF fake weights").hexdigest())
     assert first["conversion"] == {"key": key, "cached": False, "path": f"cache/{key}",
                                    "model_sha256": hashlib.sha256(b"GGUF fake weights").hexdigest()}
     assert (tmp_path / "cache" / key / "config.json").is_file() and (tmp_path / "cache" / key / ".complete").is_file()
     assert first["model"] == {"name": "m", "kind": "gguf", "arg": None}  # the server gets conversion.path
     assert first["toolchain"] is None and "engine" not in first  # only external engines' evidence is described
+    # byte-code is no output: the tree is the exported one, as the audit will find it
+    assert first["tree_outputs"] == [] and first["environment"] is None
     assert any(p.suffix == ".pyc" for p in (tree / "engine").rglob("*.pyc"))
     again = run(tmp_path, {}, tree, model, log="b2.log")
     assert [s["step"] for s in again["steps"]] == ["byte_compile", "version"] and again["conversion"]["cached"]
@@ -103,7 +115,7 @@ def test_external_runs_its_build_command_then_an_optional_version(tmp_path):
     arm = {"engine": "llama-server", "threads": 2,
            "build": ["{python}", "-c", "import pathlib; pathlib.Path('built').write_text('{threads}')"]}
     body = run(tmp_path, arm, tree, model)
-    assert (tree / "built").read_text() == "2"
+    assert (tree / "built").read_text() == "2" and body["tree_outputs"] == ["built"]
     assert [s["step"] for s in body["steps"]] == ["build", "version"]
     # no llama-server binary yet: the version is unknown, not a failure (launch will tell)
     assert body["steps"][1] == {**body["steps"][1], "exit_code": 127, "argv": ["llama-server"]}

@@ -44,7 +44,7 @@ def validate_config(config, schema):
     pb_config.schema_check(config, Path(workflow.current_basedir.get_path_or_uri(secret_free=True)) / schema)
     validate(config, schema)
     pb_config.check_config(config, Path(workflow.basedir))
-    check_engines(config)  # every arm's engine profile (core/ knows no profile)
+    check_engines(config, Path(workflow.basedir))  # every arm's engine profile (core/ knows no profile)
     return pb_config.normalized(config)
 
 
@@ -160,7 +160,7 @@ def arm_source_files(cfg, arm, root):
 
 def model_inputs(cfg, root):
     info = pb_config.resolve_model(cfg["model"], root)
-    return [info["path"]] if info["kind"] == "gguf" else []
+    return pb_config.model_files(info)
 
 
 def per_arm(cfg, stage):
