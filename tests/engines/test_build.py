@@ -8,6 +8,7 @@ optional version). The embedded builds run the fake engine (tests/fakes/engine) 
 import hashlib
 import shutil
 import sys
+import sysconfig
 from dataclasses import replace
 from pathlib import Path
 
@@ -15,8 +16,8 @@ import pytest
 
 from pairbench.arms.build import BuildError, build_arm, conversion_key
 from pairbench.core.artifacts import validate
-from pairbench.core.trees import manifest, tree_sha256
-from pairbench.engines.profiles import load_profile
+from pairbench.core.trees import build_outputs, manifest, tree_sha256
+from pairbench.engines.profiles import InstallRecipe, load_profile
 
 FAKE_ENGINE = Path(__file__).resolve().parents[1] / "fakes" / "engine"
 
@@ -66,8 +67,29 @@ def test_each_profile_renders_its_own_recipe():
     # the arm's own build argv wins over the profile's CMake build (a step named 'build')
     own = load_profile("llama-server").build_recipe({"build": ["make", "-j{threads}"], "threads": 3}, src="/t")
     assert own.command == ("make", "-j3") and own.command_step == "build" and own.cmake is None
-    installed = load_profile("vllm").build_recipe({}, src="/t")
+    installed = load_profile("vllm").build_recipe({}, src="/t")  # no source: the vllm beside pairbench
     assert installed.command is None and installed.cmake is None and installed.convert is None
+    assert installed.install is None and installed.version == (f"{sysconfig.get_path('scripts')}/vllm", "--version")
+
+
+def test_a_python_engine_with_a_source_is_installed_into_the_arms_own_environment():
+    arm = {"source": {"git": "https://example.invalid/vllm.git", "tag": "v0.10.1"}}
+    vllm = load_profile("vllm").build_recipe(arm, src="/t", commit="0123456789", tag="v0.10.1")
+    assert vllm.command is None and vllm.cmake is None
+    assert vllm.install == InstallRecipe(
+        env_dir="/t/.venv", python="/t/.venv/bin/python", system_site_packages=True,
+        command=("/t/.venv/bin/python", "-m", "pip", "install", "--no-deps", "--no-build-isolation", "-e", "."),
+        env={"VLLM_USE_PRECOMPILED": "1", "SETUPTOOLS_SCM_PRETEND_VERSION": "v0.10.1"}, package="vllm", module="vllm")
+    assert vllm.version == ("/t/.venv/bin/vllm", "--version")  # {bin}: the environment's scripts
+    untagged = load_profile("vllm").build_recipe({"source": "somewhere"}, src="/t")
+    assert untagged.install.env == {"VLLM_USE_PRECOMPILED": "1"}  # {tag} without a tag: left unset
+    # the arm's own build replaces the install command, in the same environment
+    full = load_profile("vllm").build_recipe({**arm, "build": ["{python}", "-m", "pip", "install", "-e", "."]}, src="/t")
+    assert full.install.command == ("/t/.venv/bin/python", "-m", "pip", "install", "-e", ".") and full.command is None
+    sglang = load_profile("sglang").build_recipe(arm, src="/t")
+    assert sglang.install.command[-2:] == ("-e", "python") and sglang.version[0] == "/t/.venv/bin/python"
+    lcp = load_profile("llama-cpp-python").build_recipe(arm, src="/t")
+    assert (lcp.install.package, lcp.install.module) == ("llama-cpp-python", "llama_cpp")
 
 
 def test_embedded_converts_once_per_tree_and_model_and_hands_the_server_the_converted_folder(tmp_path):
@@ -139,3 +161,26 @@ def test_an_installed_engine_builds_nothing_and_an_optional_version_may_fail_or_
     assert "(exit status 4: the version is left unknown)" in (tmp_path / "b.log").read_text()
     stderr = replace(recipe, version=(sys.executable, "-c", "import sys; sys.stderr.write('version: 1 (abc)\\nmore')"))
     assert run(tmp_path, {}, tree, gguf(tmp_path), recipe=stderr, log="b2.log")["native_version"] == "version: 1 (abc)"
+
+
+def test_a_build_that_changes_the_source_it_builds_fails_naming_the_file(tmp_path):
+    tree = tmp_path / "src" / "cand"
+    (tree / "util").mkdir(parents=True)
+    (tree / "kv.c").write_text("int kv_bits = 16;\n")
+    (tree / "util" / "a.c").write_text("int a;\n")
+    source = source_of(tree)
+    arm = {"engine": "llama-server", "build": ["{python}", "-c", "open('kv.c', 'a').write('int sneaky;')"]}
+    with pytest.raises(BuildError, match=r"^arm cand: the build changed the source it builds \(kv\.c in .*cand\); a "
+                                         r"build may add files to its tree, never change the exported ones; see .*b\.log$"):
+        run(tmp_path, arm, tree, gguf(tmp_path), source=source)
+
+
+def test_what_a_build_added_is_named_by_its_topmost_new_folder_or_by_itself(tmp_path):
+    source = ["top.txt", "vllm/__init__.py", "vllm/ops/a.py"]
+    added = [".venv/bin/python", ".venv/lib/python3.11/site-packages/x.py", "vllm/_C.abi3.so", "vllm/ops/gen/b.py",
+             "build/CMakeFiles/x.o", "vllm.egg-info/PKG-INFO", "vllm/__pycache__/x.cpython-311.pyc"]
+    for rel in source + added:
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(rel)
+    assert build_outputs(tmp_path, source) == [".venv", "build", "vllm.egg-info", "vllm/_C.abi3.so", "vllm/ops/gen"]
+    assert sorted(manifest(tmp_path, build_outputs(tmp_path, source))) == source

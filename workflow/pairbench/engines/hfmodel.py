@@ -33,9 +33,9 @@ def _token_text(value) -> str:
     return value or ""
 
 
-@functools.lru_cache(maxsize=4)
 def chat_template(directory: str) -> tuple[str, str, str]:
-    """``(chat_template, bos_token, eos_token)`` of the model directory *directory*."""
+    """``(chat_template, bos_token, eos_token)`` of the model directory *directory* (small files,
+    read at each call: what is on disk is what is rendered)."""
     d = Path(directory)
     config_path = d / "tokenizer_config.json"
     config = json.loads(config_path.read_text()) if config_path.is_file() else {}
