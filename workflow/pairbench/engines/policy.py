@@ -70,8 +70,10 @@ def describe_plan(config: dict) -> str:
     for name, arm in config["arms"].items():
         arm = arm or {}
         profile = load_profile(arm_engine(arm))
-        src = arm.get("source", "engine")
-        if isinstance(src, dict) and "git" in src:
+        src = arm.get("source") or ("engine" if profile.name == "embedded" else None)
+        if src is None:
+            src_s = "none: the engine installed beside pairbench"
+        elif isinstance(src, dict) and "git" in src:
             src_s = f"git {src['git']} at tag {src.get('tag')}"
         elif isinstance(src, dict):
             src_s = f"path {src.get('path')}"
@@ -83,7 +85,8 @@ def describe_plan(config: dict) -> str:
                            src_dir=src_dir, python=python)
         build = arm.get("build") or profile.build_spec.command
         if profile.installs(arm):
-            cmd = " ".join(arm.get("build") or profile.build_spec.install.command)
+            install = profile.build_spec.install
+            cmd = " ".join([*(f"{k}={v}" for k, v in install.env.items()), *(arm.get("build") or install.command)])
             build = f"install into results/{config.get('label', 'default')}/src/{name}/.venv: {cmd}"
         elif not build and profile.build_spec.cmake:
             build = f"CMake, targets {', '.join(profile.build_spec.cmake['targets'])}"

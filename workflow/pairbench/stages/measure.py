@@ -35,7 +35,7 @@ def _tokenizing(engine: ArmEngine, server_log: str, server: dict):
 
 
 def _tokenizer(engine: ArmEngine, url: str | None):
-    """messages -> the server's own token ids, in that engine's dialect."""
+    """messages -> the engine's token ids, in its dialect: its server's, or its model directory's."""
     client = http()
     return lambda messages: engine.tokenize(client, url, messages)
 
