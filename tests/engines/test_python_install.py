@@ -202,6 +202,8 @@ def test_the_patched_candidate_serves_its_patch_through_the_whole_pipeline(tmp_p
     audit = json.loads((res / "audit.json").read_text())
     assert audit["ok"] is True, audit
     assert verify_bundle(res / "publish") == []
+    report = (res / "publish" / "README.md").read_text()
+    assert "| `candidate` | `pairbench-fake-serve` 1.1.0 | Python " in report  # the report's build section
     # a source the engine would never run is refused before anything runs
     data = yaml.safe_load((PROFILES / "fake-serve.yaml").read_text())
     data["name"] = "fake-serve-preinstalled"
