@@ -9,11 +9,9 @@ makes it version 1.1.0, answering ``b + a`` at 25 ms a token. The last test runs
 
 import json
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
-import httpx
 import pytest
 import yaml
 
@@ -153,6 +151,10 @@ def test_a_source_or_patches_the_engine_would_never_run_are_refused(preinstalled
                                           r"source: .* so tag v1\.0\.0 would never run"):
         check_engines(config(baseline={"engine": "fake-serve-preinstalled", "source": git},
                              candidate={"engine": "fake-serve-preinstalled"}), preinstalled)
+    with pytest.raises(ConfigError, match=r"^arms\.candidate\.source: .* so its source would never run"):
+        check_engines(config(baseline={"engine": "fake-serve-preinstalled"},
+                             candidate={"engine": "fake-serve-preinstalled", "source": {"path": "engine"}}),
+                      preinstalled)
     # arms of the installed engine that differ in settings only; and arms the profile installs
     check_engines(config(baseline={"engine": "fake-serve-preinstalled", "threads": 1},
                          candidate={"engine": "fake-serve-preinstalled", "threads": 2}), preinstalled)

@@ -49,10 +49,13 @@ def check_source_runs(name: str, arm: dict, profile: EngineProfile) -> None:
     Else both arms would run the one engine installed beside pairbench, and a patch would never run:
     :class:`~pairbench.core.config.ConfigError` naming ``arms.<arm>.patches`` or ``arms.<arm>.source``."""
     source, patches = arm.get("source"), arm.get("patches") or []
-    if profile.source_route(arm) is not None or not (patches or (isinstance(source, dict) and "git" in source)):
+    if profile.source_route(arm) is not None or not (patches or source is not None):
         return
-    key, what = (("patches", "its patches would never run") if patches
-                 else ("source", f"tag {source.get('tag')} would never run"))
+    if patches:
+        key, what = "patches", "its patches would never run"
+    else:
+        key, what = "source", (f"tag {source['tag']}" if isinstance(source, dict) and "tag" in source
+                               else "its source") + " would never run"
     raise ConfigError(
         f"arms.{name}.{key}: engine {profile.name} installs no source: its profile ({_shown(profile)}) has no "
         f"build.install, and its server runs an installed program, not the arm's tree, so {what} (both arms would "
