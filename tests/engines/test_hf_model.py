@@ -74,9 +74,9 @@ def test_the_context_of_a_directory_bounds_the_lengths(tiny):
         pb_config.check_config({**cfg(str(tiny), a={"engine": "vllm"}, b={"engine": "vllm"}), "lengths": [2100]}, REPO)
 
 
-def test_each_engine_takes_the_formats_its_profile_declares(tiny, smollm2_gguf):
+def test_each_engine_takes_the_formats_its_profile_declares(tiny, tmp_path):
     check_engines(cfg(str(tiny), a={"engine": "vllm"}, b={"engine": "sglang"}))
-    check_engines(cfg(str(smollm2_gguf), a={"engine": "vllm"}, b={"engine": "llama-server"}))
+    check_engines(cfg(str(tmp_path / "m.gguf"), a={"engine": "vllm"}, b={"engine": "llama-server"}))
     with pytest.raises(ConfigError, match=rf"^model: '{tiny}' is a Hugging Face model directory, but arm b's engine "
                                           r"llama-server reads a GGUF file only \(model_formats in "
                                           r"config/engines/llama-server\.yaml\)$"):
@@ -107,15 +107,15 @@ def engine(profile, model: Path) -> ArmEngine:
     return ArmEngine(profile, {}, model=str(model), model_path=str(model), ctx=2048, src_dir=model.parent)
 
 
-def test_a_profile_may_count_with_the_directorys_own_tokenizer(tiny, smollm2_gguf):
+def test_a_profile_may_count_with_the_directorys_own_tokenizer(tiny, tmp_path):
     profile = load_profile("fake-serve", root=PROFILES)
     eng = engine(profile, tiny)
     assert eng.tokenizes_locally
     # no server is asked (no HTTP client, no URL): the directory's tokenizer.json, over the template's text
     assert eng.tokenize(None, None, MESSAGES) == encode(render(MESSAGES))
     with pytest.raises(EngineError, match=r"^engine fake-serve: tokenize\.route model needs a Hugging Face model "
-                                          r"directory, not '.*SmolLM2-135M-Instruct\.Q4_1\.gguf'$"):
-        engine(profile, smollm2_gguf).tokenize(None, None, MESSAGES)
+                                          r"directory, not '.*/m\.gguf'$"):
+        engine(profile, tmp_path / "m.gguf").tokenize(None, None, MESSAGES)
     assert not engine(load_profile("vllm"), tiny).tokenizes_locally
 
 

@@ -166,7 +166,7 @@ def test_a_source_or_patches_the_engine_would_never_run_are_refused(preinstalled
 
 
 @pytest.mark.slow
-def test_the_patched_candidate_serves_its_patch_through_the_whole_pipeline(tmp_path, smollm2_gguf):
+def test_the_patched_candidate_serves_its_patch_through_the_whole_pipeline(tmp_path):
     checkout = copy_checkout(tmp_path / "checkout")
     shutil.copy(PROFILES / "fake-serve.yaml", checkout / "config" / "engines")
     make_repo(checkout / "fake-serve-repo")
