@@ -50,9 +50,13 @@ def test_check_config_names_the_culprit(smollm2_gguf):
     check_engines(cfg(a={}, b={"engine": "vllm"}))
     with pytest.raises(pb_config.ConfigError, match=r"arms\.b\.patches: engine vllm has no source to patch"):
         pb_config.check_config(cfg(a={}, b={"engine": "vllm", "patches": ["p.patch"]}), REPO)
-    with pytest.raises(pb_config.ConfigError, match=r"model: engine\(s\) llama-cpp-python need a \.gguf"):
-        pb_config.check_config({**cfg(a={"engine": "llama-cpp-python"}, b={"engine": "llama-cpp-python"}),
-                                "model": "tiny", "lengths": [400]}, REPO)
+    # which engine reads which model is its profile's to say (model_formats): checked with the engines
+    tiny = {**cfg(a={"engine": "llama-cpp-python"}, b={"engine": "llama-cpp-python"}), "model": "tiny", "lengths": [400]}
+    pb_config.check_config(tiny, REPO)
+    with pytest.raises(pb_config.ConfigError, match=r"^model: 'tiny' is a named built-in model, but arm a's engine "
+                                                    r"llama-cpp-python reads a GGUF file only \(model_formats in "
+                                                    r"config/engines/llama-cpp-python\.yaml\)$"):
+        check_engines(tiny)
     pb_config.check_config(cfg(a={"engine": "llama-cpp-python", "threads": 1},
                                b={"engine": "llama-cpp-python", "threads": 2}), REPO)
 

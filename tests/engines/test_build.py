@@ -8,6 +8,7 @@ optional version). The embedded builds run the fake engine (tests/fakes/engine) 
 import hashlib
 import shutil
 import sys
+import sysconfig
 from dataclasses import replace
 from pathlib import Path
 
@@ -15,10 +16,10 @@ import pytest
 
 from pairbench.arms.build import BuildError, build_arm, conversion_key
 from pairbench.core.artifacts import validate
-from pairbench.engines.profiles import load_profile
+from pairbench.core.trees import build_outputs, manifest, tree_sha256
+from pairbench.engines.profiles import InstallRecipe, load_profile
 
 FAKE_ENGINE = Path(__file__).resolve().parents[1] / "fakes" / "engine"
-TREE_SHA = "a" * 64
 
 
 def exported(tmp_path: Path, name: str = "cand") -> Path:
@@ -28,12 +29,21 @@ def exported(tmp_path: Path, name: str = "cand") -> Path:
     return tree
 
 
-def run(tmp_path, arm_cfg, tree, model, *, recipe=None, log="b.log", commit=None):
+def source_of(tree: Path) -> dict:
+    """The ``source`` record of *tree* as exported, without patches (what the build checks the tree
+    against): the embedded engine's is its ``engine/`` folder, any other's the tree itself."""
+    embedded = (tree / "engine").is_dir()
+    man = manifest(tree / "engine" if embedded else tree)
+    return {"source": "engine" if embedded else {"git": "repo", "tag": "t1"}, "version": "0.1.0-fake",
+            "pristine": {"files": len(man), "tree_sha256": tree_sha256(man), "manifest": man}, "patches": [],
+            "patched": {"files": len(man), "tree_sha256": tree_sha256(man), "changed": []}}
+
+
+def run(tmp_path, arm_cfg, tree, model, *, recipe=None, log="b.log", commit=None, source=None):
     recipe = recipe or load_profile(arm_cfg.get("engine", "embedded")).build_recipe(arm_cfg, src=tree, commit=commit)
-    body = build_arm("cand", tree, recipe, source={"version": "0.1.0-fake", "patched": {"tree_sha256": TREE_SHA}},
-                     model=model, cache_dir=tmp_path / "cache", log=tmp_path / log, source_sha256="b" * 64,
-                     root=tmp_path)
-    validate("build", {"schema": "pairbench.build/v1", **body})
+    body = build_arm("cand", tree, recipe, source=source or source_of(tree), model=model, cache_dir=tmp_path / "cache",
+                     log=tmp_path / log, source_sha256="b" * 64, root=tmp_path)
+    validate("build", {"schema": "pairbench.build/v2", **body})
     return body
 
 
@@ -57,23 +67,47 @@ def test_each_profile_renders_its_own_recipe():
     # the arm's own build argv wins over the profile's CMake build (a step named 'build')
     own = load_profile("llama-server").build_recipe({"build": ["make", "-j{threads}"], "threads": 3}, src="/t")
     assert own.command == ("make", "-j3") and own.command_step == "build" and own.cmake is None
-    installed = load_profile("vllm").build_recipe({}, src="/t")
+    installed = load_profile("vllm").build_recipe({}, src="/t")  # no source: the vllm beside pairbench
     assert installed.command is None and installed.cmake is None and installed.convert is None
+    assert installed.install is None and installed.version == (f"{sysconfig.get_path('scripts')}/vllm", "--version")
+
+
+def test_a_python_engine_with_a_source_is_installed_into_the_arms_own_environment():
+    arm = {"source": {"git": "https://example.invalid/vllm.git", "tag": "v0.10.1"}}
+    vllm = load_profile("vllm").build_recipe(arm, src="/t", commit="0123456789", tag="v0.10.1")
+    assert vllm.command is None and vllm.cmake is None
+    assert vllm.install == InstallRecipe(
+        env_dir="/t/.venv", python="/t/.venv/bin/python", system_site_packages=True,
+        command=("/t/.venv/bin/python", "-m", "pip", "install", "--no-deps", "--no-build-isolation", "-e", "."),
+        env={"VLLM_USE_PRECOMPILED": "1", "SETUPTOOLS_SCM_PRETEND_VERSION": "v0.10.1"}, package="vllm", module="vllm")
+    assert vllm.version == ("/t/.venv/bin/vllm", "--version")  # {bin}: the environment's scripts
+    untagged = load_profile("vllm").build_recipe({"source": "somewhere"}, src="/t")
+    assert untagged.install.env == {"VLLM_USE_PRECOMPILED": "1"}  # {tag} without a tag: left unset
+    # the arm's own build replaces the install command, in the same environment
+    full = load_profile("vllm").build_recipe({**arm, "build": ["{python}", "-m", "pip", "install", "-e", "."]}, src="/t")
+    assert full.install.command == ("/t/.venv/bin/python", "-m", "pip", "install", "-e", ".") and full.command is None
+    sglang = load_profile("sglang").build_recipe(arm, src="/t")
+    assert sglang.install.command[-2:] == ("-e", "python") and sglang.version[0] == "/t/.venv/bin/python"
+    lcp = load_profile("llama-cpp-python").build_recipe(arm, src="/t")
+    assert (lcp.install.package, lcp.install.module) == ("llama-cpp-python", "llama_cpp")
 
 
 def test_embedded_converts_once_per_tree_and_model_and_hands_the_server_the_converted_folder(tmp_path):
     tree, model = exported(tmp_path), gguf(tmp_path)
+    tree_sha = source_of(tree)["patched"]["tree_sha256"]
     first = run(tmp_path, {}, tree, model)
     assert [s["step"] for s in first["steps"]] == ["byte_compile", "convert", "version"]
     assert first["steps"][0]["argv"] == ["python", "-m", "compileall", "-q", "engine"]
     assert first["steps"][1]["argv"][-2] == "m.gguf"  # file names only: the paths are private
     assert first["native_version"] == "fake-engine 0.1.0-fake" and all(s["exit_code"] == 0 for s in first["steps"])
-    key = conversion_key(TREE_SHA, hashlib.sha256(b"GGUF fake weights").hexdigest())
+    key = conversion_key(tree_sha, hashlib.sha256(b"GGUF fake weights").hexdigest())
     assert first["conversion"] == {"key": key, "cached": False, "path": f"cache/{key}",
                                    "model_sha256": hashlib.sha256(b"GGUF fake weights").hexdigest()}
     assert (tmp_path / "cache" / key / "config.json").is_file() and (tmp_path / "cache" / key / ".complete").is_file()
     assert first["model"] == {"name": "m", "kind": "gguf", "arg": None}  # the server gets conversion.path
     assert first["toolchain"] is None and "engine" not in first  # only external engines' evidence is described
+    # byte-code is no output: the tree is the exported one, as the audit will find it
+    assert first["tree_outputs"] == [] and first["environment"] is None
     assert any(p.suffix == ".pyc" for p in (tree / "engine").rglob("*.pyc"))
     again = run(tmp_path, {}, tree, model, log="b2.log")
     assert [s["step"] for s in again["steps"]] == ["byte_compile", "version"] and again["conversion"]["cached"]
@@ -103,7 +137,7 @@ def test_external_runs_its_build_command_then_an_optional_version(tmp_path):
     arm = {"engine": "llama-server", "threads": 2,
            "build": ["{python}", "-c", "import pathlib; pathlib.Path('built').write_text('{threads}')"]}
     body = run(tmp_path, arm, tree, model)
-    assert (tree / "built").read_text() == "2"
+    assert (tree / "built").read_text() == "2" and body["tree_outputs"] == ["built"]
     assert [s["step"] for s in body["steps"]] == ["build", "version"]
     # no llama-server binary yet: the version is unknown, not a failure (launch will tell)
     assert body["steps"][1] == {**body["steps"][1], "exit_code": 127, "argv": ["llama-server"]}
@@ -127,3 +161,26 @@ def test_an_installed_engine_builds_nothing_and_an_optional_version_may_fail_or_
     assert "(exit status 4: the version is left unknown)" in (tmp_path / "b.log").read_text()
     stderr = replace(recipe, version=(sys.executable, "-c", "import sys; sys.stderr.write('version: 1 (abc)\\nmore')"))
     assert run(tmp_path, {}, tree, gguf(tmp_path), recipe=stderr, log="b2.log")["native_version"] == "version: 1 (abc)"
+
+
+def test_a_build_that_changes_the_source_it_builds_fails_naming_the_file(tmp_path):
+    tree = tmp_path / "src" / "cand"
+    (tree / "util").mkdir(parents=True)
+    (tree / "kv.c").write_text("int kv_bits = 16;\n")
+    (tree / "util" / "a.c").write_text("int a;\n")
+    source = source_of(tree)
+    arm = {"engine": "llama-server", "build": ["{python}", "-c", "open('kv.c', 'a').write('int sneaky;')"]}
+    with pytest.raises(BuildError, match=r"^arm cand: the build changed the source it builds \(kv\.c in .*cand\); a "
+                                         r"build may add files to its tree, never change the exported ones; see .*b\.log$"):
+        run(tmp_path, arm, tree, gguf(tmp_path), source=source)
+
+
+def test_what_a_build_added_is_named_by_its_topmost_new_folder_or_by_itself(tmp_path):
+    source = ["top.txt", "vllm/__init__.py", "vllm/ops/a.py"]
+    added = [".venv/bin/python", ".venv/lib/python3.11/site-packages/x.py", "vllm/_C.abi3.so", "vllm/ops/gen/b.py",
+             "build/CMakeFiles/x.o", "vllm.egg-info/PKG-INFO", "vllm/__pycache__/x.cpython-311.pyc"]
+    for rel in source + added:
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(rel)
+    assert build_outputs(tmp_path, source) == [".venv", "build", "vllm.egg-info", "vllm/_C.abi3.so", "vllm/ops/gen"]
+    assert sorted(manifest(tmp_path, build_outputs(tmp_path, source))) == source

@@ -47,6 +47,18 @@ def _copy_profile(tmp_path: Path, name: str, edit) -> Path:
     (lambda d: d["launch"]["argv"].remove("--enable-prompt-tokens-details"),
      r"cold_cache\.requires_flags: '--enable-prompt-tokens-details'"),
     (lambda d: d.update(name="other"), r"field 'name' is 'other', expected the file stem 'vllm'"),
+    (lambda d: d["build"].update(command=["make"]),
+     r"build\.install installs the arm; give it without build\.command or build\.cmake"),
+    (lambda d: d["build"]["install"]["command"].append("--gpu={gpu}"),
+     r"build\.install\.command\[8\]: unknown placeholder \{gpu\}"),
+    (lambda d: d["build"]["install"].pop("module"), r"field 'build\.install': 'module' is a required property"),
+    (lambda d: d.update(model_formats=["onnx"]), r"field 'model_formats\.0': 'onnx' is not one of"),
+    (lambda d: d["tokenize"].pop("path"), r"field 'tokenize': 'path' is a required property"),
+    (lambda d: d["tokenize"].update(route="model"),
+     r"tokenize\.route model reads the model directory's tokenizer\.json, so model_formats must be \[hf\]"),
+    (lambda d: (d["tokenize"].update(route="model"), d.update(model_formats=["hf"]), d["tokens"].update(prompt="tokenize")),
+     r"tokenize\.route model with tokens\.prompt tokenize would check the prompt count against the same local "
+     r"tokenizer"),
 ])
 def test_bad_profile_names_file_and_field(tmp_path, edit, match):
     root = _copy_profile(tmp_path, "vllm", edit)

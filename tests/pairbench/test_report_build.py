@@ -30,6 +30,24 @@ def test_no_build_section_for_engines_that_are_not_compiled():
     assert build_section(PLAN, {"baseline": {"steps": []}, "candidate": {"steps": [], "toolchain": None}}) == []
 
 
+def _installed(version, tree_sha, install_s):
+    env = {"kind": "venv", "path": "results/x/src/a/.venv", "python": "results/x/src/a/.venv/bin/python",
+           "python_version": "3.11.7", "system_site_packages": True, "package": "vllm", "version": version,
+           "module": "vllm", "imports_from": "tree", "module_path": "vllm/__init__.py", "tree_sha256": tree_sha}
+    return {"steps": [{"step": "venv", "duration_s": 0.3}, {"step": "install", "duration_s": install_s}],
+            "toolchain": None, "environment": env}
+
+
+def test_build_section_shows_each_installed_arm_and_where_its_environment_imports_it_from():
+    lines = build_section(PLAN, {"baseline": _installed("0.10.1", "a" * 64, 41.0),
+                                 "candidate": _installed("0.10.1", "b" * 64, 39.5)})
+    assert lines[:4] == ["## How it was built", "",
+                         "| arm | installed | interpreter | imports the engine from | install (s) | source tree sha256 |",
+                         "|---|---|---|---|---|---|"]
+    assert "| `baseline` | `vllm` 0.10.1 | Python 3.11.7 | its tree (editable) | 41.0 | aaaaaaaaaaaa |" in lines
+    assert "| `candidate` | `vllm` 0.10.1 | Python 3.11.7 | its tree (editable) | 39.5 | bbbbbbbbbbbb |" in lines
+
+
 def test_crosscheck_section_states_the_agreement():
     row = {"condition": "in256-out64", "quantity": "prefill", "test": "pp256", "n_depth": 0, "metric": "engine_prefill_tok_s",
            "baseline_tok_s": 150.0, "candidate_tok_s": 225.0, "baseline_stddev_tok_s": 3.0,

@@ -179,7 +179,7 @@ def arm_source_files(cfg, arm, root):
 
 def model_inputs(cfg, root):
     info = pb_config.resolve_model(cfg["model"], root)
-    return [info["path"]] if info["kind"] == "gguf" else []
+    return pb_config.model_files(info)
 
 
 def per_arm(cfg, stage):

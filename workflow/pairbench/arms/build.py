@@ -8,13 +8,17 @@ runner (:func:`pairbench.core.steps.run_step`), its output appended to the build
 1. the build: the arm's own ``build`` argv or the profile's command (the embedded engine's is
    ``python -m compileall -q engine``, so a syntax error in a patched file fails here, not mid-run),
    or the profile's CMake build of only the needed targets through ccache
-   (:mod:`pairbench.arms.cmake`), or nothing (an installed engine);
+   (:mod:`pairbench.arms.cmake`), or a Python engine's install into the arm's own environment
+   (:mod:`pairbench.arms.pyenv`), or nothing (an engine installed beside pairbench);
 2. with a conversion command (the embedded engine's ``python -m engine convert``) and a GGUF model,
    the model converted into the engine's fast-loading format, which the server is then handed.
    Conversions are cached by content: the key is the sha256 of (patched source tree, model file),
    so an unchanged source, patch set and model never convert again, whichever run label asks;
 3. the version command: its first line is the native engine string recorded with every result
-   (``unknown`` where it fails, unless the profile requires it).
+   (``unknown`` where it fails, unless the profile requires it);
+4. the tree check: what the build added to the arm's tree is named (``tree_outputs``: a CMake
+   build folder, the arm's environment, generated files), and the tree without it must still hash
+   to the patched source: a build that changed the source it claims to build fails.
 
 A failing step raises :class:`BuildError` naming the arm, the step, its exit code and the log.
 """
@@ -29,8 +33,10 @@ import time
 from pathlib import Path
 
 from pairbench.arms.cmake import CMakeBuildError, cmake_build
+from pairbench.arms.pyenv import InstallError, install
 from pairbench.core.artifacts import sha256_file
 from pairbench.core.steps import StepError, run_step
+from pairbench.core.trees import build_outputs, manifest, tree_sha256
 
 
 class BuildError(Exception):
@@ -41,12 +47,15 @@ def conversion_key(patched_tree_sha256: str, model_sha256: str) -> str:
     return hashlib.sha256(f"{patched_tree_sha256}:{model_sha256}".encode()).hexdigest()
 
 
-def _rel(path: Path, root: Path) -> str:
-    """*path* relative to the repository root where it lies inside it (artifacts name no machine paths)."""
+def _rel(path: Path, root: Path, *, link: bool = False) -> str:
+    """*path* relative to the repository root where it lies inside it (artifacts name no machine
+    paths). With *link*, a last component that is a symbolic link is kept as named (an environment's
+    ``bin/python``, a link to the base interpreter)."""
+    path = path.parent.resolve() / path.name if link else path.resolve()
     try:
-        return path.resolve().relative_to(root.resolve()).as_posix()
+        return path.relative_to(root.resolve()).as_posix()
     except ValueError:
-        return str(path.resolve())
+        return str(path)
 
 
 def _convert(arm: str, argv: list[str], gguf: Path, source: dict, *, arm_dir: Path, cache_dir: Path, log: Path,
@@ -108,6 +117,31 @@ def _version(arm: str, recipe, arm_dir: Path, log: Path) -> tuple[str | None, di
     return native, res.record
 
 
+def _check_tree(arm: str, tree: Path, source: dict, log: Path) -> tuple[list[str], str]:
+    """``(what the build added to *tree*, the tree's sha256 without it)``; the hash must be the
+    patched source's (*source*: the arm's ``source`` artifact), else :class:`BuildError` names the
+    files the build changed."""
+    pristine = source["pristine"]["manifest"]
+    changed = set(source["patched"]["changed"])
+    outputs = build_outputs(tree, set(pristine) | changed)
+    now = manifest(tree, outputs)
+    sha = tree_sha256(now)
+    if sha != source["patched"]["tree_sha256"]:
+        culprits = sorted(p for p in set(now) | set(pristine) if p not in changed and now.get(p) != pristine.get(p))
+        named = ", ".join(culprits) or f"one of the patched files ({', '.join(sorted(changed))})"
+        raise BuildError(f"arm {arm}: the build changed the source it builds ({named} in {tree}); a build may add "
+                         f"files to its tree, never change the exported ones; see {log}")
+    return outputs, sha
+
+
+def _environment(installed, tree_sha: str, recipe, root: Path) -> dict:
+    """The ``environment`` record of an installed arm: where it is, what it runs, from which tree."""
+    return {"kind": "venv", "path": _rel(installed.env_dir, root), "python": _rel(installed.python, root, link=True),
+            "python_version": installed.python_version, "system_site_packages": recipe.system_site_packages,
+            "package": recipe.package, "version": installed.version, "module": recipe.module,
+            "imports_from": installed.imports_from, "module_path": installed.module_path, "tree_sha256": tree_sha}
+
+
 def build_arm(arm: str, arm_dir: str | Path, recipe, *, source: dict, model: dict, cache_dir: str | Path,
               log: str | Path, source_sha256: str, root: str | Path) -> dict:
     """Build one arm by its *recipe* (a :class:`pairbench.engines.profiles.BuildRecipe`); return
@@ -116,15 +150,22 @@ def build_arm(arm: str, arm_dir: str | Path, recipe, *, source: dict, model: dic
     *source* is the arm's ``source`` artifact; *model* is ``config.resolve_model``'s answer;
     *cache_dir* holds model conversions. The recorded ``model.arg`` is what the server is handed
     unless the model was converted (then None: ``conversion.path`` is): a named model's name, or
-    the GGUF's path relative to *root*.
+    the GGUF file's or Hugging Face directory's path relative to *root*. ``environment`` records an
+    installed arm's environment (else None), ``tree_outputs`` what the build added to the tree.
     """
     arm_dir, cache_dir, log, root = Path(arm_dir), Path(cache_dir), Path(log), Path(root)
     log.parent.mkdir(parents=True, exist_ok=True)
     log.write_text("")
     t0 = time.perf_counter()
-    steps, toolchain = [], None
+    steps, toolchain, installed = [], None, None
     if recipe.command:
         steps.append(_step(arm, recipe.command_step, recipe.command, arm_dir, log, recipe.timeout_s).record)
+    elif recipe.install:
+        try:
+            installed = install(arm, recipe.install, arm_dir, log=log, timeout_s=recipe.timeout_s)
+        except InstallError as exc:
+            raise BuildError(str(exc)) from None
+        steps.extend(installed.steps)
     elif recipe.cmake:
         try:
             out = cmake_build(arm, recipe.cmake, arm_dir, log, flags=recipe.cmake["flags"], timeout_s=recipe.timeout_s)
@@ -139,7 +180,10 @@ def build_arm(arm: str, arm_dir: str | Path, recipe, *, source: dict, model: dic
         steps += [step] if step else []
     native, step = _version(arm, recipe, arm_dir, log)
     steps += [step] if step else []
-    arg = None if conversion else (_rel(Path(model["path"]), root) if model["kind"] == "gguf" else model["name"])
+    # the embedded engine's source is src/<arm>/engine/ (a folder name); a git tag's is src/<arm>/ itself
+    outputs, tree_sha = _check_tree(arm, arm_dir / "engine" if isinstance(source["source"], str) else arm_dir,
+                                    source, log)
+    arg = None if conversion else (model["name"] if model["kind"] == "named" else _rel(Path(model["path"]), root))
     body = {
         "arm": arm,
         "native_version": native or "unknown",
@@ -152,6 +196,8 @@ def build_arm(arm: str, arm_dir: str | Path, recipe, *, source: dict, model: dic
         "duration_s": time.perf_counter() - t0,
         "python": sys.version.split()[0],
         "toolchain": toolchain,
+        "environment": _environment(installed, tree_sha, recipe.install, root) if installed else None,
+        "tree_outputs": outputs,
         "inputs": {"source": source_sha256},
     }
     if recipe.engine is not None:

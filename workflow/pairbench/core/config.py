@@ -11,6 +11,7 @@ and :func:`config_errors` finds every one of them at once (:func:`check_config` 
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -167,25 +168,47 @@ def check_arm_roles(cfg: dict) -> None:
 
 
 def resolve_model(model: str, root: Path) -> dict:
-    """``{"name", "kind": "named"|"gguf", "path"}`` for a config ``model`` value.
+    """``{"name", "kind": "named"|"gguf"|"hf", "path"}`` for a config ``model`` value.
 
-    Named models are picked by explicit name, never by sniffing a path string; anything that is not
-    a known name must be a path to a .gguf file.
+    Named models are picked by explicit name, never by sniffing a path string; anything else is a
+    path: a .gguf file (``gguf``), or a directory holding ``config.json``, a local Hugging Face
+    model (``hf``: its tokenizer files and ``*.safetensors`` beside it). Which engines read which
+    kind is their profiles' to say (``model_formats``: pairbench.engines.policy.check_engines).
     """
     root = Path(root)
     if model in NAMED_CONTEXT:
         return {"name": model, "kind": "named", "path": None}
     if model in MODEL_FILES:
         return {"name": model, "kind": "gguf", "path": str(root / MODEL_FILES[model])}
-    path = Path(model)
+    path = Path(model).expanduser()
     if not path.is_absolute():
         path = root / path
-    if path.suffix != ".gguf":
-        raise ConfigError(
-            f"model: {model!r} is neither a known model ({', '.join(sorted([*NAMED_CONTEXT, *MODEL_FILES]))}) "
-            "nor a path to a .gguf file"
-        )
-    return {"name": path.stem, "kind": "gguf", "path": str(path)}
+    if path.suffix == ".gguf":
+        return {"name": path.stem, "kind": "gguf", "path": str(path)}
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ConfigError(f"model: directory {model} has no config.json (a Hugging Face model directory holds "
+                              "config.json, the tokenizer files and *.safetensors)")
+        return {"name": path.name, "kind": "hf", "path": str(path)}
+    hub = (f"; if it is a Hugging Face model id, pairbench does not download it: fetch it into a folder first "
+           f"(huggingface-cli download {model} --local-dir resources/{Path(model).name}) and give that folder"
+           if model.count("/") == 1 else "")
+    raise ConfigError(
+        f"model: {model!r} is neither a known model ({', '.join(sorted([*NAMED_CONTEXT, *MODEL_FILES]))}), "
+        f"nor a path to a .gguf file, nor a Hugging Face model directory (a folder with config.json){hub}"
+    )
+
+
+def model_files(info: dict) -> list[str]:
+    """The files a build depends on for the model *info* (:func:`resolve_model`): the GGUF file,
+    or every file of a Hugging Face directory (hidden ones, such as a download's cache, left out)."""
+    if info["kind"] == "gguf":
+        return [info["path"]]
+    if info["kind"] == "hf":
+        root = Path(info["path"])
+        return sorted(str(p) for p in root.rglob("*")
+                      if p.is_file() and not any(part.startswith(".") for part in p.relative_to(root).parts))
+    return []
 
 
 # GGUF metadata value types (https://github.com/ggml-org/ggml/blob/master/docs/gguf.md): struct
@@ -257,10 +280,26 @@ def gguf_context(path: str | Path) -> int:
     return int(ctx)
 
 
+def hf_context(directory: str | Path) -> int:
+    """The trained context length a Hugging Face model directory's ``config.json`` states."""
+    path = Path(directory) / "config.json"
+    try:
+        cfg = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"model: {path} is not valid JSON ({exc})") from None
+    cfg = {**cfg.get("text_config", {}), **cfg} if isinstance(cfg.get("text_config"), dict) else cfg
+    for key in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
+        if isinstance(cfg.get(key), int):
+            return cfg[key]
+    raise ConfigError(f"model: {path} states no context length (max_position_embeddings)")
+
+
 def model_context(model: str, root: Path) -> int:
     info = resolve_model(model, root)
     if info["kind"] == "named":
         return NAMED_CONTEXT[info["name"]]
+    if info["kind"] == "hf":
+        return hf_context(info["path"])
     path = Path(info["path"])
     if not path.is_file():
         hint = " (run ./install.sh)" if model in MODEL_FILES else ""
@@ -348,14 +387,8 @@ def _check_gpus(cfg: dict, root: Path) -> Iterator[ConfigError]:
             yield ConfigError(f"resources.gpus.{name}: not one of the arms ({', '.join(arm_names(cfg))})")
 
 
-def _check_model(cfg: dict, root: Path) -> Iterator[ConfigError]:
-    external_engines = sorted({a["engine"] for a in cfg["arms"].values() if a["engine"] != ARM_DEFAULTS["engine"]})
-    if external_engines and resolve_model(cfg["model"], root)["kind"] == "named":
-        yield ConfigError(f"model: engine(s) {', '.join(external_engines)} need a .gguf model file, "
-                          f"not the named model {cfg['model']!r}")
-
-
 def _check_context(cfg: dict, root: Path) -> Iterator[ConfigError]:
+    # which engine reads which kind of model: its profile's model_formats (engines.policy.check_engines)
     context = model_context(cfg["model"], root)
     longest_out = max(levels(cfg, BY_NAME["output_tokens"]))
     for i, length in enumerate(cfg["lengths"]):
@@ -402,7 +435,6 @@ CHECKS: list[tuple[frozenset, Callable[[dict, Path], Iterator[ConfigError]]]] = 
     (frozenset({"arms"}), _check_sources),
     (frozenset({"arms"}), _check_patch_names),
     (frozenset({"arms", "resources"}), _check_gpus),
-    (frozenset({"arms", "model"}), _check_model),
     (frozenset({"model", "lengths", "output_tokens"}), _check_context),
     (frozenset({"stats"}), _check_metrics),
     (frozenset({"rounds", "order", "arms"}), _check_rounds),

@@ -18,16 +18,19 @@ fixed once.
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Callable
 
 from pairbench.engines.chat import render_chat_prompt
 from pairbench.engines.evidence import cold_cache_evidence, native_counts
+from pairbench.engines.hfmodel import encode
 from pairbench.engines.policy import plan_opt_in
 from pairbench.engines.profiles import REPO, EngineError, EngineProfile, LaunchSpec, arm_engine, launch_spec, load_profile
 from pairbench.engines.server import Server
 
-__all__ = ["ADAPTERS", "ArmEngine", "adapter_class", "arm_adapter", "for_arm", "model_arg", "register_adapter"]
+__all__ = ["ADAPTERS", "ArmEngine", "adapter_class", "arm_adapter", "arm_python", "for_arm", "model_arg",
+           "register_adapter"]
 
 
 class ArmEngine:
@@ -41,7 +44,7 @@ class ArmEngine:
     """
 
     def __init__(self, profile: EngineProfile, arm: dict, *, model: str, model_path: str | None, ctx: int,
-                 src_dir: str | os.PathLike, repo_root: str | os.PathLike = REPO):
+                 src_dir: str | os.PathLike, repo_root: str | os.PathLike = REPO, python: str = sys.executable):
         self.profile = profile
         self.arm = arm
         self.model = model
@@ -49,6 +52,7 @@ class ArmEngine:
         self.ctx = ctx
         self.src_dir = Path(src_dir)
         self.repo_root = Path(repo_root)
+        self.python = python  # {python}: the arm's own environment's interpreter where its build installed it
 
     @property
     def name(self) -> str:
@@ -56,7 +60,7 @@ class ArmEngine:
 
     def launch(self, port: int) -> LaunchSpec:
         return launch_spec(self.profile, self.arm, port=port, model=self.model, ctx=self.ctx,
-                           src_dir=self.src_dir, repo_root=self.repo_root)
+                           src_dir=self.src_dir, repo_root=self.repo_root, python=self.python)
 
     def server(self, log_path: str | os.PathLike, server_cfg: dict, *, pid_path: str | os.PathLike | None = None,
                owner: str = "", cpus: list[int] | None = None) -> Server:
@@ -72,8 +76,15 @@ class ArmEngine:
         if self.profile.api_mode == "chat":
             return None
         if not self.model_path:
-            raise EngineError(f"engine {self.name}: completions mode needs a GGUF model to render its chat template")
+            raise EngineError(f"engine {self.name}: completions mode needs a GGUF model or a model directory "
+                              "to render its chat template")
         return render_chat_prompt(self.model_path, messages)
+
+    @property
+    def tokenizes_locally(self) -> bool:
+        """Whether prompts are counted with the model directory's own tokenizer (``tokenize.route:
+        model``), so that no server needs to run for it."""
+        return self.profile.tokenize_spec.route == "model"
 
     @property
     def needs_log(self) -> bool:
@@ -95,7 +106,15 @@ class ArmEngine:
                                             max_tokens=max_tokens, seed=seed)
 
     def tokenize(self, http, url: str, messages: list[dict]) -> list[int]:
-        """The server's own token ids for *messages* as this engine will be sent them."""
+        """The token ids of *messages* as this engine will be sent them: by the server's own
+        tokenizer, or (:attr:`tokenizes_locally`) by the model directory's, over the text the
+        server is sent (special tokens added in completions mode; a chat template holds its own)."""
+        if self.tokenizes_locally:
+            if not (self.model_path and Path(self.model_path).is_dir()):
+                raise EngineError(f"engine {self.name}: tokenize.route model needs a Hugging Face model directory, "
+                                  f"not {self.model!r}")
+            return encode(self.model_path, render_chat_prompt(self.model_path, messages),
+                          add_special_tokens=self.profile.api_mode == "completions")
         if self.profile.tokenize_spec.input == "messages":
             path, body = self.profile.tokenize_request(messages=messages)
         else:
@@ -189,24 +208,42 @@ def adapter_class(profile_name: str) -> type[ArmEngine]:
 
 
 def arm_adapter(arm: dict, *, model: str, model_path: str | None, ctx: int, src_dir: str | os.PathLike,
-                repo_root: str | os.PathLike = REPO) -> ArmEngine:
+                repo_root: str | os.PathLike = REPO, python: str = sys.executable) -> ArmEngine:
     """The adapter for one arm, whatever its engine (default: the embedded one). An engine without a
     profile fails here, naming it (:class:`~pairbench.engines.profiles.EngineError`)."""
     profile = load_profile(arm_engine(arm))
     return adapter_class(profile.name)(profile, arm, model=model, model_path=model_path, ctx=ctx, src_dir=src_dir,
-                                       repo_root=repo_root)
+                                       repo_root=repo_root, python=python)
+
+
+def _under_root(path: str, root: str | os.PathLike) -> str:
+    p = Path(path)
+    return str(p if p.is_absolute() else (Path(root) / p).resolve())
 
 
 def model_arg(build: dict, root: str | os.PathLike) -> str:
     """What an arm's server is handed as ``{model}``, from the arm's ``build`` artifact: the
-    converted folder where the build converted the model, else the GGUF file, else the model's name."""
+    converted folder where the build converted the model, else the GGUF file or the Hugging Face
+    directory, else the model's name."""
     if build["conversion"] is not None:
-        p = Path(build["conversion"]["path"])
-        return str(p if p.is_absolute() else (Path(root) / p).resolve())
-    if build["model"]["kind"] == "gguf" and build["model"]["arg"]:  # an engine that reads the GGUF itself
-        p = Path(build["model"]["arg"])
-        return str(p if p.is_absolute() else (Path(root) / p).resolve())
+        return _under_root(build["conversion"]["path"], root)
+    if build["model"]["kind"] in ("gguf", "hf") and build["model"]["arg"]:  # an engine that reads it itself
+        return _under_root(build["model"]["arg"], root)
     return build["model"]["arg"]
+
+
+def arm_python(build: dict, root: str | os.PathLike) -> str:
+    """The interpreter an arm's server runs with (``{python}``), from its ``build`` artifact: its own
+    environment's where the build installed the arm (which must still be there), else pairbench's."""
+    env = build.get("environment")
+    if not env:
+        return sys.executable
+    # not resolved: the environment's python is a link to the base interpreter, which would run without it
+    python = Path(os.path.abspath(Path(root) / env["python"]))
+    if not python.is_file():
+        raise EngineError(f"arm {build['arm']}: its environment's interpreter {env['python']} is gone; "
+                          "rebuild the arm (its build artifact records an environment that no longer exists)")
+    return str(python)
 
 
 def for_arm(arm_cfg: dict, *, build: dict, plan: dict, arm_dir: str | os.PathLike, server_cfg: dict,
@@ -216,4 +253,5 @@ def for_arm(arm_cfg: dict, *, build: dict, plan: dict, arm_dir: str | os.PathLik
     plan_opt_in(plan)
     model = model_arg(build, root)
     arm = {**arm_cfg, "threads": arm_cfg.get("threads") or server_cfg["threads"]}
-    return arm_adapter(arm, model=model, model_path=model, ctx=plan["max_context"], src_dir=arm_dir, repo_root=root)
+    return arm_adapter(arm, model=model, model_path=model, ctx=plan["max_context"], src_dir=arm_dir, repo_root=root,
+                       python=arm_python(build, root))

@@ -1,8 +1,9 @@
-"""The prompt text a completions-mode engine is sent: the model's own chat template, from its GGUF.
+"""The prompt text a completions-mode engine is sent: the model's own chat template.
 
 An engine whose tokenizer route takes text (llama.cpp's ``/tokenize``, llama-cpp-python's) is sent
 the rendered prompt, and that exact text's token count is verified. The template and its BOS/EOS
-strings are read from the GGUF metadata; the rendering is the embedded engine's own
+strings are read from the GGUF metadata, or from a Hugging Face model directory's tokenizer files
+(:mod:`pairbench.engines.hfmodel`); the rendering is the embedded engine's own
 (``engine/tokenizer.py: compile_chat_template``), loaded from this checkout's file without
 importing the engine package (and torch), so there is one chat-template renderer in the repository.
 """
@@ -14,6 +15,7 @@ import importlib.util
 import os
 from pathlib import Path
 
+from pairbench.engines.hfmodel import chat_template
 from pairbench.engines.profiles import REPO, EngineError
 
 
@@ -58,6 +60,8 @@ def gguf_chat(path: str) -> tuple[str, str, str]:
 
 def render_chat_prompt(model_path: str | os.PathLike, messages: list[dict]) -> str:
     """The model's chat template applied to *messages*, generation prompt added: the exact text a
-    completions-mode engine is sent and whose token count is verified."""
-    tmpl, bos, eos = gguf_chat(str(Path(model_path)))
+    completions-mode engine is sent and whose token count is verified. *model_path* is a GGUF file
+    or a Hugging Face model directory."""
+    path = Path(model_path)
+    tmpl, bos, eos = chat_template(str(path)) if path.is_dir() else gguf_chat(str(path))
     return _renderer()(tmpl).render(messages=messages, add_generation_prompt=True, bos_token=bos, eos_token=eos)

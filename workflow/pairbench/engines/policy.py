@@ -1,5 +1,7 @@
 """The opt-in policy: nothing external is built, launched or contacted without consent; and every
-arm's engine has a valid profile (:func:`check_engines`, at parse time).
+arm's engine has a valid profile that runs what the arm claims (:func:`check_engines`, at parse
+time): the model in a format the engine reads, and the arm's source and patches, which the engine
+must install, build or launch from.
 
 A profile marked ``external`` (code from outside this repository) or an arm whose source is a git
 repository is never built, launched or sent a request unless the config sets
@@ -8,19 +10,59 @@ repository is never built, launched or sent a request unless the config sets
 
 from __future__ import annotations
 
-from pairbench.core.config import ConfigError
-from pairbench.engines.profiles import (EngineError, ExternalEngineNotAllowed, arm_engine, is_external, launch_spec,
-                                        load_profile)
+import sys
+from pathlib import Path
+
+from pairbench.core.config import ConfigError, resolve_model
+from pairbench.engines.profiles import (ENV_DIR, MODEL_FORMATS, REPO, EngineError, EngineProfile,
+                                        ExternalEngineNotAllowed, arm_engine, is_external, launch_spec, load_profile)
+from pairbench.engines.specs import env_python
 
 
-def check_engines(config: dict) -> None:
-    """Raise :class:`~pairbench.core.config.ConfigError` naming ``arms.<arm>.engine`` unless every
-    arm's engine has a valid profile (a schema-valid config, checked at parse time)."""
+def check_engines(config: dict, root: str | Path = REPO) -> None:
+    """Raise :class:`~pairbench.core.config.ConfigError` naming the key unless every arm's engine
+    has a valid profile (``arms.<arm>.engine``), reads the model's format (``model``), and runs the
+    arm's source and patches (``arms.<arm>.source``, ``arms.<arm>.patches``: :func:`check_source_runs`).
+    *config* is schema-valid; *root* is the checkout the model path is relative to; a ``model`` of
+    None (one already refused) skips the format check."""
+    model = config.get("model")
+    kind = resolve_model(model, Path(root))["kind"] if model is not None else None
     for name, arm in config["arms"].items():
+        arm = arm or {}
         try:
-            load_profile(arm_engine(arm or {}))
+            profile = load_profile(arm_engine(arm))
         except EngineError as exc:
             raise ConfigError(f"arms.{name}.engine: {exc}") from None
+        if kind is not None and kind not in profile.model_formats:
+            takes = " or ".join(MODEL_FORMATS[f] for f in profile.model_formats)
+            raise ConfigError(f"model: {config['model']!r} is {MODEL_FORMATS[kind]}, but arm {name}'s engine "
+                              f"{profile.name} reads {takes} only (model_formats in {_shown(profile)})")
+        check_source_runs(name, arm, profile)
+
+
+def _shown(profile: EngineProfile) -> str:
+    path = Path(profile.path)
+    return path.relative_to(REPO).as_posix() if path.is_relative_to(REPO) else str(path)
+
+
+def check_source_runs(name: str, arm: dict, profile: EngineProfile) -> None:
+    """An arm that gives a source (a git tag) or patches must have them run: its engine's profile
+    installs the tree into the arm's own environment, or launches from it (after building it there).
+    Else both arms would run the one engine installed beside pairbench, and a patch would never run:
+    :class:`~pairbench.core.config.ConfigError` naming ``arms.<arm>.patches`` or ``arms.<arm>.source``."""
+    source, patches = arm.get("source"), arm.get("patches") or []
+    if profile.source_route(arm) is not None or not (patches or source is not None):
+        return
+    if patches:
+        key, what = "patches", "its patches would never run"
+    else:
+        key, what = "source", (f"tag {source['tag']}" if isinstance(source, dict) and "tag" in source
+                               else "its source") + " would never run"
+    raise ConfigError(
+        f"arms.{name}.{key}: engine {profile.name} installs no source: its profile ({_shown(profile)}) has no "
+        f"build.install, and its server runs an installed program, not the arm's tree, so {what} (both arms would "
+        "measure the same installed engine). Use an engine profile that installs or builds the tree, or drop "
+        f"arms.{name}.source and arms.{name}.patches to compare the installed engine's settings")
 
 
 def external_arms(config: dict) -> list[str]:
@@ -33,17 +75,25 @@ def describe_plan(config: dict) -> str:
     for name, arm in config["arms"].items():
         arm = arm or {}
         profile = load_profile(arm_engine(arm))
-        src = arm.get("source", "engine")
-        if isinstance(src, dict) and "git" in src:
+        src = arm.get("source") or ("engine" if profile.name == "embedded" else None)
+        if src is None:
+            src_s = "none: the engine installed beside pairbench"
+        elif isinstance(src, dict) and "git" in src:
             src_s = f"git {src['git']} at tag {src.get('tag')}"
         elif isinstance(src, dict):
             src_s = f"path {src.get('path')}"
         else:
             src_s = f"path {src}"
+        src_dir = f"results/{config.get('label', 'default')}/src/{name}"
+        python = str(env_python(Path(src_dir) / ENV_DIR)) if profile.installs(arm) else sys.executable
         spec = launch_spec(profile, arm, port="<port>", model=str(config.get("model")), ctx="<ctx>",
-                           src_dir=f"results/{config.get('label', 'default')}/src/{name}")
+                           src_dir=src_dir, python=python)
         build = arm.get("build") or profile.build_spec.command
-        if not build and profile.build_spec.cmake:
+        if profile.installs(arm):
+            install = profile.build_spec.install
+            cmd = " ".join([*(f"{k}={v}" for k, v in install.env.items()), *(arm.get("build") or install.command)])
+            build = f"install into results/{config.get('label', 'default')}/src/{name}/.venv: {cmd}"
+        elif not build and profile.build_spec.cmake:
             build = f"CMake, targets {', '.join(profile.build_spec.cmake['targets'])}"
         lines.append(f"  arm {name}: engine {profile.name}"
                      f"{' (EXTERNAL)' if is_external(arm, profile) else ''}; source {src_s}; "
@@ -53,8 +103,9 @@ def describe_plan(config: dict) -> str:
         lines.append(f"    launch: {' '.join(spec.argv)}")
         if spec.env:
             lines.append(f"    env: {' '.join(f'{k}={v}' for k, v in sorted(spec.env.items()))}")
+        tokenizer = profile.tokenize_spec.path or "the model directory's tokenizer.json"
         lines.append(f"    requests to 127.0.0.1 ({spec.health_path}, {profile.generate_path}, "
-                     f"{profile.tokenize_spec.path}); cold-cache proof: {profile.cold_cache_proof}")
+                     f"{tokenizer}); cold-cache proof: {profile.cold_cache_proof}")
     lines.append(f"  {config.get('rounds')} rounds x lengths {config.get('lengths')} x "
                  f"{config.get('output_tokens')} output tokens")
     return "\n".join(lines)

@@ -5,17 +5,23 @@ YAML file in ``config/engines/<name>.yaml`` validated against
 ``workflow/schemas/engine_profile.schema.json``. It says, for that engine:
 
 - the launch command template (``{port}``, ``{model}``, ``{threads}``, ``{ctx}``, ``{python}``,
-  ``{src}``, ``{host}``), its environment, the health probe and the readiness timeout;
+  ``{bin}``, ``{src}``, ``{host}``), its environment, the health probe and the readiness timeout;
+- how an arm is built from its exported tree: a command, a CMake build, or (a Python engine) an
+  install into a virtual environment of the arm's own, which its server then runs from;
+- which model formats the engine reads (``model_formats``: a GGUF file, a Hugging Face directory);
 - the fields added to every measured request (prefix cache off, output length forced);
 - how a cold cache is proven from the server's own reply (read by :mod:`pairbench.engines.evidence`),
   and where native token counts and timings come from;
-- how the server's tokenizer is reached (:meth:`EngineProfile.tokenize_request`).
+- how prompts are tokenized: the server's tokenizer (:meth:`EngineProfile.tokenize_request`), or
+  the model directory's own (``tokenize.route: model``).
 
 This module loads and renders profiles, and reads them: every section the rest of the harness needs
 has a typed accessor on :class:`EngineProfile` (``tokenize_spec``, ``cold_cache_spec``,
-``prompt_count_route``, ``build_spec``, ``version_command``, ``crosscheck_spec``...), and
-:meth:`EngineProfile.build_recipe` renders one arm's build. The raw YAML (``profile.data``) is read
-only inside :mod:`pairbench.engines`.
+``prompt_count_route``, ``build_spec``, ``version_command``, ``crosscheck_spec``, ``model_formats``...),
+:meth:`EngineProfile.build_recipe` renders one arm's build and :meth:`EngineProfile.source_route`
+says whether the arm's tree runs at all. The typed values and the templating live in
+:mod:`pairbench.engines.specs`. The raw YAML (``profile.data``) is read only inside
+:mod:`pairbench.engines`.
 """
 
 from __future__ import annotations
@@ -25,7 +31,6 @@ import functools
 import json
 import os
 import re
-import string
 import sys
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -35,31 +40,26 @@ from typing import Any
 import jsonschema
 import yaml
 
+from pairbench.engines.specs import (ENV_DIR, PLACEHOLDERS, BuildRecipe, BuildSpec, ColdCacheSpec, CrosscheckSpec,
+                                     EngineError, ExternalEngineNotAllowed, FlushSpec, InstallRecipe, InstallSpec,
+                                     LaunchSpec, TokenizeSpec, check_placeholders, env_python, is_none_placeholder,
+                                     render, render_body, scripts_dir)
+
 __all__ = [
-    "BuildRecipe", "BuildSpec", "ColdCacheSpec", "CrosscheckSpec", "EngineError", "ExternalEngineNotAllowed",
-    "EngineProfile", "FlushSpec", "LaunchSpec", "PLACEHOLDERS", "PROFILE_DIR", "TokenizeSpec", "arm_engine",
-    "available_profiles", "is_external", "launch_spec", "load_profile", "render",
+    "BuildRecipe", "BuildSpec", "ColdCacheSpec", "CrosscheckSpec", "ENV_DIR", "EngineError",
+    "ExternalEngineNotAllowed", "EngineProfile", "FlushSpec", "InstallRecipe", "InstallSpec", "LaunchSpec",
+    "MODEL_FORMATS", "PLACEHOLDERS", "PROFILE_DIR", "TokenizeSpec", "arm_engine", "available_profiles", "is_external",
+    "launch_spec", "load_profile", "render",
 ]
 
 REPO = Path(__file__).resolve().parents[3]
 PROFILE_DIR = REPO / "config" / "engines"
 SCHEMA = Path(__file__).resolve().parents[2] / "schemas" / "engine_profile.schema.json"
 
-# Placeholders a launch/build/version template may use. A value of None drops the element and, if
-# the element before it is a bare flag (starts with '-'), that flag too: "--threads {threads}" with
-# no threads configured leaves the server's own default.
-PLACEHOLDERS = ("port", "model", "threads", "ctx", "python", "src", "host", "output_tokens", "commit",
-                "lengths")
-
 DEFAULT_ENGINE = "embedded"
 
-
-class EngineError(ValueError):
-    """A profile or an arm's engine settings are invalid. The message names the file or key."""
-
-
-class ExternalEngineNotAllowed(EngineError):
-    """The config targets an external engine without ``allow_external: true``. Carries the plan."""
+# What a model may be (pairbench.core.config.resolve_model's kinds), in the words of an error message.
+MODEL_FORMATS = {"gguf": "a GGUF file", "hf": "a Hugging Face model directory", "named": "a named built-in model"}
 
 
 @functools.lru_cache(maxsize=1)
@@ -72,124 +72,6 @@ def _schema() -> dict:
 def available_profiles(root: str | os.PathLike | None = None) -> list[str]:
     root = Path(root) if root else PROFILE_DIR
     return sorted(p.stem for p in root.glob("*.yaml"))
-
-
-@dataclass(frozen=True)
-class LaunchSpec:
-    """Everything needed to start one arm's server and know when it is ready."""
-
-    argv: list[str]
-    env: dict[str, str]  # additions to the inherited environment
-    cwd: str
-    health_path: str
-    ready_timeout_s: float
-    interval_s: float
-    port: int
-    host: str = "127.0.0.1"
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
-
-    @property
-    def health_url(self) -> str:
-        return self.url + self.health_path
-
-    def public(self) -> dict:
-        """argv/env with this machine's paths replaced by their roles (for artifacts)."""
-        return {"argv": [_basename_paths(a) for a in self.argv],
-                "env_keys": sorted(self.env), "health_path": self.health_path,
-                "ready_timeout_s": self.ready_timeout_s}
-
-
-def _basename_paths(arg: str) -> str:
-    return os.path.basename(arg) if os.path.isabs(arg) else arg
-
-
-@dataclass(frozen=True)
-class TokenizeSpec:
-    """How the server's own tokenizer is asked (``tokenize``): POST *path* with *body*, which takes
-    the rendered prompt ``text`` or the ``messages`` (*input*); the ids are in *tokens_field*."""
-
-    path: str
-    input: str
-    body: dict
-    tokens_field: str
-    count_field: str | None
-
-
-@dataclass(frozen=True)
-class ColdCacheSpec:
-    """Where a cold cache is shown (``cold_cache``): *proof* is ``evaluated_tokens``,
-    ``cached_tokens`` or ``none``; the fields are dotted reply paths, the patterns log regexes."""
-
-    proof: str
-    how: str
-    evaluated_field: str | None = None
-    cached_field: str | None = None
-    missing_means_zero: bool = False
-    log_pattern: str | None = None
-    log_evaluated_pattern: str | None = None
-    requires_flags: tuple[str, ...] = ()
-
-    @property
-    def from_log(self) -> bool:
-        """Whether the evaluated-token count is read from the server log, request by request."""
-        return self.proof == "evaluated_tokens" and not self.evaluated_field
-
-
-@dataclass(frozen=True)
-class FlushSpec:
-    """An unmeasured request sent before each steady one, so that it shares no prefix (``request.flush``)."""
-
-    path: str
-    body: dict
-
-
-@dataclass(frozen=True)
-class BuildSpec:
-    """How an arm of this engine is built (``build``), as templates: a *command* (its step named
-    *step*), or a CMake build (*cmake*: ``targets``, ``flags``, ``jobs``, ``build_dir``,
-    ``compiler_cache``), or nothing; then, with *convert*, a cached conversion of a GGUF model."""
-
-    command: tuple[str, ...] | None
-    step: str
-    cmake: dict | None
-    convert: tuple[str, ...] | None
-    timeout_s: float
-
-
-@dataclass(frozen=True)
-class BuildRecipe:
-    """One arm's build, rendered from its profile: what :func:`pairbench.arms.build.build_arm` runs.
-
-    In order: *command* (a step named *command_step*) or the CMake build *cmake* (its ``flags``
-    rendered), or neither; with *convert* and a GGUF model, ``convert + [<gguf>, <out dir>]``
-    (cached per patched tree and model; the server then gets the converted folder); then *version*,
-    whose first output line is the native version string (a failure fails the build only when
-    *version_required*). Every step has *timeout_s*. *engine* is the profile summary the build
-    artifact records (external engines), else None.
-    """
-
-    command: tuple[str, ...] | None
-    command_step: str
-    cmake: dict | None
-    convert: tuple[str, ...] | None
-    version: tuple[str, ...] | None
-    version_required: bool
-    timeout_s: float
-    engine: dict | None
-
-
-@dataclass(frozen=True)
-class CrosscheckSpec:
-    """The engine's own benchmark tool (``crosscheck``): argv templates that print *format*."""
-
-    tool: str
-    format: str
-    commands: tuple[tuple[str, ...], ...]
-    timeout_s: float
-    how: str = ""
 
 
 @dataclass(frozen=True)
@@ -237,8 +119,15 @@ class EngineProfile:
     @cached_property
     def tokenize_spec(self) -> TokenizeSpec:
         tok = self.data["tokenize"]
-        return TokenizeSpec(path=tok["path"], input=tok.get("input", "text"), body=tok["body"],
-                            tokens_field=tok.get("tokens_field", "tokens"), count_field=tok.get("count_field"))
+        return TokenizeSpec(path=tok.get("path"), input=tok.get("input", "text"), body=tok.get("body"),
+                            tokens_field=tok.get("tokens_field", "tokens"), count_field=tok.get("count_field"),
+                            route=tok.get("route", "server"))
+
+    @property
+    def model_formats(self) -> tuple[str, ...]:
+        """The model kinds this engine reads (``model_formats``, default GGUF only): ``gguf`` (a
+        file), ``hf`` (a Hugging Face directory), ``named`` (a built-in model, by name)."""
+        return tuple(self.data.get("model_formats") or ("gguf",))
 
     @property
     def prompt_count_route(self) -> str:
@@ -281,10 +170,34 @@ class EngineProfile:
     @cached_property
     def build_spec(self) -> BuildSpec:
         b = self.data.get("build") or {}
+        ins = b.get("install")
+        install = None if not ins else InstallSpec(
+            command=tuple(ins["command"]), env=dict(ins.get("env") or {}),
+            system_site_packages=bool(ins.get("system_site_packages", False)), package=ins["package"],
+            module=ins["module"])
         return BuildSpec(command=tuple(b["command"]) if b.get("command") else None, step=b.get("step", "build"),
                          cmake=copy.deepcopy(b["cmake"]) if b.get("cmake") else None,
                          convert=tuple(b["convert"]) if b.get("convert") else None,
-                         timeout_s=float(b.get("timeout_s") or 3600))
+                         timeout_s=float(b.get("timeout_s") or 3600), install=install)
+
+    def installs(self, arm: dict) -> bool:
+        """Whether *arm* is installed into a virtual environment of its own: the profile says how
+        (``build.install``) and the arm has a source to install (a git tag)."""
+        return self.build_spec.install is not None and arm.get("source") is not None
+
+    def source_route(self, arm: dict) -> str | None:
+        """How *arm*'s exported tree reaches its server: ``install`` (the profile installs it into
+        the arm's own environment, ``build.install``), ``launch`` (the server starts from the tree:
+        ``{src}`` in its command line or environment, or it runs in the tree), or None: the engine
+        runs an installed program, so a source or patches given to it would never run."""
+        if self.build_spec.install is not None:
+            return "install"
+        launch = self.data["launch"]
+        words = [*(arm.get("launch") or launch["argv"]), *(arm.get("args") or []), *launch.get("env", {}).values(),
+                 *(arm.get("env") or {}).values()]
+        if launch.get("cwd", "src") == "src" or any("{src}" in str(w) for w in words):
+            return "launch"
+        return None
 
     @cached_property
     def crosscheck_spec(self) -> CrosscheckSpec | None:
@@ -295,20 +208,35 @@ class EngineProfile:
         return CrosscheckSpec(tool=c["tool"], format=c["format"], commands=tuple(tuple(t) for t in c["commands"]),
                               timeout_s=float(c.get("timeout_s", 1800)), how=c.get("how", "").strip())
 
-    def build_recipe(self, arm: dict, *, src: str | os.PathLike, commit: str | None = None,
+    def build_recipe(self, arm: dict, *, src: str | os.PathLike, commit: str | None = None, tag: str | None = None,
                      python: str = sys.executable) -> BuildRecipe:
         """*arm*'s build, rendered: the arm's own ``build`` argv (a step named ``build``) wins over the
-        profile's command or CMake build. Templates may use ``{python}``, ``{src}``, ``{threads}``,
-        ``{host}`` and ``{commit}`` (the exported tag's commit, 7 characters; ``unknown`` without one)."""
-        values = {"python": python, "src": str(Path(src).resolve()), "threads": arm.get("threads"), "port": None,
-                  "model": None, "ctx": None, "host": "127.0.0.1", "commit": commit[:7] if commit else "unknown"}
+        profile's command or CMake build, or over its install command. Templates may use ``{python}``,
+        ``{bin}``, ``{src}``, ``{threads}``, ``{host}``, ``{commit}`` (the exported tag's commit, 7
+        characters; ``unknown`` without one) and ``{tag}``. Where the profile installs the arm
+        (:meth:`installs`), ``{python}`` is the interpreter of the arm's own environment
+        (``src/<arm>/.venv``), which *python* makes."""
         spec = self.build_spec
+        env_dir = Path(src).resolve() / ENV_DIR
+        run_python = str(env_python(env_dir)) if self.installs(arm) else python
+        values = {"python": run_python, "bin": scripts_dir(run_python), "src": str(Path(src).resolve()),
+                  "threads": arm.get("threads"), "port": None, "model": None, "ctx": None, "host": "127.0.0.1",
+                  "commit": commit[:7] if commit else "unknown", "tag": tag}
 
         def argv(template, where: str) -> tuple[str, ...] | None:
             return tuple(str(a) for a in render(list(template), values, where)) if template else None
 
         own = arm.get("build") is not None
         command = argv(arm["build"], "arms.build") if own else argv(spec.command, f"{self.name}.build.command")
+        install = None
+        if self.installs(arm):
+            env = render(dict(spec.install.env), values, f"{self.name}.build.install.env")
+            install = InstallRecipe(
+                env_dir=str(env_dir), python=run_python, system_site_packages=spec.install.system_site_packages,
+                command=command if own else argv(spec.install.command, f"{self.name}.build.install.command"),
+                env={k: str(v) for k, v in env.items() if v is not None}, package=spec.install.package,
+                module=spec.install.module)
+            command = None
         cmake = None
         if not own and spec.cmake:
             cmake = {**spec.cmake, "flags": [str(f) for f in render(list(spec.cmake.get("flags") or []), values,
@@ -317,7 +245,7 @@ class EngineProfile:
                            convert=argv(spec.convert, f"{self.name}.build.convert"),
                            version=argv(self.version_command, f"{self.name}.version.command"),
                            version_required=self.version_required, timeout_s=spec.timeout_s,
-                           engine=self.summary() if self.external else None)
+                           engine=self.summary() if self.external else None, install=install)
 
     def summary(self) -> dict:
         """The profile facts a run artifact records (and the report shows) for an arm."""
@@ -360,11 +288,13 @@ class EngineProfile:
     def tokenize_request(self, *, text: str | None = None, messages: list[dict] | None = None) -> tuple[str, dict]:
         """``(path, body)`` asking the server's own tokenizer for the prompt's tokens."""
         tok = self.tokenize_spec
+        if tok.route != "server":
+            raise EngineError(f"engine {self.name}: tokenize.route is {tok.route}: no server tokenizer is asked")
         if tok.input == "messages" and messages is None:
             raise EngineError(f"engine {self.name}: tokenize takes messages")
         if tok.input == "text" and text is None:
             raise EngineError(f"engine {self.name}: tokenize takes the rendered prompt text")
-        body = _render_obj(copy.deepcopy(tok.body), {"text": text, "messages": messages})
+        body = render_body(copy.deepcopy(tok.body), {"text": text, "messages": messages})
         return tok.path, body
 
     def token_count(self, reply: dict) -> int:
@@ -408,22 +338,23 @@ def _check_consistency(data: dict, path: Path) -> None:
     """Rules a schema cannot say: placeholders known, cache-off fields really sent, modes agree."""
     for key in ("argv",):
         for i, item in enumerate(data["launch"][key]):
-            _check_placeholders(item, f"{path}: launch.argv[{i}]")
+            check_placeholders(item, f"{path}: launch.argv[{i}]")
     for k, v in data["launch"].get("env", {}).items():
-        _check_placeholders(v, f"{path}: launch.env.{k}")
+        check_placeholders(v, f"{path}: launch.env.{k}")
     for section, key in (("build", "command"), ("build", "convert"), ("version", "command")):
         cmd = (data.get(section) or {}).get(key)
         for i, item in enumerate(cmd or []):
-            _check_placeholders(item, f"{path}: {section}.{key}[{i}]")
+            check_placeholders(item, f"{path}: {section}.{key}[{i}]")
+    _check_install(data, path)
     for i, cmd in enumerate((data.get("crosscheck") or {}).get("commands") or []):
         for j, item in enumerate(cmd):
-            _check_placeholders(item, f"{path}: crosscheck.commands[{i}][{j}]")
+            check_placeholders(item, f"{path}: crosscheck.commands[{i}][{j}]")
     cmake = (data.get("build") or {}).get("cmake")
     if cmake:
         if (data.get("build") or {}).get("command"):
             raise EngineError(f"{path}: build has both command and cmake; give one")
         for i, item in enumerate(cmake.get("flags") or []):
-            _check_placeholders(item, f"{path}: build.cmake.flags[{i}]")
+            check_placeholders(item, f"{path}: build.cmake.flags[{i}]")
             if item.startswith("-DCMAKE_C_COMPILER_LAUNCHER") or item.startswith("-DCMAKE_CXX_COMPILER_LAUNCHER"):
                 raise EngineError(f"{path}: build.cmake.flags[{i}]: the compiler launcher is set by "
                                   "build.cmake.compiler_cache, not by a flag")
@@ -455,65 +386,27 @@ def _check_consistency(data: dict, path: Path) -> None:
     if data["tokenize"].get("input", "text") == "text" and data["api"]["mode"] == "chat":
         raise EngineError(f"{path}: tokenize.input is text but api.mode is chat: the verified text "
                           "would not be what the server tokenizes; use api.mode: completions")
+    if data["tokenize"].get("route") == "model":
+        if list(data.get("model_formats") or ["gguf"]) != ["hf"]:
+            raise EngineError(f"{path}: tokenize.route model reads the model directory's tokenizer.json, so "
+                              "model_formats must be [hf]")
+        if data["tokens"]["prompt"] == "tokenize":
+            raise EngineError(f"{path}: tokenize.route model with tokens.prompt tokenize would check the "
+                              "prompt count against the same local tokenizer; the reply must carry the count")
 
 
-def _check_placeholders(template: str, where: str) -> None:
-    for _, name, _, _ in string.Formatter().parse(template):
-        if name is not None and name not in PLACEHOLDERS:
-            raise EngineError(f"{where}: unknown placeholder {{{name}}} in {template!r} "
-                              f"(known: {', '.join('{%s}' % p for p in PLACEHOLDERS)})")
-
-
-def render(obj: Any, values: dict, where: str = "template") -> Any:
-    """Fill placeholders in every string of *obj* (str, list, dict).
-
-    A string that is exactly one placeholder keeps the value's type (``"{output_tokens}"`` → 64).
-    In a list, an element whose placeholder value is None is dropped with its preceding bare flag.
-    """
-    if isinstance(obj, dict):
-        return {k: render(v, values, f"{where}.{k}") for k, v in obj.items()}
-    if isinstance(obj, list):
-        out: list = []
-        for i, item in enumerate(obj):
-            if isinstance(item, str) and _is_none_placeholder(item, values):
-                if out and isinstance(out[-1], str) and out[-1].startswith("-") and i > 0 \
-                        and isinstance(obj[i - 1], str) and not _fields(obj[i - 1]):
-                    out.pop()
-                continue
-            out.append(render(item, values, f"{where}[{i}]"))
-        return out
-    if isinstance(obj, str):
-        names = _fields(obj)
-        for n in names:
-            if n not in values:
-                raise EngineError(f"{where}: placeholder {{{n}}} has no value here "
-                                  f"(given: {', '.join(sorted(values))})")
-        if len(names) == 1 and obj == "{%s}" % names[0]:
-            return values[names[0]]
-        return obj.format_map({k: ("" if v is None else v) for k, v in values.items()}) if names else obj
-    return obj
-
-
-def _fields(s: str) -> list[str]:
-    return [n for _, n, _, _ in string.Formatter().parse(s) if n is not None]
-
-
-def _is_none_placeholder(s: str, values: dict) -> bool:
-    names = _fields(s)
-    return bool(names) and any(n in values and values[n] is None for n in names)
-
-
-def _render_obj(obj: Any, values: dict) -> Any:
-    """Like :func:`render` for request bodies: ``"{messages}"`` becomes the list itself."""
-    if isinstance(obj, dict):
-        return {k: _render_obj(v, values) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_render_obj(v, values) for v in obj]
-    if isinstance(obj, str):
-        m = re.fullmatch(r"\{(\w+)\}", obj)
-        if m and m.group(1) in values:
-            return values[m.group(1)]
-    return obj
+def _check_install(data: dict, path: Path) -> None:
+    """``build.install`` is the arm's whole build (no command or CMake beside it); its templates are known."""
+    build = data.get("build") or {}
+    install = build.get("install")
+    if not install:
+        return
+    if build.get("command") or build.get("cmake"):
+        raise EngineError(f"{path}: build.install installs the arm; give it without build.command or build.cmake")
+    for i, item in enumerate(install["command"]):
+        check_placeholders(item, f"{path}: build.install.command[{i}]")
+    for k, v in (install.get("env") or {}).items():
+        check_placeholders(str(v), f"{path}: build.install.env.{k}")
 
 
 # ---- arms ---------------------------------------------------------------------------------
@@ -536,18 +429,20 @@ def launch_spec(profile: EngineProfile, arm: dict, *, port: int, model: str, ctx
 
     The arm may replace the argv template (``launch: [...]``), append to it (``args``),
     set ``threads`` and add ``env`` (which wins over the profile's). Arms that differ only in
-    these are a valid A/B (e.g. ``threads: 1`` vs ``threads: 2`` with no patches).
+    these are a valid A/B (e.g. ``threads: 1`` vs ``threads: 2`` with no patches). *python* is the
+    arm's interpreter (``{python}``; its own environment's where the build installed the arm), and
+    ``{bin}`` its console scripts.
     """
-    values = {"port": port, "model": model, "threads": arm.get("threads"), "ctx": ctx,
-              "python": python, "src": str(Path(src_dir).resolve()), "host": host}
+    values = {"port": port, "model": model, "threads": arm.get("threads"), "ctx": ctx, "python": python,
+              "bin": scripts_dir(python), "src": str(Path(src_dir).resolve()), "host": host}
     argv_t = arm.get("launch") or profile.data["launch"]["argv"]
     for i, item in enumerate(argv_t):
-        _check_placeholders(item, f"arm launch[{i}]")
+        check_placeholders(item, f"arm launch[{i}]")
     argv = [str(a) for a in render(list(argv_t) + list(arm.get("args") or []), values, "launch")]
     env_t = {**profile.data["launch"].get("env", {}), **{k: str(v) for k, v in (arm.get("env") or {}).items()}}
     env = {}
     for k, v in env_t.items():
-        if _is_none_placeholder(v, values):
+        if is_none_placeholder(v, values):
             continue  # e.g. OMP_NUM_THREADS={threads} with no threads set: leave it unset
         env[k] = str(render(v, values, f"env.{k}"))
     for flag in profile.data["prefix_cache"].get("launch_flags") or []:

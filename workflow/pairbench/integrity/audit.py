@@ -146,17 +146,19 @@ def _check_source_tree(result: AuditResult, rel: str, data: dict, run_dir: Path)
         result.add(tree_rel, "manifest", f"exported source tree recorded in {rel} is missing")
         return
     pristine = (data.get("pristine") or {}).get("manifest") or {}
-    # A compiled engine builds inside its tree (build/<arm>.json names the folder): its outputs are
-    # not the source, unless the exported tag itself had files there (then they are checked).
-    exclude = ()
+    # A build adds to its tree (build/<arm>.json names what: a CMake build folder, an installed arm's
+    # environment): that is not the source, unless a file of the exported or patched tree lies there
+    # (then it is checked).
+    exclude: list[str] = []
     build_path = run_dir / "build" / f"{Path(rel).stem}.json"
     if build_path.is_file():
         try:
-            bdir = ((json.loads(build_path.read_text()).get("toolchain") or {}).get("build_dir"))
+            outputs = json.loads(build_path.read_text()).get("tree_outputs") or []
         except (OSError, json.JSONDecodeError):
-            bdir = None
-        if bdir and not any(p.split("/", 1)[0] == bdir for p in pristine):
-            exclude = (bdir,)
+            outputs = []
+        known = set(pristine) | set(patched.get("changed") or [])
+        exclude = [o for o in outputs if isinstance(o, str)
+                   and not any(p == o or p.startswith(o + "/") for p in known)]
     now = manifest(tree, exclude)
     if tree_sha256(now) == patched["tree_sha256"]:
         return

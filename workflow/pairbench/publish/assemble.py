@@ -139,17 +139,23 @@ def patch_sets(run: Run, root: str) -> PatchSets:
                      sets={c: sets[c] for c in patched} if len(patched) > 1 else None, clean_source=clean)
 
 
-def _without_build_dir(tree: Path, build_dir: str, dest: Path) -> Path:
-    """A copy of *tree* without its top-level *build_dir* (hard links where the filesystem allows:
-    nothing is modified in place, and 100 MB of objects are not copied to re-apply a patch)."""
+def _without_outputs(tree: Path, outputs: list[str], dest: Path) -> Path:
+    """A copy of *tree* without what its build added (*outputs*: relative paths, at any depth; hard
+    links where the filesystem allows: nothing is modified in place, and 100 MB of objects or an
+    arm's environment are not copied to re-apply a patch)."""
     def link(src, dst):
         try:
             os.link(src, dst)
         except OSError:
             shutil.copy2(src, dst)
 
-    shutil.copytree(tree, dest, symlinks=True, copy_function=link,
-                    ignore=lambda d, names: [build_dir] if Path(d) == tree and build_dir in names else [])
+    skip = set(outputs)
+
+    def ignore(d, names):
+        here = Path(d).relative_to(tree)
+        return [n for n in names if (here / n).as_posix() in skip]
+
+    shutil.copytree(tree, dest, symlinks=True, copy_function=link, ignore=ignore)
     return dest
 
 
@@ -174,11 +180,13 @@ def publish(run: Run, root: str, hosts: list[str]) -> dict:
         plan=plan, sources=run.sources, builds=run.builds, fixtures=run.fixtures, warmups=run.warmups,
         measures=run.measures, validations=run.validations, df=df, agreement=pb_tables.timing_agreement(df),
         summary=run.summary, files=listing, crosscheck=run.crosscheck).encode()
-    bdir = (run.builds[plan["baseline"]].get("toolchain") or {}).get("build_dir")
+    # what the baseline's build added, relative to its source tree (src/<arm>/engine/ for the embedded engine)
+    prefix = "engine/" if isinstance(run.sources[plan["baseline"]]["source"], str) else ""
+    outputs = [prefix + o for o in run.builds[plan["baseline"]].get("tree_outputs") or []]
     with tempfile.TemporaryDirectory(dir=L.private, prefix=".clean-source-") as tmp:
         clean = ps.clean_source
-        if clean is not None and bdir:  # re-applying the patches needs the source, not the objects
-            clean = _without_build_dir(clean, bdir, Path(tmp) / "src")
+        if clean is not None and outputs:  # re-applying the patches needs the source, not what was built
+            clean = _without_outputs(clean, outputs, Path(tmp) / "src")
         result = pb_bundle.build_bundle(L.bundle, files, identifiers=identifiers, private_dir=Path(L.private) / "publish",
                                         patches=ps.patches, clean_source=clean, patched_files=ps.one,
                                         patch_roots=[str(Path(root).resolve())], patch_sets=ps.sets)

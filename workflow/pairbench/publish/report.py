@@ -262,11 +262,40 @@ def diagnostics_section(warmups: dict, measures: list[dict]) -> list[str]:
 
 
 def build_section(plan: dict, builds: dict) -> list[str]:
-    """For compiled engines (a CMake build): compiler, flags, targets, time and compiler-cache use."""
-    arms = [a for a in plan["arms"] if builds[a].get("toolchain")]
-    if not arms:
+    """How the arms were built, where there is more to say than a version: a compiled engine's
+    compiler, flags, targets, time and compiler-cache use; a Python engine's install into each arm's
+    own environment."""
+    compiled = [a for a in plan["arms"] if builds[a].get("toolchain")]
+    installed = [a for a in plan["arms"] if builds[a].get("environment")]
+    if not compiled and not installed:
         return []
     out = ["## How it was built", ""]
+    if compiled:
+        out += _compiled(compiled, builds)
+    if installed:
+        out += _installed(installed, builds)
+    return out
+
+
+def _installed(arms: list[str], builds: dict) -> list[str]:
+    """Each installed arm: what its environment reports, and that it imports the arm's own tree."""
+    rows = []
+    for arm in arms:
+        env = builds[arm]["environment"]
+        steps = {st["step"]: st["duration_s"] for st in builds[arm]["steps"]}
+        rows.append([f"`{arm}`", f"`{env['package']}` {env['version']}", f"Python {env['python_version']}",
+                     "its tree (editable)" if env["imports_from"] == "tree" else "its environment",
+                     _f(steps.get("install"), ".1f"), env["tree_sha256"][:12]])
+    out = _table(["arm", "installed", "interpreter", "imports the engine from", "install (s)", "source tree sha256"],
+                 rows)
+    out.append("Each of these arms was installed from its own exported, patched tree into a virtual environment of "
+               "its own, and its server ran from there; after the install, the environment was asked where it imports "
+               "the engine from.")
+    out.append("")
+    return out
+
+
+def _compiled(arms: list[str], builds: dict) -> list[str]:
     rows = []
     for arm in arms:
         b, tc = builds[arm], builds[arm]["toolchain"]
@@ -278,7 +307,7 @@ def build_section(plan: dict, builds: dict) -> list[str]:
         cxx = tc["cxx_compiler"] or {}
         rows.append([f"`{arm}`", f"{cxx.get('id', '?')} {cxx.get('version', '?')}", ", ".join(f"`{t}`" for t in tc["targets"]),
                      _f(steps.get("configure"), ".1f"), _f(steps.get("compile"), ".1f"), cache])
-    out += _table(["arm", "C++ compiler", "targets", "configure (s)", "compile (s)", "ccache"], rows)
+    out = _table(["arm", "C++ compiler", "targets", "configure (s)", "compile (s)", "ccache"], rows)
     tc = builds[arms[0]]["toolchain"]
     same = all(builds[a]["toolchain"]["flags"] == tc["flags"] for a in arms)
     out.append(f"CMake ({tc['generator']}, {tc['cmake']}), `-j {tc['jobs']}`, flags"

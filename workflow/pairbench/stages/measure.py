@@ -4,6 +4,7 @@ one visit, a validation retry's partial visit, and the engine's own benchmark as
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from pathlib import Path
 
@@ -23,8 +24,19 @@ from pairbench.validate import retries
 log = logging.getLogger("pairbench")
 
 
-def _tokenizer(engine: ArmEngine, url: str):
-    """messages -> the server's own token ids, in that engine's dialect."""
+@contextlib.contextmanager
+def _tokenizing(engine: ArmEngine, server_log: str, server: dict):
+    """The URL of *engine*'s running server, for its tokenizer; none is started (None) where the
+    engine counts with the model directory's own tokenizer."""
+    if engine.tokenizes_locally:
+        yield None
+        return
+    with engine.server(server_log, server) as srv:
+        yield srv.url
+
+
+def _tokenizer(engine: ArmEngine, url: str | None):
+    """messages -> the engine's token ids, in its dialect: its server's, or its model directory's."""
     client = http()
     return lambda messages: engine.tokenize(client, url, messages)
 
@@ -41,15 +53,15 @@ def fixtures_stage(*, fixtures: list[str], prompts: list[str], plan: str, builds
                for a, b, d in zip(arms, build_bodies, arm_dirs)]
     conds = conditions.from_plan(plan_body)
     results = {}
-    with engines[0].server(server_log, server) as srv:
+    with _tokenizing(engines[0], server_log, server) as url:
         for cond in conds:
             results[cond.id] = pb_fixtures.build_fixture(cond, plan_body["seed"], plan_body["salts"][cond.id], arms[0],
-                                                         _tokenizer(engines[0], srv.url))
+                                                         _tokenizer(engines[0], url))
             log.info("fixture %s: fitted %d round(s) with %s's tokenizer", cond.id, plan_body["rounds"], arms[0])
     for arm, engine in zip(arms[1:], engines[1:]):
-        with engine.server(server_log, server) as srv:
+        with _tokenizing(engine, server_log, server) as url:
             for cond in conds:
-                pb_fixtures.check_tokenizer(*results[cond.id], arm, _tokenizer(engine, srv.url))
+                pb_fixtures.check_tokenizer(*results[cond.id], arm, _tokenizer(engine, url))
                 log.info("fixture %s: %s agrees token for token", cond.id, arm)
     for cond, fpath, ppath in zip(conds, fixtures, prompts):
         fixture, prompt_body = results[cond.id]

@@ -40,7 +40,8 @@ def build_stage(*, build: str, source: str, plan: str, arm: str, arm_dir: str, m
     profile = load_profile(arm_engine(arm_cfg))
     if is_external(arm_cfg, profile):
         plan_opt_in(plan_body)  # never build someone else's code without consent
-    recipe = profile.build_recipe(arm_cfg, src=arm_dir, commit=(src.get("git") or {}).get("commit"))
+    git = src.get("git") or {}
+    recipe = profile.build_recipe(arm_cfg, src=arm_dir, commit=git.get("commit"), tag=git.get("tag"))
     body = pb_build.build_arm(arm, arm_dir, recipe, source=src, model=info, cache_dir=Path(root) / cache_dir,
                               log=steps_log, source_sha256=sha256_file(source), root=root)
     body["inputs"]["plan"] = sha256_file(plan)

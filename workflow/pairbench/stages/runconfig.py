@@ -18,7 +18,7 @@ import copy
 import os
 from pathlib import Path
 
-from pairbench.core.config import ConfigError, config_errors, schema_errors
+from pairbench.core.config import TOP_DEFAULTS, ConfigError, config_errors, resolve_model, schema_errors
 from pairbench.core.configsource import Sources, coerce_cli, key_text, load_with_lines
 from pairbench.engines.policy import check_engines
 
@@ -58,10 +58,17 @@ def problems(config: dict, root: Path, schema: Path = SCHEMA) -> list[ConfigErro
             _drop(repaired, e.key)
         elif e.key:
             rejected.add(e.key[0])
+    # the model's format is checked against each arm's engine only for a model that resolves (a bad
+    # model is named once, by config_errors)
+    model = None if "model" in rejected else repaired.get("model", TOP_DEFAULTS["model"])
+    try:
+        resolve_model(model, root) if model is not None else None
+    except ConfigError:
+        model = None
     if "arms" not in rejected and isinstance(repaired.get("arms"), dict):
         for name, arm in repaired["arms"].items():
             try:
-                check_engines({"arms": {name: arm}})
+                check_engines({"arms": {name: arm}, "model": model}, root)
             except ConfigError as exc:  # named once, here: the checks below see the default engine
                 found.append(exc)
                 arm.pop("engine", None)
