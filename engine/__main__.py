@@ -84,15 +84,17 @@ def main(argv=None) -> int:
         return 0
 
     if args.command == "serve":
-        from .native import MAX_BATCH
+        from .kernels import QUANT_MAX_ROWS
         from .server import serve as run_server
 
-        if not 1 <= args.parallel <= MAX_BATCH:
-            parser.error(f"--parallel must be between 1 and {MAX_BATCH}, got {args.parallel}")
+        # a decode step of more rows would leave the native kernels (QUANT_MAX_ROWS) for dequantize +
+        # sgemm: slower, and no longer bit-identical to each stream alone
+        if not 1 <= args.parallel <= QUANT_MAX_ROWS:
+            parser.error(f"--parallel must be between 1 and {QUANT_MAX_ROWS}, got {args.parallel}")
         if args.batch_tokens is not None and args.batch_tokens < 1:
             parser.error(f"--batch-tokens must be >= 1, got {args.batch_tokens}")
-        if args.max_queue < 0:
-            parser.error(f"--max-queue must be >= 0, got {args.max_queue}")
+        if args.max_queue < 1:
+            parser.error(f"--max-queue must be >= 1, got {args.max_queue}")
 
         return run_server(args.model, host=args.host, port=args.port, threads=args.threads,
                           max_context=args.max_context, linear=args.linear,

@@ -177,6 +177,12 @@ class Scheduler:
         with self.cond:
             while self.queue and len(self.running) < len(self.slots):
                 seq = self.queue.popleft()
+                try:  # everything that can fail before the slot is taken: a failure must not leak it
+                    seq.generator = (torch.Generator().manual_seed(seq.seed if seq.seed is not None else torch.seed())
+                                     if seq.temperature > 0 else None)
+                except (ValueError, RuntimeError) as e:
+                    seq.sink.failed(e)
+                    continue
                 free = [i for i, s in enumerate(self.slots) if s.seq is None]
                 if seq.cache_prompt:  # the longest reusable prefix; then the least recently used slot
                     i = max(free, key=lambda i: (longest_common_prefix(self.slots[i].cached, seq.ids),
@@ -188,8 +194,6 @@ class Scheduler:
                 slot.seq, slot.last_used, slot.cached = seq, self.steps, slot.cached[:reuse]
                 seq.slot, seq.prefilled = i, reuse
                 seq.limit = token_limit(len(seq.ids), seq.max_tokens, self.model.max_context)
-                if seq.temperature > 0:
-                    seq.generator = torch.Generator().manual_seed(seq.seed if seq.seed is not None else torch.seed())
                 self.running.append(seq)
                 seq.sink.started(reuse, seq.limit)
 
@@ -253,4 +257,7 @@ class Scheduler:
 
     def _finish(self, seq: Sequence, reason: str) -> None:
         self._release(seq)
-        seq.sink.finished(reason)
+        try:
+            seq.sink.finished(reason)
+        except Exception:  # a sink that cannot report (a client gone) must not fail the other streams
+            traceback.print_exc()

@@ -262,3 +262,22 @@ def test_stop_ids_stop_strings_and_limits_end_a_sequence_where_generate_would(ti
     assert by_id.tokens == free[:free.index(eos)] and by_id.reason == "eos"
     assert by_string.tokens == free[:3] and by_string.reason == "stop"
     assert zero.tokens == [] and zero.reason == "length"
+
+
+class FailingSink(Sink):
+    def failed(self, exc):
+        self.reason = f"failed: {exc}"
+
+
+def test_a_request_that_fails_at_admission_takes_no_slot_and_the_next_one_runs(tiny4):
+    """A seed torch cannot take fails that request alone: its slot is never taken, so with one slot the
+    requests behind it still run (the slot once leaked and every later request was dropped)."""
+    sched, ref = make(tiny4, chunk=64)
+    sched.slots = sched.slots[:1]
+    bad = FailingSink(ref)
+    sched.submit(Sequence(list(PROMPTS[0]), 3, bad, temperature=0.5, seed=2**64))
+    good = submit(sched, ref, PROMPTS[1], 3)
+    run_until_idle(sched)
+    assert bad.reason.startswith("failed:") and bad.tokens == []
+    assert good.reason == "length" and len(good.tokens) == 3
+    assert all(slot.seq is None for slot in sched.slots) and not sched.running

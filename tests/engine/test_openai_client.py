@@ -80,3 +80,13 @@ def test_a_field_the_server_refuses(client):
         client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}],
                                        max_completion_tokens=4, logprobs=True, top_logprobs=2)
     assert e.value.param in ("logprobs", "top_logprobs")
+
+
+def test_a_seed_beyond_the_generator_s_range_is_refused_and_the_server_goes_on(client):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}],
+                                       max_completion_tokens=2, temperature=0.5, seed=2**64)
+    assert e.value.param == "seed"
+    out = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}],
+                                         max_completion_tokens=2, temperature=0.5, seed=2**64 - 1)
+    assert out.choices[0].finish_reason in ("length", "stop")
