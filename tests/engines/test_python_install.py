@@ -8,6 +8,7 @@ makes it version 1.1.0, answering ``b + a`` at 25 ms a token. The last test runs
 """
 
 import json
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -94,7 +95,10 @@ def test_the_arm_is_served_from_its_environment(built, launch, monkeypatch, tmp_
     engine = for_arm(arm_cfg, build=bodies["candidate"], plan=plan, arm_dir=root / "src" / "candidate",
                      server_cfg={"threads": None}, root=root)
     spec = engine.launch(free_port())
-    assert spec.argv[0] == str(root / "src" / "candidate" / ".venv" / "bin" / "fake-serve")
+    venv = root / "src" / "candidate" / ".venv"
+    assert spec.argv[0] == str(venv / "bin" / "fake-serve")
+    # as if activated: a bare program name in an arm's launch override finds the arm's install first
+    assert spec.env["PATH"].split(os.pathsep)[0] == str(venv / "bin") and spec.env["VIRTUAL_ENV"] == str(venv)
     assert spec.public()["argv"][:3] == ["fake-serve", "--flavor", "vllm"]
     srv = launch(spec)
     assert srv.http.get(spec.url + "/version").json() == {"version": "1.1.0"}
@@ -155,6 +159,10 @@ def test_a_source_or_patches_the_engine_would_never_run_are_refused(preinstalled
         check_engines(config(baseline={"engine": "fake-serve-preinstalled"},
                              candidate={"engine": "fake-serve-preinstalled", "source": {"path": "engine"}}),
                       preinstalled)
+    with pytest.raises(ConfigError, match=r"^arms\.candidate\.source: engine fake-serve installs its arm from a "
+                                          r"git tag .* Commit the tree and name the tag"):
+        check_engines(config(baseline={"engine": "fake-serve", "source": git},
+                             candidate={"engine": "fake-serve", "source": {"path": "engine"}}), preinstalled)
     # arms of the installed engine that differ in settings only; and arms the profile installs
     check_engines(config(baseline={"engine": "fake-serve-preinstalled", "threads": 1},
                          candidate={"engine": "fake-serve-preinstalled", "threads": 2}), preinstalled)

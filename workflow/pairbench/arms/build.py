@@ -98,8 +98,11 @@ def _version(arm: str, recipe, arm_dir: Path, log: Path) -> tuple[str | None, di
     if not recipe.version:
         return None, None
     subject = f"arm {arm}: build step 'version'"
+    # an installed arm's version is read where no copy of its module lies: `python -c "import x"` in
+    # the tree would import the tree's uncompiled copy instead of what the environment runs
+    cwd = Path(recipe.install.env_dir) if recipe.install is not None else arm_dir
     try:
-        res = run_step("version", list(recipe.version), cwd=arm_dir, log=log, timeout_s=recipe.timeout_s,
+        res = run_step("version", list(recipe.version), cwd=cwd, log=log, timeout_s=recipe.timeout_s,
                        capture="both", check=recipe.version_required, subject=subject)
     except StepError as exc:
         if recipe.version_required or exc.reason != "not_found":

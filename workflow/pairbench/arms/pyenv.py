@@ -8,17 +8,20 @@ the one step runner (:func:`pairbench.core.steps.run_step`):
 
 1. ``venv``: ``python -m venv --clear`` makes ``src/<arm>/.venv`` (with ``--system-site-packages``
    where the profile says so: it then sees the packages installed beside pairbench, and what is
-   installed into it shadows them);
-2. ``install``: the profile's command (e.g. ``pip install --no-deps --no-build-isolation -e .``,
+   installed into it shadows them: an editable install in setuptools' ``compat`` mode, a ``.pth``
+   path entry, comes before the harness's site-packages; its default import hook would not);
+2. ``install``: the profile's command (e.g. ``pip install --no-deps --no-build-isolation
+   --config-settings editable_mode=compat -e .``,
    or vLLM's ``VLLM_USE_PRECOMPILED=1`` route), run in the tree by the environment's interpreter,
    as if the environment were activated;
 3. ``environment``: the environment's interpreter reports the installed version of the profile's
    distribution (``importlib.metadata``) and where it imports the engine's module from.
 
 The last step is the proof that the arm runs its own tree: the module must come from the arm's
-tree (an editable install) or from the environment itself (a regular one). An editable install's
-import hook comes after every ordinary path entry, so a copy of the engine installed beside
-pairbench, or on ``PYTHONPATH``, silently wins over it; the build then fails, naming the copy.
+tree (an editable install) or from the environment itself (a regular one). A copy of the engine
+on ``PYTHONPATH`` (or, for an editable install in setuptools' default mode, whose import hook comes
+after every path entry, one installed beside pairbench) would silently win over it; the build then
+fails, naming the copy.
 """
 
 from __future__ import annotations
@@ -100,8 +103,11 @@ def install(arm: str, recipe, tree: str | os.PathLike, *, log: str | os.PathLike
                   timeout_s).record]
     if recipe.system_site_packages:
         _inherit_harness(env_dir)
+    # GIT_CEILING_DIRECTORIES: an exported tree has no .git, and a build that asks git (setuptools-scm,
+    # vLLM's precompiled-wheel lookup) must not find and use the pairbench checkout around results/
     activated = {**os.environ, **recipe.env, "VIRTUAL_ENV": str(env_dir),
-                 "PATH": f"{python.parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+                 "PATH": f"{python.parent}{os.pathsep}{os.environ.get('PATH', '')}",
+                 "GIT_CEILING_DIRECTORIES": str(tree.resolve().parent)}
     steps.append(_run(arm, "install", recipe.command, tree, log, timeout_s, env=activated).record)
     # run where no module lies (not the tree: a module found in the working folder would prove nothing)
     probe = _run(arm, "environment", [python, "-c", PROBE, recipe.package, recipe.module], env_dir, log,

@@ -51,7 +51,13 @@ def check_source_runs(name: str, arm: dict, profile: EngineProfile) -> None:
     Else both arms would run the one engine installed beside pairbench, and a patch would never run:
     :class:`~pairbench.core.config.ConfigError` naming ``arms.<arm>.patches`` or ``arms.<arm>.source``."""
     source, patches = arm.get("source"), arm.get("patches") or []
-    if profile.source_route(arm) is not None or not (patches or source is not None):
+    route = profile.source_route(arm)
+    if route == "install" and source is not None and not (isinstance(source, dict) and "git" in source):
+        raise ConfigError(
+            f"arms.{name}.source: engine {profile.name} installs its arm from a git tag ({{git: <repo>, tag: <tag>}}); "
+            "a directory is exported as an embedded-engine package (src/<arm>/engine/), which the install "
+            "would not find. Commit the tree and name the tag")
+    if route is not None or not (patches or source is not None):
         return
     if patches:
         key, what = "patches", "its patches would never run"

@@ -445,6 +445,10 @@ def launch_spec(profile: EngineProfile, arm: dict, *, port: int, model: str, ctx
         if is_none_placeholder(v, values):
             continue  # e.g. OMP_NUM_THREADS={threads} with no threads set: leave it unset
         env[k] = str(render(v, values, f"env.{k}"))
+    if python != sys.executable:  # the arm's own environment, as if activated: a bare `vllm` or
+        # `python` in an arm's launch override runs the arm's install, never the harness's copy
+        env = {"VIRTUAL_ENV": str(Path(values["bin"]).parent),
+               "PATH": os.pathsep.join([values["bin"], os.environ.get("PATH", os.defpath)]), **env}
     for flag in profile.data["prefix_cache"].get("launch_flags") or []:
         if flag not in argv:
             raise EngineError(f"arm launch: engine {profile.name} needs {flag!r} in its command line "
