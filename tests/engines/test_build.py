@@ -78,7 +78,8 @@ def test_a_python_engine_with_a_source_is_installed_into_the_arms_own_environmen
     assert vllm.command is None and vllm.cmake is None
     assert vllm.install == InstallRecipe(
         env_dir="/t/.venv", python="/t/.venv/bin/python", system_site_packages=True,
-        command=("/t/.venv/bin/python", "-m", "pip", "install", "--no-deps", "--no-build-isolation", "-e", "."),
+        command=("/t/.venv/bin/python", "-m", "pip", "install", "--no-deps", "--no-build-isolation",
+                 "--config-settings", "editable_mode=compat", "-e", "."),
         env={"VLLM_USE_PRECOMPILED": "1", "SETUPTOOLS_SCM_PRETEND_VERSION": "v0.10.1"}, package="vllm", module="vllm")
     assert vllm.version == ("/t/.venv/bin/vllm", "--version")  # {bin}: the environment's scripts
     untagged = load_profile("vllm").build_recipe({"source": "somewhere"}, src="/t")

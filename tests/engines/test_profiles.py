@@ -50,7 +50,7 @@ def _copy_profile(tmp_path: Path, name: str, edit) -> Path:
     (lambda d: d["build"].update(command=["make"]),
      r"build\.install installs the arm; give it without build\.command or build\.cmake"),
     (lambda d: d["build"]["install"]["command"].append("--gpu={gpu}"),
-     r"build\.install\.command\[8\]: unknown placeholder \{gpu\}"),
+     r"build\.install\.command\[\d+\]: unknown placeholder \{gpu\}"),
     (lambda d: d["build"]["install"].pop("module"), r"field 'build\.install': 'module' is a required property"),
     (lambda d: d.update(model_formats=["onnx"]), r"field 'model_formats\.0': 'onnx' is not one of"),
     (lambda d: d["tokenize"].pop("path"), r"field 'tokenize': 'path' is a required property"),
