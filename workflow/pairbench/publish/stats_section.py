@@ -215,6 +215,8 @@ def statistics_section(summary: dict) -> str:
     out = ["## Statistics", ""]
     rep = max(pair["counts"].get("max_repeats", 1) for _, pair in pairs)
     unit = ("a visit's median over its repeats (at most " f"{rep} per condition)") if rep > 1 else "a visit's one request"
+    if summary.get("load"):
+        unit = "a visit's level: its figures over the level's measured requests"
     who = (f"Candidates {', '.join(f'`{c}`' for c in cands)}, each" if many else f"Candidate `{cands[0]}`")
     out.append(
         f"{who} against baseline `{base}`, paired by round; the paired unit is {unit}. "
