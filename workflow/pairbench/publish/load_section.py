@@ -20,8 +20,13 @@ from pairbench.core.metrics import METRICS
 HEADING = "## Load"
 
 
+def _num(x: float) -> str:
+    """A level as the config gives it (``8``, ``0.5``), an interpolated capacity to 3 decimals' worth."""
+    return f"{x:g}" if float(x).is_integer() else f"{x:.3g}" if abs(x) < 100 else f"{x:.0f}"
+
+
 def _unit(factor: str, x: float) -> str:
-    return f"{x:g} stream{'s' if x != 1 else ''}" if factor == "concurrency" else f"{x:g} requests/s"
+    return f"{_num(x)} stream{'s' if x != 1 else ''}" if factor == "concurrency" else f"{_num(x)} requests/s"
 
 
 def _list(words: list[str]) -> str:
@@ -163,8 +168,8 @@ def load_section(summary: dict) -> str:
     out = [HEADING, "",
            f"A load run: every visit measured each level ({'closed loop' if factor == 'concurrency' else 'open loop'}, "
            f"{_list(sorted({f'{x:g}' for x in levels}, key=float))} {words}) on one server launch, in an order "
-           "counterbalanced across rounds (forward, then reversed), each level's verdicts above are one "
-           "condition's. " + _slo_words(load["slo"]),
+           "counterbalanced across rounds (forward, then reversed); a level is a condition, so the verdicts above "
+           "are per level. " + _slo_words(load["slo"]),
            "",
            ("Prompts: every request had a prompt of its own, starting with its own salt, so no request could "
             "reuse another's prefix." if load["prefix"] == "distinct" else
