@@ -8,7 +8,7 @@ there, or the token_counts and matches_baseline cases would compare empty lists.
 import json
 from pathlib import Path
 
-from pairbench.engines.client import StreamResult, _absorb
+from pairbench.engines.client import StreamResult, absorb_chunk
 from pairbench.engines.profiles import load_profile
 
 SSE = Path(__file__).resolve().parents[1] / "data" / "llama-server" / "stream-verbose.sse"
@@ -18,7 +18,7 @@ def test_token_ids_come_from_the_verbose_copy_of_each_chunk():
     result = StreamResult()
     for i, line in enumerate(SSE.read_text().splitlines()):
         if line.startswith("data: ") and line != "data: [DONE]":
-            _absorb(result, json.loads(line[6:]), float(i))
+            absorb_chunk(result, json.loads(line[6:]), float(i))
     assert result.text == "Hello there. I"
     assert result.token_ids == [19556, 665, 30, 339]
     assert len(result.token_times) == 4  # the final chunk (no ids, empty text) adds no token

@@ -99,7 +99,24 @@ def steady_request_body(messages: list[dict], max_tokens: int, seed: int) -> dic
     }
 
 
-def _absorb(result: StreamResult, chunk: dict, now: float) -> None:
+def sse_event(line: str, n_events: int):
+    """The JSON object of one server-sent ``data:`` line (the *n_events*-th event); ``None`` for a
+    line that is not data; ``...`` for ``[DONE]``. A ``ClientError`` for malformed data."""
+    if not line.startswith("data:"):
+        return None
+    data = line[5:].strip()
+    if data == "[DONE]":
+        return ...
+    try:
+        chunk = json.loads(data)
+    except json.JSONDecodeError:
+        raise ClientError(f"malformed SSE: event {n_events} is not JSON: {data[:80]!r}") from None
+    if not isinstance(chunk, dict):
+        raise ClientError(f"malformed SSE: event {n_events} is not a JSON object")
+    return chunk
+
+
+def absorb_chunk(result: StreamResult, chunk: dict, now: float) -> None:
     for key in ("usage", "timings", "memory"):
         if chunk.get(key) is not None:
             setattr(result, key, chunk[key])
@@ -150,19 +167,13 @@ def stream_chat(url: str, body: dict, timeout: float, on_token=None,
                     raise ClientError(f"request exceeded {timeout:g} s (after {len(result.token_times)} tokens)")
                 if not line.startswith("data:"):
                     continue
-                data = line[5:].strip()
                 n_events += 1
-                if data == "[DONE]":
+                chunk = sse_event(line, n_events)
+                if chunk is ...:
                     result.done = True
                     break
-                try:
-                    chunk = json.loads(data)
-                except json.JSONDecodeError:
-                    raise ClientError(f"malformed SSE: event {n_events} is not JSON: {data[:80]!r}") from None
-                if not isinstance(chunk, dict):
-                    raise ClientError(f"malformed SSE: event {n_events} is not a JSON object")
                 before = len(result.token_times)
-                _absorb(result, chunk, now)
+                absorb_chunk(result, chunk, now)
                 if on_token is not None and len(result.token_times) > before:
                     on_token(len(result.token_times))
     except httpx.TimeoutException:

@@ -19,7 +19,7 @@ actual − scheduled send; in closed loop the send minus the moment its stream b
 the client's own turnaround), TTFT, every inter-token gap, e2e, the tokens streamed, the engine's
 usage counts (prompt, completion, cached when reported), its llama.cpp ``timings`` when present, and
 the error, if any. The SSE events are read by the sync client's own chunk parser
-(:func:`pairbench.engines.client._absorb`, into a :class:`~pairbench.engines.client.StreamResult`),
+(:func:`pairbench.engines.client.absorb_chunk`, into a :class:`~pairbench.engines.client.StreamResult`),
 so a token is counted the same way in a steady and a load request.
 
 A request that fails is an *error*, never a sample: ``kind`` is ``timeout`` (the whole request
@@ -34,14 +34,13 @@ time, all threads). The level's metrics and validity are computed from these fac
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 import time
 from dataclasses import asdict, dataclass, field
 
 import httpx
 
-from pairbench.engines.client import ClientError, StreamResult, _absorb
+from pairbench.engines.client import ClientError, StreamResult, absorb_chunk, sse_event
 
 ERROR_KINDS = ("timeout", "http", "dropped", "malformed", "connect")
 
@@ -121,23 +120,6 @@ def _cached(usage: dict | None, tokens_cached) -> int | None:
     return tokens_cached
 
 
-def _decode(line: str, n_events: int):
-    """The JSON object of one ``data:`` line; ``None`` for a line that is not data; ``...`` for
-    ``[DONE]``. The same rules as :func:`pairbench.engines.client.stream_chat`."""
-    if not line.startswith("data:"):
-        return None
-    data = line[5:].strip()
-    if data == "[DONE]":
-        return ...
-    try:
-        chunk = json.loads(data)
-    except json.JSONDecodeError:
-        raise ClientError(f"malformed SSE: event {n_events} is not JSON: {data[:80]!r}") from None
-    if not isinstance(chunk, dict):
-        raise ClientError(f"malformed SSE: event {n_events} is not a JSON object")
-    return chunk
-
-
 class _Failure(Exception):
     def __init__(self, kind: str, message: str):
         super().__init__(message)
@@ -154,7 +136,7 @@ async def _stream(http: httpx.AsyncClient, url: str, req: LoadRequest, result: S
         async for line in resp.aiter_lines():
             now = time.perf_counter() - sent
             try:
-                chunk = _decode(line, n_events + 1)
+                chunk = sse_event(line, n_events + 1)
             except ClientError as exc:
                 raise _Failure("malformed", str(exc)) from None
             if chunk is None:
@@ -163,7 +145,7 @@ async def _stream(http: httpx.AsyncClient, url: str, req: LoadRequest, result: S
             if chunk is ...:
                 result.done = True
                 return
-            _absorb(result, chunk, now)
+            absorb_chunk(result, chunk, now)
 
 
 async def _one(http: httpx.AsyncClient, url: str, req: LoadRequest, *, index: int, warmup: bool,

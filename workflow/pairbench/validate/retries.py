@@ -24,8 +24,6 @@ that measured a record is the one the statistics may use (if it, too, is selecte
 
 from __future__ import annotations
 
-from pairbench.core.naming import retry_number
-
 RETRY_ON: tuple[str, ...] = ("timeout", "fail", "gate")
 
 
