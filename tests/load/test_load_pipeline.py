@@ -15,7 +15,7 @@ import pytest
 from pairbench.core.artifacts import read_artifact
 from pairbench.publish.recompute import recompute_problems
 from pairbench.publish.verify import verify_bundle
-from tests.engines.pipeline_support import copy_checkout, snakemake
+from tests.engines.pipeline_support import finished_run, snakemake
 
 pytestmark = pytest.mark.slow
 CONFIG = "tests/load/load_fake.yaml"
@@ -23,10 +23,7 @@ CONFIG = "tests/load/load_fake.yaml"
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory, smollm2_gguf):
-    checkout = copy_checkout(tmp_path_factory.mktemp("checkout"))
-    done = snakemake(checkout, "--configfile", CONFIG, timeout=600)
-    assert done.returncode == 0, done.stderr[-4000:]
-    return checkout, checkout / "results" / "load-fake"
+    return finished_run(tmp_path_factory, CONFIG, "load-fake", timeout=600)
 
 
 def test_the_levels_are_measured_in_counterbalanced_order_and_every_request_gated(run):
