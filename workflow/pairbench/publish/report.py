@@ -271,7 +271,7 @@ def load_run_lines(measures: list[dict]) -> list[str]:
     for (arm, how, detail) in sorted({(r["arm"], r["cache"]["how"], r["cache"]["detail"]) for r in levels}):
         what = {"request": "off in every request", "launch": "off by a launch flag",
                 "unproven": "NOT provably off under concurrency"}[how]
-        out.append(f"- Prefix cache of `{arm}`: {what} ({detail})")
+        out.append(f"- Prefix cache of `{arm}`: {what}: {detail}")
     unproven = sum(r["gate_failures"].get("cold_cache_unproven", 0) for r in levels)
     cold = sum(r["gate_failures"].get("cold_cache", 0) for r in levels)
     out.append(f"- Cold cache per request, from the engine's own per-request counts: {cold} request(s) reused a "

@@ -91,12 +91,14 @@ def level_judge(plan: dict):
     return judge
 
 
-def write_level_bodies(outputs: dict, visit: str, paths: dict[str, str]) -> None:
-    """Move each level's private request body out of *outputs* into its own file (a load run)."""
+def write_level_bodies(outputs: dict, visit: str, paths: dict[str, str], inputs: dict) -> None:
+    """Move each level's private request body out of *outputs* into its own file (a load run);
+    *inputs* are the visit's (the plan's and each fixture's sha256)."""
     for cond, texts in outputs.items():
         body = texts.pop("level", None)
         if body is not None:
-            write_artifact(paths[cond], "levelrun", {"visit": visit, **body})
+            write_artifact(paths[cond], "levelrun", {"visit": visit, **body, "inputs": {
+                "plan": inputs["plan"], f"fixture.{cond}": inputs[f"fixture.{cond}"]}})
 
 
 def measure_stage(*, measure: str, outputs: list[str], marker: str, plan: str, build: str, fixtures: list[str],
@@ -114,7 +116,7 @@ def measure_stage(*, measure: str, outputs: list[str], marker: str, plan: str, b
     plan_body = read_artifact(plan, "plan")
     body, texts, inputs = _measure(plan_body, plan, build, fixtures, prompts, visit, arm_dir, arm_config, server,
                                    server_log, root, attempt, pid_file, only=None)
-    write_level_bodies(texts, visit["id"], dict(zip(conditions.ids(plan_body["conditions"]), levels or [])))
+    write_level_bodies(texts, visit["id"], dict(zip(conditions.ids(plan_body["conditions"]), levels or [])), inputs)
     for cond, path in zip(conditions.ids(plan_body["conditions"]), outputs):
         write_artifact(path, "output", {"visit": visit["id"], "condition": cond, **texts[cond],
                                         "inputs": {"plan": inputs["plan"]}})
@@ -158,7 +160,7 @@ def measure_retry_stage(*, measure: str, outputs: str, plan: str, build: str, fi
                            "previous_validate": sha256_file(previous_validate)})
     out = Path(outputs)
     out.mkdir(parents=True, exist_ok=True)
-    write_level_bodies(texts, visit["id"], {c: str(out / "levels" / f"{c}.json") for c in reasons})
+    write_level_bodies(texts, visit["id"], {c: str(out / "levels" / f"{c}.json") for c in reasons}, inputs)
     for cond in sorted(reasons):
         write_artifact(out / f"{cond}.json", "output", {"visit": visit["id"], "condition": cond, **texts[cond],
                                                         "retry": retry, "inputs": {"plan": inputs["plan"]}})
