@@ -26,3 +26,12 @@ def snakemake(cwd: Path, *args: str, timeout: float = 900) -> subprocess.Complet
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     return subprocess.run([sys.executable, "-m", "snakemake", "--cores", "1", *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=timeout)
+
+
+def finished_run(tmp_path_factory, config: str, label: str, timeout: float = 900) -> tuple[Path, Path]:
+    """A throwaway checkout after a whole run of *config*: ``(checkout, results/<label>)``; a failed
+    run fails the test with the end of its stderr."""
+    checkout = copy_checkout(tmp_path_factory.mktemp("checkout"))
+    proc = snakemake(checkout, "--configfile", config, timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return checkout, checkout / "results" / label

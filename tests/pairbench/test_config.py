@@ -261,10 +261,10 @@ def test_every_problem_is_found_at_once():
     bad = {**base_config(colour="x", zzz=1), "rounds": 0}
     assert [str(e) for e in pb_config.schema_errors(bad, REPO / "workflow/schemas/config.schema.yaml")][:2] == [
         "config key 'colour': unknown key (allowed: allow_external, arms, baseline, candidate, candidates, crosscheck, "
-        "gates, label, lengths, model, order, output_tokens, repeats, resources, retries, rounds, seed, server, "
+        "gates, label, lengths, load, model, order, output_tokens, repeats, resources, retries, rounds, seed, server, "
         "stats, validate)",
         "config key 'zzz': unknown key (allowed: allow_external, arms, baseline, candidate, candidates, crosscheck, "
-        "gates, label, lengths, model, order, output_tokens, repeats, resources, retries, rounds, seed, server, "
+        "gates, label, lengths, load, model, order, output_tokens, repeats, resources, retries, rounds, seed, server, "
         "stats, validate)"]
 
 

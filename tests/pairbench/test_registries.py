@@ -31,23 +31,29 @@ def test_stats_params_lists_the_registry_s_metrics():
     assert props["memory"]["items"]["enum"] == list(MEMORY_METRICS)
 
 
+def records(kind: str) -> dict:
+    """The measure schema's record of *kind*: ``steady`` (one request) or ``level`` (a load level)."""
+    return json.loads((SCHEMAS / "measure.schema.json").read_text())["$defs"][kind]
+
+
 def test_every_metric_has_a_column_and_a_record_field():
-    cols = tables.columns(["input_tokens", "output_tokens"])
+    cols = tables.columns(["input_tokens", "output_tokens"], scopes=("request", "level"))
     assert set(METRICS) <= set(cols)
-    steady = json.loads((SCHEMAS / "measure.schema.json").read_text())["properties"]["records"]["items"]
     for name, m in METRICS.items():
-        node = steady
+        kind = {"request": "steady", "level": "level"}[m.scope]
+        node = records(kind)
         for key in m.record or (name,):
-            assert key in node["properties"], f"{name}: {key} is not a field of a steady record"
+            assert key in node["properties"], f"{name}: {key} is not a field of a {kind} record"
             node = node["properties"][key]
             node = next((b for b in node.get("anyOf", node.get("oneOf", [node])) if b.get("properties")), node)
 
 
 def test_condition_factors_are_record_fields_and_plan_enums():
-    steady = json.loads((SCHEMAS / "measure.schema.json").read_text())["properties"]["records"]["items"]
     plan = json.loads((SCHEMAS / "plan.schema.json").read_text())["properties"]
     names = [f.name for f in conditions.FACTORS]
-    assert set(names) <= set(steady["properties"])
+    steady = [n for n in names if n not in conditions.LOAD_FACTORS]
+    assert set(steady) <= set(records("steady")["properties"])
+    assert set(names) <= set(records("level")["properties"])
     assert plan["factors"]["items"]["enum"] == names
     assert set(names) <= set(plan["conditions"]["items"]["properties"])
 

@@ -21,6 +21,7 @@ from snakemake.utils import validate
 
 from pairbench.core import conditions as pb_conditions
 from pairbench.core import config as pb_config
+from pairbench.core import loadconfig as pb_loadconfig
 from pairbench.core import plan as pb_plan
 from pairbench.core.artifacts import read_artifact
 from pairbench.core.configsource import Sources
@@ -53,6 +54,8 @@ def checked_config(config, sources, schema):
     found = pb_runconfig.problems(config, ROOT, schema)
     if found:
         sys.exit(pb_runconfig.report(found, sources))
+    # a load run's stats defaults first: the schema would fill in the single-stream ones
+    config.update(pb_loadconfig.with_stats_defaults(config))
     validate(config, str(schema))
     return pb_config.normalized(config)
 
@@ -76,6 +79,21 @@ def arms(cfg):
 def condition_ids(cfg):
     """The run's conditions (pairbench.core.conditions), in plan order."""
     return [c.id for c in pb_conditions.conditions(cfg)]
+
+
+def load_run(cfg):
+    """Whether the run is a load run (config load:): its visits measure load levels."""
+    return cfg.get("load") is not None
+
+
+def level_files(cfg, visit):
+    """A load run's per-level private request bodies of one visit ({} for a single-stream run)."""
+    return {"levels": [L.level(visit, c) for c in condition_ids(cfg)]} if load_run(cfg) else {}
+
+
+def load_tables(cfg):
+    """A load run's capacity tables ({} for a single-stream run)."""
+    return {f"{name}_csv": L.table(name) for name in ("capacity", "capacity_paired")} if load_run(cfg) else {}
 
 
 def visits(cfg):

@@ -15,6 +15,7 @@ rule measure:
         outputs=[L.output("{visit}", c) for c in condition_ids(CFG)],
         marker=L.marker("{visit}"),
         host=L.host("{visit}"),  # the measuring node's facts, for environment.json
+        **level_files(CFG, "{visit}"),  # a load run: every level's requests (private)
     params:
         **visit_params(CFG),
     resources:

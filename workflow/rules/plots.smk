@@ -9,6 +9,8 @@ rule plots:
     output:
         ratios=report(L.plot("ratios"), caption="../report/plots.rst", category="3 Plots"),
         drift=report(L.plot("drift"), caption="../report/drift.rst", category="3 Plots"),
+        # a load run: throughput and the primary latency against the load, both arms
+        **({"load": report(L.plot("load"), caption="../report/load.rst", category="3 Plots")} if load_run(CFG) else {}),
     resources:
         **other_resources(CFG),
     log:

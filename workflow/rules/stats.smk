@@ -17,6 +17,7 @@ rule stats:
         ratios_csv=L.table("ratios"),
         memory_csv=L.table("memory"),
         timing_csv=L.table("timing_agreement"),
+        **load_tables(CFG),  # a load run: the SLO capacity per round, and compared
     params:
         stats=CFG["stats"],
         gates=CFG["gates"],

@@ -44,6 +44,7 @@ from typing import Mapping
 
 import numpy as np
 
+from pairbench.core.metrics import METRICS, Metric
 from pairbench.core.slo import SLO, min_requests, tpot_ms
 
 PERCENTILE_METHOD = "linear"  # numpy's default, Hyndman & Fan (1996) type 7; vLLM's np.percentile
@@ -51,23 +52,9 @@ DEFAULT_PERCENTILES = (50, 99)
 LATENCIES = ("ttft", "itl", "tpot", "e2e")
 _EPS_S = 1e-9  # token times rebuilt from ms gaps may pass their request's end by float rounding
 
-# The load metrics in core/metrics.py's shape (unit, orientation, label, question), for the registry.
-LOAD_METRICS: dict[str, dict] = {
-    "output_tok_s": {"unit": "tok/s", "higher_is_better": True, "label": "output throughput (whole system)",
-                     "question": "throughput"},
-    "requests_s": {"unit": "req/s", "higher_is_better": True, "label": "request throughput",
-                   "question": "throughput"},
-    "goodput_rps": {"unit": "req/s", "higher_is_better": True, "label": "goodput (requests meeting the SLO)",
-                    "question": "goodput"},
-    "slo_attainment": {"unit": "share", "higher_is_better": True, "label": "SLO attainment",
-                       "question": "goodput"},
-    # per percentile one question; ITL and TPOT measure decode latency from two sides (gaps, means)
-    **{f"{lat}_p{q}_ms": {"unit": "ms", "higher_is_better": False, "label": f"p{q} {name}",
-                          "question": f"{question} p{q}"}
-       for lat, name, question in (("ttft", "time to first token", "ttft"), ("itl", "inter-token latency", "decode"),
-                                   ("tpot", "time per output token", "decode"), ("e2e", "end-to-end latency", "e2e"))
-       for q in DEFAULT_PERCENTILES},
-}
+# The load metrics are the registry's level-scope metrics (pairbench.core.metrics.METRICS, scope
+# "level"): each is a key of LevelMetrics.to_dict(), which a level record holds under "metrics".
+LOAD_METRICS: dict[str, Metric] = {name: m for name, m in METRICS.items() if m.scope == "level"}
 
 
 def percentile(values, q: float) -> float | None:

@@ -19,6 +19,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from pairbench.analysis.loadstats import curves  # noqa: E402
 from pairbench.analysis.measurements import StatsInputError, as_bool, condition_order  # noqa: E402
 from pairbench.core.metrics import METRICS  # noqa: E402
 
@@ -159,4 +160,62 @@ def plot_drift(df: pd.DataFrame, path: str | os.PathLike, metrics: tuple[str, ..
                fontsize=8, frameon=False, bbox_to_anchor=(0.5, 0.0))
     fig.suptitle("Drift: each arm by round", fontsize=11)
     fig.tight_layout(rect=(0, 0.05, 1, 1))
+    _save(fig, path)
+
+
+def plot_load(summary: dict, df: pd.DataFrame, path: str | os.PathLike) -> None:
+    """A load run's curves: per curve (the conditions that differ only in their load) and primary
+    metric, each arm's value against the load, the median over rounds with the range (min to max)
+    as error bars; only selected (valid) levels, so a client-bound level is never drawn as the
+    engine's. The capacity verdict per candidate is in the title when the run has an SLO."""
+    metrics = tuple(summary["params"]["primary"])
+    df = df.copy()
+    df["selected"] = as_bool(df["selected"], "selected")
+    groups = curves(condition_order(df["condition"].astype(str).unique()))
+    factor = (summary.get("load") or {}).get("factor", "concurrency")
+    arms = [summary["baseline"], *summary["candidates"]]
+    title = f"Load curves: {', '.join(arms)}"
+    if not groups:
+        _empty(path, title, "No load level in the measurements: nothing to draw.")
+        return
+    cap = ((summary.get("load") or {}).get("capacity") or {}).get("comparisons", {})
+    fig, axes = plt.subplots(len(metrics), len(groups), squeeze=False,
+                             figsize=(4.2 * len(groups) + 0.6, 2.8 * len(metrics) + 1.0))
+    for col, (group, levels) in enumerate(groups.items()):
+        load = {c: x for x, c in levels}
+        for row, metric in enumerate(metrics):
+            ax = axes[row][col]
+            for i, arm in enumerate(arms):
+                cell = df[(df["arm"].astype(str) == arm) & df["condition"].isin(list(load)) & df["selected"]]
+                pts = []
+                for cid, g in cell.groupby("condition"):
+                    v = pd.to_numeric(g[metric], errors="coerce").dropna()
+                    if len(v):
+                        pts.append((load[cid], float(v.median()), float(v.min()), float(v.max())))
+                pts.sort()
+                if not pts:
+                    continue
+                x, med, lo, hi = (np.array(c) for c in zip(*pts))
+                ax.errorbar(x, med, yerr=[med - lo, hi - med], fmt=ARM_STYLES[i % len(ARM_STYLES)], ms=4,
+                            lw=1, capsize=3, color=f"C{i}", label=arm)
+            xs = [x for x, _ in levels]
+            if len(xs) > 1 and xs[-1] / xs[0] >= 4:
+                ax.set_xscale("log", base=2)
+            ax.set_xticks(xs)
+            ax.set_xticklabels([f"{x:g}" for x in xs], fontsize=7)
+            ax.grid(alpha=0.3)
+            words = "; ".join(f"{c}: capacity {cap[c][group]['verdict']}" for c in cap if group in cap[c])
+            ax.set_title(f"{metric} @ {group}" + (f"\n{words}" if words and row == 0 else ""), fontsize=8)
+            ax.set_ylabel(f"{metric} ({METRICS[metric].unit})", fontsize=8)
+            if row == len(metrics) - 1:
+                ax.set_xlabel("streams" if factor == "concurrency" else "requests/s", fontsize=8)
+            ax.tick_params(labelsize=7)
+    handles = {}
+    for ax in np.ravel(axes):
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(lab, h)
+    fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=max(1, len(handles)), fontsize=8,
+               frameon=False, bbox_to_anchor=(0.5, 0.0))
+    fig.suptitle(title + " (median and range over rounds, valid levels only)", fontsize=10)
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
     _save(fig, path)

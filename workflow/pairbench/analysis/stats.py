@@ -31,6 +31,7 @@ import pandas as pd
 
 from pairbench.analysis import compare as pb_compare
 from pairbench.analysis import describe as pb_describe
+from pairbench.analysis import loadstats as pb_loadstats
 from pairbench.analysis import verdicts as pb_verdicts
 from pairbench.analysis.compare import Family, MemoryCell, Options, PairInput
 from pairbench.analysis.measurements import StatsInputError, check_metric_lists, check_table, condition_order, selected
@@ -118,7 +119,7 @@ def summarize_all(df: pd.DataFrame, *, baseline: str, candidates: Iterable[str],
                   metrics: Iterable[str] = DEFAULT_METRICS, trim: int | None = None,
                   alpha: float = 0.05, noise: float = 0.01, seed: int = 0,
                   secondary: Iterable[str] | None = None, memory: Iterable[str] | None = None,
-                  multiplicity: str = "holm") -> dict:
+                  multiplicity: str = "holm", load: dict | None = None) -> dict:
     """Every candidate against the baseline: the body of ``stats/summary.json`` (the caller adds
     ``schema``, ``run`` and ``inputs``): ``{"baseline", "candidates", "conditions", "comparisons":
     {candidate: the pair body of :func:`summarize`}, "params"}``.
@@ -131,6 +132,10 @@ def summarize_all(df: pd.DataFrame, *, baseline: str, candidates: Iterable[str],
     Raises :class:`StatsInputError` (naming the key, column, arm or rows) for input that cannot be
     summarised; a statistic that cannot be computed is never an exception but an ``inconclusive``
     verdict with its reason. *seed* is recorded (the exact interval draws no random numbers).
+
+    *load* (a load run: the plan's load parameters, ``mode``, ``slo``, ``prefix``) adds the summary's
+    ``load`` block (:func:`pairbench.analysis.loadstats.load_summary`): the per-level facts and, with
+    an SLO, the SLO capacity of every candidate compared, in a multiplicity family of its own.
     """
     candidates = list(candidates)
     if not candidates:
@@ -149,7 +154,7 @@ def summarize_all(df: pd.DataFrame, *, baseline: str, candidates: Iterable[str],
                                                                   memory_size=m_memory, others=others))
                    for c in candidates}
     conds = condition_order({c for p in parts.values() for c in p.conditions})
-    return {"baseline": baseline, "candidates": candidates,
+    out = {"baseline": baseline, "candidates": candidates,
             "conditions": _conditions(comparisons, conds),
             "comparisons": comparisons,
             "params": {"alpha": opts.alpha, "noise": opts.noise, "seed": opts.seed,
@@ -159,6 +164,14 @@ def summarize_all(df: pd.DataFrame, *, baseline: str, candidates: Iterable[str],
                        "width_level": pb_verdicts.width_level(m, opts.alpha, opts.multiplicity),
                        "primary": list(opts.metrics), "secondary": list(opts.secondary),
                        "memory": list(opts.memory)}}
+    if load is not None:
+        table = parts[candidates[0]].df
+        out["load"] = pb_loadstats.load_summary(
+            table, selected(table, [baseline, *candidates]), baseline=baseline, candidates=candidates,
+            conds=condition_order(table["condition"].unique()), load=load, alpha=opts.alpha, noise=opts.noise,
+            multiplicity=opts.multiplicity)
+        out["params"]["load"] = dict(load)
+    return out
 
 
 def _conditions(comparisons: dict, order: list[str]) -> list[dict]:

@@ -7,7 +7,10 @@ validation retry measured it again (``retry`` is 0 for a visit's own records, N 
 ``reason`` says, in a short publishable label, why a row was not selected (the full reasons stay in
 the artifacts and report). ``repeat`` numbers a visit's steady requests at one condition (1 = first).
 ``condition`` is the condition id, followed by one column per condition factor
-(:mod:`pairbench.core.conditions`); one column per metric of :data:`pairbench.core.metrics.METRICS`.
+(:mod:`pairbench.core.conditions`); one column per metric of :data:`pairbench.core.metrics.METRICS`
+of the scope the run measures: a steady run's rows are its requests (``request`` metrics), a load
+run's are its level records (``level`` metrics; a level that failed its validity is not selected,
+``reason`` naming the checks).
 """
 
 from __future__ import annotations
@@ -26,9 +29,11 @@ COUNT_COLUMNS = ["prompt_tokens", "completion_tokens", "tokens_cached"]
 METRIC_COLUMNS = list(METRICS)
 
 
-def columns(factors: list[str]) -> list[str]:
-    """The measurements table's columns for a run with these condition *factors*."""
-    return [*KEY_COLUMNS, *factors, *FACT_COLUMNS, *METRIC_COLUMNS, *COUNT_COLUMNS]
+def columns(factors: list[str], scopes=("request",)) -> list[str]:
+    """The measurements table's columns for a run with these condition *factors*, measuring metrics
+    of *scopes* (``request``: steady records; ``level``: a load run's level records)."""
+    return [*KEY_COLUMNS, *factors, *FACT_COLUMNS, *(m for m in METRIC_COLUMNS if METRICS[m].scope in scopes),
+            *COUNT_COLUMNS]
 
 
 REASON_MAX = 64
@@ -42,9 +47,12 @@ def short_reason(record: dict, validation: dict | None) -> str:
     parts = []
     if not record["ok"]:
         failed = [g for g, passed in record["gates"].items() if not passed]
+        invalid = (record.get("validity") or {}).get("failed") or []
         if failed:
             parts.append("gate " + " ".join(failed))
-        else:
+        if invalid:  # a load level the client paced, or that failed requests
+            parts.append("validity " + " ".join(invalid))
+        if not failed and not invalid:
             parts.append("flagged")
     if validation is not None and not validation["selected"]:
         for case, v in validation["verdicts"].items():
@@ -73,6 +81,8 @@ def measurements_frame(measures: list[dict], validations: dict[tuple[str, int], 
             key = (rec["round"], rec["arm"], rec["condition"])
             latest[key] = max(latest.get(key, 0), measure_key(m)[1])
     factors = [f.name for f in FACTORS if any(f.name in rec for m in measures for rec in m["records"])]
+    kinds = {rec.get("kind", "steady") for m in measures for rec in m["records"]}
+    scopes = tuple(s for s, k in (("request", "steady"), ("level", "level")) if k in kinds) or ("request",)
     rows = []
     for m in measures:
         retry = measure_key(m)[1]
@@ -98,10 +108,10 @@ def measurements_frame(measures: list[dict], validations: dict[tuple[str, int], 
                 **{f: rec.get(f) for f in factors}, "repeat": record_repeat(rec),
                 "visit_index": rec["visit_index"], "attempt": rec["attempt"], "retry": retry, "ok": rec["ok"],
                 "cold_cache": cold, "selected": selected, "reason": reason,
-                **{name: metric.value(rec) for name, metric in METRICS.items()},
+                **{name: metric.value(rec) for name, metric in METRICS.items() if metric.scope in scopes},
                 **{c: rec[c] for c in COUNT_COLUMNS},
             })
-    df = pd.DataFrame(rows, columns=columns(factors))
+    df = pd.DataFrame(rows, columns=columns(factors, scopes))
     order = {c: i for i, c in enumerate(sorted({r["condition"] for r in rows}, key=parse_id))}
     df["_order"] = df["condition"].map(order)
     df = df.sort_values(["visit_index", "repeat", "_order", "retry"], kind="stable").drop(columns="_order")
@@ -114,6 +124,8 @@ def timing_agreement(df: pd.DataFrame) -> pd.DataFrame:
     Over gated records, each (round, arm, condition) once: a record a validation retry re-measured
     (reason ``superseded by retry N``) is left out, its retry counts.
     """
+    if "decode_tok_s" not in df.columns:  # a load run: its rows are levels, with no per-request timings
+        return pd.DataFrame(columns=["arm", "condition"])
     superseded = (df["reason"].astype("string").fillna("").str.startswith("superseded") if "reason" in df.columns
                   else pd.Series(False, index=df.index))
     ok = df[df["ok"].astype(bool) & ~superseded]

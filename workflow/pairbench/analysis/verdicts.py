@@ -81,22 +81,26 @@ def _word(c: Comparison, up: bool) -> str:
 
 def levels(comparisons: list[Comparison], alpha: float, noise: float, method: str) -> dict:
     """Per comparison key: ``{"level", "rank", "claim_p"}``, the α its interval is computed at."""
+    return levels_from_p({c.key: claim_p(c, noise)[0] for c in comparisons}, alpha, method)
+
+
+def levels_from_p(ps: dict, alpha: float, method: str) -> dict:
+    """:func:`levels` from each comparison's claim p (a family whose claims are not read from one
+    :class:`Comparison`, as the SLO capacity's censored intervals): ``{key: {"level", "rank", "claim_p"}}``."""
     if method not in MULTIPLICITY:
         raise ValueError(f"stats.multiplicity: unknown method {method!r} ({', '.join(MULTIPLICITY)})")
-    m = len(comparisons)
-    ps = {c.key: claim_p(c, noise)[0] for c in comparisons}
-    order = sorted(comparisons, key=lambda c: (ps[c.key], c.key))
+    m = len(ps)
     out, stopped = {}, None
-    for i, c in enumerate(order):
+    for i, key in enumerate(sorted(ps, key=lambda k: (ps[k], k))):
         if method == "none":
             level = alpha
         elif method == "bonferroni":
             level = alpha / m
         else:
-            if stopped is None and not ps[c.key] < alpha / (m - i):
+            if stopped is None and not ps[key] < alpha / (m - i):
                 stopped = alpha / (m - i)
             level = alpha / (m - i) if stopped is None else stopped
-        out[c.key] = {"level": level, "rank": i + 1, "claim_p": ps[c.key]}
+        out[key] = {"level": level, "rank": i + 1, "claim_p": ps[key]}
     return out
 
 

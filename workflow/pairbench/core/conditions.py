@@ -34,9 +34,13 @@ class Factor:
 FACTORS: tuple[Factor, ...] = (
     Factor("input_tokens", "in", "lengths", "{} input tokens"),
     Factor("output_tokens", "out", "output_tokens", "{} output tokens"),
+    # a load run's level (issue 23): closed-loop streams or an open-loop request rate, never both
+    Factor("concurrency", "c", "load.concurrency", "{} concurrent streams"),
+    Factor("rate", "r", "load.rate", "{} requests/s", kind=float),
 )
 BY_NAME = {f.name: f for f in FACTORS}
 BY_PREFIX = {f.prefix: f for f in FACTORS}
+LOAD_FACTORS = ("concurrency", "rate")  # the factors that make a condition a load level
 ID_PATTERN = r"[a-z]+[0-9][0-9.]*(?:-[a-z]+[0-9][0-9.]*)*"
 
 
@@ -89,6 +93,15 @@ class Condition:
     def output_tokens(self) -> int:
         return self["output_tokens"]
 
+    @property
+    def load(self) -> tuple[str, Any] | None:
+        """``("concurrency", 8)`` or ``("rate", 0.5)`` for a load level; None for a steady condition."""
+        return next(((n, v) for n, v in self.values if n in LOAD_FACTORS), None)
+
+    def without_load(self) -> "Condition":
+        """The condition with its load factor left out: the group of levels that form one load curve."""
+        return Condition(tuple((n, v) for n, v in self.values if n not in LOAD_FACTORS))
+
     def to_dict(self) -> dict:
         """``{"id", <factor>: value, ...}``, as plan.json and the summary list it."""
         return {"id": self.id, **dict(self.values)}
@@ -121,7 +134,7 @@ def parse_id(text: str) -> Condition:
             raise ValueError(f"condition id {text!r}: cannot read {part!r} (factors: "
                              f"{', '.join(f.prefix + '<n>' for f in FACTORS)})")
         factor = BY_PREFIX[m.group(1)]
-        values[factor.name] = float(m.group(2)) if "." in m.group(2) else int(m.group(2))
+        values[factor.name] = factor.kind(float(m.group(2)) if "." in m.group(2) else int(m.group(2)))
     cond = Condition.of(**values)
     if cond.id != text:
         raise ValueError(f"condition id {text!r} is not in canonical form ({cond.id})")
@@ -138,10 +151,15 @@ def levels(config: dict, factor: Factor) -> list:
     return list(node) if isinstance(node, (list, tuple)) else [node]
 
 
+def _typed(factor: Factor, value: Any) -> Any:
+    """A rate of 2 is 2.0, as its id ``r2`` reads back (a float factor's integers become floats)."""
+    return float(value) if factor.kind is float and isinstance(value, int) and not isinstance(value, bool) else value
+
+
 def conditions(config: dict) -> list[Condition]:
     """The run's conditions: the cross product of every configured factor's levels, the first
     factor outermost, each factor's levels in config order."""
-    present = [(f, levels(config, f)) for f in FACTORS]
+    present = [(f, [_typed(f, v) for v in levels(config, f)]) for f in FACTORS]
     present = [(f, vals) for f, vals in present if vals]
     return [Condition(tuple((f.name, v) for (f, _), v in zip(present, combo)))
             for combo in itertools.product(*(vals for _, vals in present))]

@@ -18,6 +18,7 @@ from typing import Any, Callable, Iterator
 from pairbench.core.conditions import BY_NAME, conditions, levels
 from pairbench.core.metrics import DEFAULT_MEMORY, DEFAULT_METRICS, DEFAULT_SECONDARY, check_metric_lists
 from pairbench.core.configsource import parse_key
+from pairbench.core import loadconfig
 from pairbench.core.order import block_length
 
 # The named models. "tiny" is the embedded engine's deterministic random-weight test model; its
@@ -94,7 +95,12 @@ def normalized(config: dict) -> dict:
     cfg["allow_external"] = cfg.get("allow_external", False) in (True, "true")
     cfg["server"] = {**SERVER_DEFAULTS, **(cfg.get("server") or {})}
     cfg["validate"] = {**copy.deepcopy(VALIDATE_DEFAULTS), **(cfg.get("validate") or {})}
-    cfg["stats"] = {**copy.deepcopy(STATS_DEFAULTS), **(cfg.get("stats") or {})}
+    load = loadconfig.section(cfg)  # not a load run: no key at all, so its config hash is as before
+    if load is None:
+        cfg.pop("load", None)
+    else:
+        cfg["load"] = load
+    cfg["stats"] = {**copy.deepcopy(STATS_DEFAULTS), **loadconfig.stats_defaults(cfg), **(cfg.get("stats") or {})}
     cfg["crosscheck"] = {**CROSSCHECK_DEFAULTS, **(cfg.get("crosscheck") or {})}
     cfg["gates"] = {**GATES_DEFAULTS, **(cfg.get("gates") or {})}
     cfg["resources"] = _resources(cfg.get("resources") or {})
@@ -402,9 +408,16 @@ def _check_context(cfg: dict, root: Path) -> Iterator[ConfigError]:
 def _check_metrics(cfg: dict, root: Path) -> Iterator[ConfigError]:
     st = cfg["stats"]
     try:
-        check_metric_lists(st["metrics"], st["secondary"], st["memory"])
+        check_metric_lists(st["metrics"], st["secondary"], st["memory"],
+                           scope="level" if loadconfig.is_load(cfg) else "request")
     except ValueError as exc:
         yield ConfigError(str(exc))
+
+
+def _check_load(cfg: dict, root: Path) -> Iterator[ConfigError]:
+    """The ``load`` section (pairbench.core.loadconfig); its slots per arm: pairbench.engines.slots."""
+    for problem in loadconfig.checks(cfg):
+        yield ConfigError(str(problem))
 
 
 def _check_rounds(cfg: dict, root: Path) -> Iterator[ConfigError]:
@@ -436,7 +449,8 @@ CHECKS: list[tuple[frozenset, Callable[[dict, Path], Iterator[ConfigError]]]] = 
     (frozenset({"arms"}), _check_patch_names),
     (frozenset({"arms", "resources"}), _check_gpus),
     (frozenset({"model", "lengths", "output_tokens"}), _check_context),
-    (frozenset({"stats"}), _check_metrics),
+    (frozenset({"stats", "load"}), _check_metrics),
+    (frozenset({"load", "repeats", "output_tokens"}), _check_load),
     (frozenset({"rounds", "order", "arms"}), _check_rounds),
     (frozenset({"rounds", "stats"}), _check_trim),
 ]

@@ -15,6 +15,8 @@ from pairbench.core.naming import label as visit_label
 
 TABLES = ("measurements", "summary", "paired", "ratios", "memory", "timing_agreement")
 PLOTS = ("ratios", "drift")
+LOAD_TABLES = ("capacity", "capacity_paired")  # a load run's, beside TABLES
+LOAD_PLOTS = ("load",)
 PER_ARM = ("source", "build", "warmup")  # one artifact per arm: <stage>/<arm>.json
 
 
@@ -88,6 +90,10 @@ class Layout:
     def retry_outputs(self, visit: str, retry: int | str) -> str:
         """The folder of a validation retry's private outputs, one file per re-measured condition."""
         return f"{self.private}/outputs/{visit_label(visit, retry)}"
+
+    def level(self, visit: str, cond: str) -> str:
+        """A load level's private request body (every request's timings, usage and gates)."""
+        return f"{self.private}/levels/{visit}-{cond}.json"
 
     def host(self, visit: str) -> str:
         """The facts of the node that measured the visit (private; environment.json is made from them)."""

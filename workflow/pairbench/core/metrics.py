@@ -1,5 +1,5 @@
-"""The registry of metrics: unit, orientation, the question each one answers, and where a steady
-record holds it. Everything else reads it: the measurements table's columns, the config's defaults
+"""The registry of metrics: unit, orientation, the question each one answers, and where a record
+holds it. Everything else reads it: the measurements table's columns, the config's defaults
 and the schemas' enums (a test checks those against :data:`METRICS`), the statistics, the plots
 and the report.
 
@@ -10,6 +10,12 @@ same thing from two sides (client and engine decode tok/s): a run tests at most 
 
 Adding a metric (p99 inter-token latency, say) is one entry here, plus the line of the measuring
 code that puts it into each steady record at ``record``.
+
+Each metric has a *scope*: ``request`` (one steady request, measured one at a time) or ``level``
+(one load level of a load run: many concurrent requests, :mod:`pairbench.analysis.loadlevel`, read
+from the level record's ``metrics``). A run measures one scope only, so ``stats`` lists metrics of
+one scope. A level's validity facts (achieved load, schedule lag, client CPU) are registry columns
+too (``fact``), shown and disclosed, never tested.
 """
 
 from __future__ import annotations
@@ -26,7 +32,9 @@ class Metric:
     label: str
     question: str
     memory: bool = False
-    record: tuple[str, ...] = ()  # its path in a steady record (default: its own name at the top)
+    record: tuple[str, ...] = ()  # its path in a record (default: its own name at the top)
+    scope: str = "request"  # "request": a steady record's; "level": a load level record's
+    fact: bool = False  # a level's validity fact (achieved load, lag, client CPU): a column, never tested
 
     def value(self, record: dict) -> Any:
         """This metric's value in one steady record (None where it is not recorded)."""
@@ -42,6 +50,15 @@ def _metrics(*ms: Metric) -> dict[str, Metric]:
     return {m.name: m for m in ms}
 
 
+# The latency percentiles a load level may state as metrics (config load.percentiles is a subset).
+PERCENTILES = (50, 90, 99)
+SCOPES = ("request", "level")
+
+
+def _level(name: str, unit: str, higher: bool, label: str, question: str, fact: bool = False) -> Metric:
+    return Metric(name, unit, higher, label, question, record=("metrics", name), scope="level", fact=fact)
+
+
 METRICS: dict[str, Metric] = _metrics(
     Metric("decode_tok_s", "tok/s", True, "decode throughput", "decode"),
     Metric("prefill_tok_s", "tok/s", True, "prefill throughput", "prefill"),
@@ -53,9 +70,26 @@ METRICS: dict[str, Metric] = _metrics(
            record=("engine", "prefill_tok_s")),
     Metric("kv_bytes", "bytes", False, "KV cache size", "kv memory", memory=True),
     Metric("peak_rss_bytes", "bytes", False, "peak resident memory", "process memory", memory=True),
+    # a load level (analysis/loadlevel.py defines each); the questions are a load run's own
+    _level("output_tok_s", "tok/s", True, "output throughput (whole system)", "throughput"),
+    _level("requests_s", "req/s", True, "request throughput", "throughput"),
+    _level("goodput_rps", "req/s", True, "goodput (requests meeting the SLO)", "goodput"),
+    _level("slo_attainment", "share", True, "SLO attainment", "goodput"),
+    # per percentile one question; ITL and TPOT measure decode latency from two sides (gaps, means)
+    *(_level(f"{lat}_p{q}_ms", "ms", False, f"p{q} {words}", f"{question} p{q}")
+      for lat, words, question in (("ttft", "time to first token", "ttft"), ("itl", "inter-token latency", "decode"),
+                                   ("tpot", "time per output token", "decode"),
+                                   ("e2e", "end-to-end latency", "e2e"))
+      for q in PERCENTILES),
+    _level("achieved_concurrency", "streams", True, "achieved concurrency", "achieved load", fact=True),
+    _level("achieved_rate_rps", "req/s", True, "achieved request rate", "achieved load", fact=True),
+    _level("lag_p99_ms", "ms", False, "p99 schedule lag", "client", fact=True),
+    _level("client_cpu_s", "s", False, "client CPU time", "client", fact=True),
+    _level("client_cpu_share", "share", False, "client CPU share of a core", "client", fact=True),
 )
-SPEED_METRICS = tuple(m for m, v in METRICS.items() if not v.memory)
+SPEED_METRICS = tuple(m for m, v in METRICS.items() if not v.memory and not v.fact)
 MEMORY_METRICS = tuple(m for m, v in METRICS.items() if v.memory)
+LEVEL_METRICS = tuple(m for m, v in METRICS.items() if v.scope == "level")
 QUESTIONS = {q: tuple(m for m, v in METRICS.items() if v.question == q)
              for q in dict.fromkeys(v.question for v in METRICS.values())}
 DEFAULT_METRICS = ("decode_tok_s", "prefill_tok_s")
@@ -63,9 +97,27 @@ DEFAULT_SECONDARY = ("ttft_ms", "e2e_ms")
 DEFAULT_MEMORY = ("kv_bytes", "peak_rss_bytes")
 
 
-def check_metric_lists(metrics, secondary=(), memory=(), where: str = "stats") -> tuple[tuple, tuple, tuple]:
+def scope_of(names) -> str | None:
+    """The scope of the first metric of *names* that the registry knows (None: none known)."""
+    return next((METRICS[n].scope for n in names if n in METRICS), None)
+
+
+def load_defaults(percentiles) -> dict[str, tuple[str, ...]]:
+    """A load run's default ``stats`` lists, for its ``load.percentiles``: output throughput and the
+    highest percentile's TTFT tested (one per question: ``output_tok_s``, ``ttft_p99_ms`` with the
+    default percentiles); request throughput, goodput and the highest ITL and e2e percentiles shown."""
+    top = max(percentiles)
+    return {"metrics": ("output_tok_s", f"ttft_p{top}_ms"),
+            "secondary": ("requests_s", "goodput_rps", f"itl_p{top}_ms", f"e2e_p{top}_ms"),
+            "memory": ()}
+
+
+def check_metric_lists(metrics, secondary=(), memory=(), where: str = "stats",
+                       scope: str | None = None) -> tuple[tuple, tuple, tuple]:
     """Check the primary, secondary and memory lists; a ``ValueError`` names the config key
-    (``stats.metrics``, ``stats.secondary``, ``stats.memory``)."""
+    (``stats.metrics``, ``stats.secondary``, ``stats.memory``). Every tested or shown metric must be
+    of one *scope* (default: the first primary metric's): ``level`` for a load run, ``request``
+    otherwise; a load run has no memory metrics."""
     metrics, secondary, memory = tuple(metrics), tuple(secondary), tuple(memory)
     if not metrics:
         raise ValueError(f"{where}.metrics: no primary metric listed")
@@ -77,6 +129,16 @@ def check_metric_lists(metrics, secondary=(), memory=(), where: str = "stats") -
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
             raise ValueError(f"{where}.{key}: {', '.join(dup)} listed more than once")
+    scope = scope or scope_of(metrics)
+    for key, names in (("metrics", metrics), ("secondary", secondary), ("memory", memory)):
+        other = [n for n in names if METRICS[n].scope != scope]
+        if other:
+            run = "a load run (load:) measures load levels" if scope == "level" else \
+                "a run without load: measures one request at a time"
+            allowed = [m for m in SPEED_METRICS if METRICS[m].scope == scope] if key != "memory" else \
+                [m for m in MEMORY_METRICS if METRICS[m].scope == scope]
+            raise ValueError(f"{where}.{key}: {', '.join(other)} cannot be measured here: {run}; "
+                             f"{key} may list {', '.join(allowed) or 'nothing'}")
     seen: dict[str, str] = {}
     for name in metrics:
         q = METRICS[name].question

@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pairbench.core.config import arm_names, baseline_arm, candidate_arms, normalized, resolve_model, serve_context
-from pairbench.core import conditions, naming
+from pairbench.core import conditions, loadconfig, naming
 from pairbench.core.order import block_length, round_orders
 
 
@@ -49,13 +49,27 @@ def visits(config: dict) -> list[dict]:
     return out
 
 
-def salt(seed: int, round_: int, condition: str) -> str:
-    """A short token put at the very start of every prompt of one round and condition.
+def salt(seed: int, round_: int, condition: str, request: int | None = None) -> str:
+    """A short token put at the very start of every prompt of one round and condition (and, in a load
+    level, of one *request*: its index among the level's requests).
 
-    No two rounds or conditions share a prompt prefix (no engine can reuse another request's KV),
-    while both arms of a round see identical tokens.
+    No two rounds, conditions or requests of a level share a prompt prefix (no engine can reuse
+    another request's KV), while both arms of a round see identical tokens.
     """
-    return hashlib.sha256(f"pairbench-salt:{seed}:{round_}:{condition}".encode()).hexdigest()[:8]
+    tail = "" if request is None else f":{request}"
+    return hashlib.sha256(f"pairbench-salt:{seed}:{round_}:{condition}{tail}".encode()).hexdigest()[:8]
+
+
+def load_block(cfg: dict, conds: list, rounds: int) -> dict:
+    """The plan's ``load`` block: what every level of every visit sends, and in which order. Each
+    round's level order is counterbalanced (:func:`pairbench.core.loadconfig.level_order`); open-loop
+    schedules are a pure function of (seed, round, level) (:mod:`pairbench.core.schedule`), drawn by
+    the visit and recorded there with their digest."""
+    load = cfg["load"]
+    keys = ("requests", "warmup", "burstiness", "slo", "percentiles", "prefix", "timeout_s", "validity",
+            "allow_queueing")
+    return {"mode": loadconfig.mode(load), **{k: load[k] for k in keys},
+            "level_orders": {str(r): [c.id for c in loadconfig.level_order(conds, r)] for r in range(1, rounds + 1)}}
 
 
 # Config sections that do not shape the measurement. They reach their own stages as params, so
@@ -86,7 +100,7 @@ def make_plan(config: dict, root) -> dict:
     cfg = normalized(config)
     model = resolve_model(cfg["model"], root)
     conds = conditions.conditions(cfg)
-    return {
+    body = {
         "label": cfg["label"],
         "model": {"name": model["name"], "kind": model["kind"]},
         "arms": {name: {"source": a["source"], "patches": list(a["patches"]), "args": list(a["args"]),
@@ -109,3 +123,6 @@ def make_plan(config: dict, root) -> dict:
         "config_sha256": config_sha256(cfg),
         "inputs": {},
     }
+    if cfg.get("load") is not None:
+        body["load"] = load_block(cfg, conds, rounds_bounds(cfg)[1])
+    return body

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
@@ -28,6 +29,7 @@ from pairbench.engines.hfmodel import encode
 from pairbench.engines.policy import plan_opt_in
 from pairbench.engines.profiles import REPO, EngineError, EngineProfile, LaunchSpec, arm_engine, launch_spec, load_profile
 from pairbench.engines.server import Server
+from pairbench.engines import serving
 
 __all__ = ["ADAPTERS", "ArmEngine", "adapter_class", "arm_adapter", "arm_python", "for_arm", "model_arg",
            "register_adapter"]
@@ -44,8 +46,11 @@ class ArmEngine:
     """
 
     def __init__(self, profile: EngineProfile, arm: dict, *, model: str, model_path: str | None, ctx: int,
-                 src_dir: str | os.PathLike, repo_root: str | os.PathLike = REPO, python: str = sys.executable):
+                 src_dir: str | os.PathLike, repo_root: str | os.PathLike = REPO, python: str = sys.executable,
+                 load: bool = False):
         self.profile = profile
+        self.load = load  # a load run's server: serves several streams (pairbench.engines.serving)
+        self.load_spec = serving.load_spec(profile)
         self.arm = arm
         self.model = model
         self.model_path = model_path
@@ -59,8 +64,42 @@ class ArmEngine:
         return self.profile.name
 
     def launch(self, port: int) -> LaunchSpec:
-        return launch_spec(self.profile, self.arm, port=port, model=self.model, ctx=self.ctx,
+        """The server's command line. A load run's drops the profile's single-stream cap, and where the
+        server divides its context among its slots, hands it the context times the slots."""
+        spec = launch_spec(self.profile, self.arm, port=port, model=self.model, ctx=self.ctx,
                            src_dir=self.src_dir, repo_root=self.repo_root, python=self.python)
+        if not self.load:
+            return spec
+        if self.load_spec.shared_context and (self.slots or 1) > 1:
+            spec = launch_spec(self.profile, self.arm, port=port, model=self.model, ctx=self.ctx * self.slots,
+                               src_dir=self.src_dir, repo_root=self.repo_root, python=self.python)
+        return replace(spec, argv=serving.without_single_stream_flags(self.load_spec, spec.argv))
+
+    @property
+    def slots(self) -> int | None:
+        """Requests this arm's server serves at once (None: unknown), from its command line."""
+        argv = launch_spec(self.profile, self.arm, port=0, model=self.model, ctx=self.ctx, src_dir=self.src_dir,
+                           repo_root=self.repo_root, python=self.python).argv
+        if self.load:
+            argv = serving.without_single_stream_flags(self.load_spec, argv)
+        return serving.slots_in(self.load_spec, argv)
+
+    def wait_idle(self, http, url: str, timeout_s: float) -> dict:
+        """Wait until the server reports nothing running or waiting (:func:`pairbench.engines.serving.wait_idle`)."""
+        return serving.wait_idle(self.load_spec, http, url, timeout_s=timeout_s)
+
+    def cache_state(self) -> dict:
+        """How the prefix cache is kept out of a load level: ``{"how", "detail"}``. ``how`` is
+        ``request`` (off in every request's fields), ``launch`` (off by a launch flag) or ``unproven``
+        (only a flush before each request would defeat it, which concurrent requests cannot have)."""
+        pc = self.profile.data["prefix_cache"]
+        if self.profile.flush_spec is not None:
+            how = "unproven"
+        elif pc.get("request_fields"):
+            how = "request"
+        else:
+            how = "launch" if pc.get("launch_flags") else "unproven"
+        return {"how": how, "detail": " ".join(pc["how_disabled"].split())}
 
     def server(self, log_path: str | os.PathLike, server_cfg: dict, *, pid_path: str | os.PathLike | None = None,
                owner: str = "", cpus: list[int] | None = None) -> Server:
@@ -208,12 +247,14 @@ def adapter_class(profile_name: str) -> type[ArmEngine]:
 
 
 def arm_adapter(arm: dict, *, model: str, model_path: str | None, ctx: int, src_dir: str | os.PathLike,
-                repo_root: str | os.PathLike = REPO, python: str = sys.executable) -> ArmEngine:
+                repo_root: str | os.PathLike = REPO, python: str = sys.executable,
+                load: bool = False) -> ArmEngine:
     """The adapter for one arm, whatever its engine (default: the embedded one). An engine without a
-    profile fails here, naming it (:class:`~pairbench.engines.profiles.EngineError`)."""
+    profile fails here, naming it (:class:`~pairbench.engines.profiles.EngineError`). *load*: the
+    arm serves a load run."""
     profile = load_profile(arm_engine(arm))
     return adapter_class(profile.name)(profile, arm, model=model, model_path=model_path, ctx=ctx, src_dir=src_dir,
-                                       repo_root=repo_root, python=python)
+                                       repo_root=repo_root, python=python, load=load)
 
 
 def _under_root(path: str, root: str | os.PathLike) -> str:
@@ -254,4 +295,4 @@ def for_arm(arm_cfg: dict, *, build: dict, plan: dict, arm_dir: str | os.PathLik
     model = model_arg(build, root)
     arm = {**arm_cfg, "threads": arm_cfg.get("threads") or server_cfg["threads"]}
     return arm_adapter(arm, model=model, model_path=model, ctx=plan["max_context"], src_dir=arm_dir, repo_root=root,
-                       python=arm_python(build, root))
+                       python=arm_python(build, root), load=plan.get("load") is not None)

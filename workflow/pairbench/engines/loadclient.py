@@ -81,6 +81,8 @@ class RequestRecord:
     tokens_cached: int | None        # the embedded engine's / llama.cpp's top-level field, verbatim
     error: str | None = None
     error_kind: str | None = None
+    text: str = ""                   # the output, for the validation cases (private)
+    token_ids: list[int] = field(default_factory=list)  # its token ids, where the engine streams them
 
     @property
     def ok(self) -> bool:
@@ -176,7 +178,8 @@ async def _one(http: httpx.AsyncClient, url: str, req: LoadRequest, *, index: in
         streamed_tokens=len(times),
         prompt_tokens=(usage or {}).get("prompt_tokens"), completion_tokens=(usage or {}).get("completion_tokens"),
         cached_tokens=_cached(usage, result.tokens_cached), finish_reason=result.finish_reason,
-        usage=usage, timings=result.timings, tokens_cached=result.tokens_cached, error=error, error_kind=kind)
+        usage=usage, timings=result.timings, tokens_cached=result.tokens_cached, error=error, error_kind=kind,
+        text=result.text, token_ids=list(result.token_ids))
 
 
 class LoadClient:

@@ -14,6 +14,8 @@ import sys
 from pathlib import Path
 
 from pairbench.core.config import ConfigError, resolve_model
+from pairbench.core.loadconfig import section as load_section
+from pairbench.engines import serving
 from pairbench.engines.profiles import (ENV_DIR, MODEL_FORMATS, REPO, EngineError, EngineProfile,
                                         ExternalEngineNotAllowed, arm_engine, is_external, launch_spec, load_profile)
 from pairbench.engines.specs import env_python
@@ -69,6 +71,34 @@ def check_source_runs(name: str, arm: dict, profile: EngineProfile) -> None:
         f"build.install, and its server runs an installed program, not the arm's tree, so {what} (both arms would "
         "measure the same installed engine). Use an engine profile that installs or builds the tree, or drop "
         f"arms.{name}.source and arms.{name}.patches to compare the installed engine's settings")
+
+
+def check_slots(config: dict) -> list[ConfigError]:
+    """A closed-loop load run's highest concurrency against each arm's slots (its engine profile's
+    ``load.slots``, read from the arm's command line): more streams than slots would wait in the
+    server's queue, which a run measures only when ``load.allow_queueing`` says so. Each error names
+    ``arms.<arm>.args``; an arm whose slots are unknown is not checked."""
+    load = load_section(config)
+    if load is None or not load.get("concurrency"):
+        return []
+    top, out = max(load["concurrency"]), []
+    for name, arm in config["arms"].items():
+        arm = arm or {}
+        try:
+            profile = load_profile(arm_engine(arm))
+            spec = serving.load_spec(profile)
+            argv = launch_spec(profile, arm, port=0, model="model", ctx=1, src_dir=".").argv
+            slots = serving.slots_in(spec, serving.without_single_stream_flags(spec, argv))
+        except EngineError as exc:
+            out.append(ConfigError(f"arms.{name}.args: {exc}"))
+            continue
+        if slots is not None and top > slots and not load["allow_queueing"]:
+            flag = spec.slots_flag or "its slots"
+            out.append(ConfigError(
+                f"arms.{name}.args: arm {name} serves {slots} request(s) at once ({flag} {slots}), fewer than "
+                f"load.concurrency's {top} streams: the rest would wait in its queue. Give it [{flag}, \"{top}\"] "
+                f"in args, or set load.allow_queueing: true to measure the queue on purpose"))
+    return out
 
 
 def external_arms(config: dict) -> list[str]:

@@ -14,6 +14,14 @@ same token ids; otherwise :class:`FixtureError` reports both counts.
 One fixture per condition (:mod:`pairbench.core.conditions`), of its ``input_tokens``. The fixture
 artifact (``fixtures/<condition>.json``) holds hashes and counts only; the messages and token ids
 stay in ``private/prompts/<condition>.json``.
+
+A load level sends many requests per round: its fixture holds, per round, ``requests`` (warm-up ones
+first), each of exactly ``input_tokens`` tokens and with its own salt
+(``salt(seed, round, condition, i)``), so no request can reuse another's prefix; the round's own
+fields are its first request's. With ``load.prefix: shared`` every request of a level sends the
+round's one prompt (disclosed). Fitting hundreds of prompts stays fast: each fit's search starts from
+the previous prompt's word count (the salts differ, the filler does not), so most take two or three
+``/tokenize`` calls instead of a binary search.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ from typing import Callable
 
 from pairbench.core.conditions import Condition
 from pairbench.core import tasks
+from pairbench.core.plan import salt as request_salt
 
 Tokenizer = Callable[[list[dict]], list[int]]
 
@@ -71,27 +80,39 @@ def token_ids_sha256(ids: list[int]) -> str:
     return hashlib.sha256(",".join(str(i) for i in ids).encode()).hexdigest()
 
 
-def fit_round(length: int, salt: str, seed: int, task_text: str, tokenize: Tokenizer) -> dict:
+def fit_round(length: int, salt: str, seed: int, task_text: str, tokenize: Tokenizer,
+              start: int | None = None) -> dict:
     """Build one round's message with exactly *length* native tokens.
 
-    Returns ``{"messages", "token_ids", "filler_words", "pads"}``.
+    *start*: a word count to search from (the previous prompt's, whose count is near); without it a
+    binary search from scratch. Returns ``{"messages", "token_ids", "filler_words", "pads"}``.
     """
     def build(n: int, pads: str = "") -> list[dict]:
         return make_messages(salt, " ".join(filler_words(seed, length, n)) + pads, task_text)
 
-    base = len(tokenize(build(0)))
-    if base > length:
-        raise FixtureError(
-            f"lengths: {length} is shorter than the fixed part of the prompt (salt, task and chat "
-            f"template: {base} tokens)"
-        )
-    lo, hi = 0, max(1, length - base)  # every word is at least one token
-    while lo < hi:  # largest n with count(n) <= length
-        mid = (lo + hi + 1) // 2
-        if len(tokenize(build(mid))) <= length:
-            lo = mid
-        else:
-            hi = mid - 1
+    def fits(n: int) -> bool:
+        return len(tokenize(build(n))) <= length
+
+    if start is not None and fits(start):  # walk up from the hint while the next word still fits
+        lo = start
+        while fits(lo + 1):
+            lo += 1
+    elif start is not None and start > 0 and fits(start - 1):
+        lo = start - 1
+    else:
+        base = len(tokenize(build(0)))
+        if base > length:
+            raise FixtureError(
+                f"lengths: {length} is shorter than the fixed part of the prompt (salt, task and chat "
+                f"template: {base} tokens)"
+            )
+        lo, hi = 0, max(1, length - base)  # every word is at least one token
+        while lo < hi:  # largest n with count(n) <= length
+            mid = (lo + hi + 1) // 2
+            if fits(mid):
+                lo = mid
+            else:
+                hi = mid - 1
     n = lo
     pads, npads = "", 0
     ids = tokenize(build(n, pads))
@@ -108,29 +129,42 @@ def fit_round(length: int, salt: str, seed: int, task_text: str, tokenize: Token
     return {"messages": build(n, pads), "token_ids": ids, "filler_words": n, "pads": npads}
 
 
+def _public(fit: dict, salt: str) -> dict:
+    return {"salt": salt, "prompt_tokens": len(fit["token_ids"]), "prompt_sha256": messages_sha256(fit["messages"]),
+            "token_ids_sha256": token_ids_sha256(fit["token_ids"]), "filler_words": fit["filler_words"],
+            "pads": fit["pads"]}
+
+
 def build_fixture(condition: Condition, seed: int, salts: dict[str, str], arm: str,
-                  tokenize: Tokenizer) -> tuple[dict, dict]:
+                  tokenize: Tokenizer, requests: int | None = None) -> tuple[dict, dict]:
     """Fit every round of *condition*'s fixture (its ``input_tokens``) with *arm*'s tokenizer.
 
     Returns ``(fixture_body, prompts_body)``: the public artifact body (hashes, counts) and the
-    private one (messages, token ids). *salts* maps round (as a string) to its salt.
+    private one (messages, token ids). *salts* maps round (as a string) to its salt. *requests*: a
+    load level's prompts per round (each with its own salt), None for one prompt per round (a
+    steady condition, or a load level with a shared prefix).
     """
     length = condition.input_tokens
     task = tasks.task_for(length)
     task_text = tasks.render_task(task)
     rounds, private = [], []
+    hint = None
     for rnd in sorted(salts, key=int):
-        fit = fit_round(length, salts[rnd], seed, task_text, tokenize)
-        rounds.append({
-            "round": int(rnd),
-            "salt": salts[rnd],
-            "prompt_tokens": len(fit["token_ids"]),
-            "prompt_sha256": messages_sha256(fit["messages"]),
-            "token_ids_sha256": token_ids_sha256(fit["token_ids"]),
-            "filler_words": fit["filler_words"],
-            "pads": fit["pads"],
-        })
-        private.append({"round": int(rnd), "messages": fit["messages"], "token_ids": fit["token_ids"]})
+        fits = []
+        for i in range(requests or 1):
+            s = salts[rnd] if requests is None else request_salt(seed, int(rnd), condition.id, i)
+            fit = fit_round(length, s, seed, task_text, tokenize, start=hint)
+            hint = fit["filler_words"] if requests is not None else None  # a steady fixture: as it always was
+            fits.append((s, fit))
+        first_salt, first = fits[0]
+        pub = {"round": int(rnd), **_public(first, first_salt)}
+        priv = {"round": int(rnd), "messages": first["messages"], "token_ids": first["token_ids"]}
+        if requests is not None:
+            pub["requests"] = [{"index": i, **_public(f, s)} for i, (s, f) in enumerate(fits)]
+            priv["requests"] = [{"index": i, "messages": f["messages"], "token_ids": f["token_ids"]}
+                                for i, (_, f) in enumerate(fits)]
+        rounds.append(pub)
+        private.append(priv)
     fixture = {"condition": condition.id, **dict(condition.values), "task": task.name, "seed": seed,
                "checked_by": [arm], "rounds": rounds}
     return fixture, {"condition": condition.id, "rounds": private}
@@ -139,11 +173,12 @@ def build_fixture(condition: Condition, seed: int, salts: dict[str, str], arm: s
 def check_tokenizer(fixture: dict, prompts: dict, arm: str, tokenize: Tokenizer) -> None:
     """Ask *arm*'s tokenizer about every round; it must give the very same ids. Adds it to ``checked_by``."""
     ref = fixture["checked_by"][0]
-    for rnd in prompts["rounds"]:
-        mine, theirs = rnd["token_ids"], tokenize(rnd["messages"])
+    for rnd, req in ((r, q) for r in prompts["rounds"] for q in r.get("requests") or [r]):
+        mine, theirs = req["token_ids"], tokenize(req["messages"])
         if theirs == mine:
             continue
-        where = f"fixture {fixture['condition']}, round {rnd['round']}"
+        where = f"fixture {fixture['condition']}, round {rnd['round']}" + (
+            f", request {req['index']}" if "index" in req else "")
         if len(theirs) != len(mine):
             raise FixtureError(f"lengths: {where}: the arms' tokenizers disagree: {ref} counts {len(mine)} "
                                f"tokens, {arm} counts {len(theirs)}")

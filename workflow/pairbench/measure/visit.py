@@ -37,7 +37,7 @@ from pairbench.engines.client import ClientError, StreamResult, http, stream_cha
 from pairbench.engines.evidence import count_log_prefix_hits
 from pairbench.engines.profiles import EngineError
 from pairbench.engines.server import ServerError
-from pairbench.measure import hostload
+from pairbench.measure import hostload, loadvisit
 
 progress_log = logging.getLogger("pairbench.progress")
 
@@ -192,7 +192,7 @@ def _server(engine: ArmEngine, srv, server_log: Path, log_start: int) -> dict:
 
 def run_visit(*, visit: dict, engine: ArmEngine, plan: dict, prompts: dict[str, dict], fixtures: dict[str, dict],
               server_cfg: dict, server_log: Path, inputs: dict, attempt: int = 1, pid_path: Path | None = None,
-              only: list[str] | None = None) -> tuple[dict, dict[str, dict]]:
+              only: list[str] | None = None, judge=None) -> tuple[dict, dict[str, dict]]:
     """Measure one visit. Returns ``(measure_body, {condition id: {"text", "token_ids"[, "repeats"]}})``.
 
     *prompts* maps condition id to the private prompts body; *fixtures* maps it to the fixture body.
@@ -206,10 +206,12 @@ def run_visit(*, visit: dict, engine: ArmEngine, plan: dict, prompts: dict[str, 
     repeats 2.. go under ``"repeats"``. With ``server.pin`` the server runs on one CPU set and this
     process on the other for the visit (:mod:`pairbench.measure.hostload`); the load average and
     CPU state at start and end are recorded under ``host``.
+
+    A load run's visit (``plan["load"]``) measures its levels instead (:mod:`pairbench.measure.loadvisit`,
+    *judge* its metrics and validity): one level record each, and each output carries the level's
+    private request body under ``"level"``.
     """
     round_, arm = visit["round"], visit["arm"]
-    repeats = int(plan.get("repeats", 1))
-    records, outputs = [], {}
 
     def where(cond: Condition) -> str:
         return f"visit {visit['id']} (arm {arm}, round {round_}, condition {cond.id}, attempt {attempt})"
@@ -231,27 +233,20 @@ def run_visit(*, visit: dict, engine: ArmEngine, plan: dict, prompts: dict[str, 
         with srv:
             version = engine.version(client, srv.url)
             first = diagnostic_request(srv.url, server_cfg["request_timeout_s"], plan["seed"], engine)
-            for repeat, cond in ((k, c) for k in range(1, repeats + 1) for c in conds):
-                rnd = next(r for r in prompts[cond.id]["rounds"] if r["round"] == round_)
-                fx = next(r for r in fixtures[cond.id]["rounds"] if r["round"] == round_)
-                label = f"{visit['id']} arm={arm} round={round_} condition={cond.id}" + (
-                    f" repeat={repeat}/{repeats}" if repeats > 1 else "")
-                progress_log.info("[measure] %s: request sent (attempt %d)", label, attempt)
-                result, gated = steady_request(engine, srv, client, messages=rnd["messages"], cond=cond,
-                                               seed=plan["seed"], timeout=server_cfg["request_timeout_s"],
-                                               server_log=server_log, label=label, where=where(cond))
-                rec = steady_record(result, condition=cond, round_=round_, arm=arm,
-                                    prompt_sha256=fx["prompt_sha256"], gated=gated)
-                rec.update({"visit_index": visit["index"], "attempt": attempt, "repeat": repeat})
-                if not srv.alive():
-                    rec["flags"].append("server: exited during the request")
-                    rec["ok"] = False
-                records.append(rec)
-                texts = {"text": result.text, "token_ids": result.token_ids}
-                if repeat == 1:
-                    outputs[cond.id] = texts
-                else:
-                    outputs[cond.id].setdefault("repeats", []).append({"repeat": repeat, **texts})
+            if plan.get("load"):
+                try:
+                    records, outputs = loadvisit.measure_levels(
+                        engine, srv.url, client, visit=visit, plan=plan, prompts=prompts, fixtures=fixtures,
+                        only=None if only is None else set(only), judge=judge, alive=srv.alive, where=where)
+                except RuntimeError as exc:
+                    raise VisitError(str(exc)) from None
+                for rec in records:
+                    rec.update({"round": round_, "arm": arm, "visit_index": visit["index"], "attempt": attempt,
+                                "repeat": 1})
+            else:
+                records, outputs = _steady(engine, srv, client, visit=visit, plan=plan, prompts=prompts,
+                                           fixtures=fixtures, conds=conds, server_cfg=server_cfg,
+                                           server_log=server_log, attempt=attempt, where=where)
     except ServerError as exc:
         raise VisitError(f"{where(conds[0])}: the engine failed to start: {exc}") from None
     finally:
@@ -272,6 +267,36 @@ def run_visit(*, visit: dict, engine: ArmEngine, plan: dict, prompts: dict[str, 
         "inputs": inputs,
     }
     return body, outputs
+
+
+def _steady(engine: ArmEngine, srv, client, *, visit: dict, plan: dict, prompts: dict, fixtures: dict,
+            conds: list[Condition], server_cfg: dict, server_log: Path, attempt: int, where) -> tuple[list, dict]:
+    """The steady requests of a visit: ``repeats`` per condition, repeats outer."""
+    round_, arm = visit["round"], visit["arm"]
+    repeats = int(plan.get("repeats", 1))
+    records, outputs = [], {}
+    for repeat, cond in ((k, c) for k in range(1, repeats + 1) for c in conds):
+        rnd = next(r for r in prompts[cond.id]["rounds"] if r["round"] == round_)
+        fx = next(r for r in fixtures[cond.id]["rounds"] if r["round"] == round_)
+        label = f"{visit['id']} arm={arm} round={round_} condition={cond.id}" + (
+            f" repeat={repeat}/{repeats}" if repeats > 1 else "")
+        progress_log.info("[measure] %s: request sent (attempt %d)", label, attempt)
+        result, gated = steady_request(engine, srv, client, messages=rnd["messages"], cond=cond,
+                                       seed=plan["seed"], timeout=server_cfg["request_timeout_s"],
+                                       server_log=server_log, label=label, where=where(cond))
+        rec = steady_record(result, condition=cond, round_=round_, arm=arm,
+                            prompt_sha256=fx["prompt_sha256"], gated=gated)
+        rec.update({"visit_index": visit["index"], "attempt": attempt, "repeat": repeat})
+        if not srv.alive():
+            rec["flags"].append("server: exited during the request")
+            rec["ok"] = False
+        records.append(rec)
+        texts = {"text": result.text, "token_ids": result.token_ids}
+        if repeat == 1:
+            outputs[cond.id] = texts
+        else:
+            outputs[cond.id].setdefault("repeats", []).append({"repeat": repeat, **texts})
+    return records, outputs
 
 
 def run_warmup(*, arm: str, engine: ArmEngine, plan: dict, server_cfg: dict, server_log: Path, inputs: dict) -> dict:

@@ -23,7 +23,7 @@ import yaml
 from pairbench.analysis import tables as pb_tables
 from pairbench.core import naming
 from pairbench.core.artifacts import read_artifact, sha256_file, write_artifact
-from pairbench.core.layout import PLOTS, TABLES, Layout
+from pairbench.core.layout import LOAD_PLOTS, LOAD_TABLES, PLOTS, TABLES, Layout
 from pairbench.publish import bundle as pb_bundle
 from pairbench.publish import envfacts, report
 
@@ -70,7 +70,7 @@ def stats_params(summary: dict) -> dict:
     return {"baseline": summary["baseline"], "candidates": summary["candidates"], "metrics": prm["primary"],
             "secondary": prm["secondary"], "memory": prm["memory"], "multiplicity": prm["multiplicity"],
             "trim": prm["trim"], "alpha": prm["alpha"], "noise": prm["noise"], "seed": prm["seed"],
-            "run": summary["run"]}
+            "run": summary["run"], **({"load": prm["load"]} if prm.get("load") else {})}
 
 
 def _private_artifacts(run: Run, root: str, hosts: list[str]) -> tuple[dict, dict]:
@@ -168,6 +168,9 @@ def publish(run: Run, root: str, hosts: list[str]) -> dict:
     files["config.resolved.yaml"] = yaml.safe_dump(resolved, sort_keys=True, default_style="\"").encode()
     files.update({f"tables/{name}.csv": L.table(name) for name in TABLES})
     files.update({f"plots/{name}.png": L.plot(name) for name in PLOTS})
+    if plan.get("load"):  # a load run's capacity tables and its load-curve plot
+        files.update({f"tables/{name}.csv": L.table(name) for name in LOAD_TABLES})
+        files.update({f"plots/{name}.png": L.plot(name) for name in LOAD_PLOTS})
     if run.crosscheck is not None:  # the cross-check comparison (numbers and short labels only)
         files["tables/crosscheck.json"] = L.crosscheck_summary
     # stats/summary.json itself is not bundled: its free-text fields (reasons, method names) fail

@@ -26,15 +26,18 @@ from pathlib import Path
 
 import pandas as pd
 
-from pairbench.analysis import coldcheck, stats as pb_stats, tables as pb_tables
+from pairbench.analysis import coldcheck, loadstats, stats as pb_stats, tables as pb_tables
 from pairbench.analysis.measurements import StatsInputError, as_bool
 from pairbench.core.artifacts import ArtifactError, validate
+from pairbench.publish.load_section import load_section
 from pairbench.publish.stats_section import statistics_section
 
 PARAMS = "stats_params.json"
 TABLES = ("summary", "paired", "ratios", "memory")
+LOAD_TABLES = ("capacity", "capacity_paired")  # a load run's (with an SLO)
 KEYS = {"summary": ["candidate", "arm", "condition", "metric"], "paired": ["candidate", "condition", "metric"],
-        "ratios": ["candidate", "condition", "metric", "round"], "memory": ["candidate", "condition", "metric"]}
+        "ratios": ["candidate", "condition", "metric", "round"], "memory": ["candidate", "condition", "metric"],
+        "capacity": ["candidate", "condition", "round"], "capacity_paired": ["candidate", "condition"]}
 REL_TOL = 1e-9
 
 
@@ -89,7 +92,7 @@ def recompute(root: Path) -> tuple[dict, dict]:
                                      metrics=params["metrics"], secondary=params["secondary"],
                                      memory=params["memory"], multiplicity=params["multiplicity"],
                                      trim=params["trim"], alpha=params["alpha"], noise=params["noise"],
-                                     seed=params["seed"])
+                                     seed=params["seed"], load=params.get("load"))
     summary["run"] = params["run"]
     return params, summary
 
@@ -140,7 +143,11 @@ def recompute_problems(root: str | Path) -> list[str]:
         return [f"tables/measurements.csv: the statistics cannot be recomputed: {exc}"]
     problems = run_problems(params, pd.read_csv(root / "tables" / "measurements.csv"))
     flat = pb_tables.summary_tables(summary)
-    for name in TABLES:
+    names = TABLES
+    if params.get("load"):
+        flat.update(loadstats.capacity_tables(summary))
+        names = (*TABLES, *LOAD_TABLES)
+    for name in names:
         path = root / "tables" / f"{name}.csv"
         if not path.is_file():
             problems.append(f"tables/{name}.csv: missing from the bundle")
@@ -148,17 +155,22 @@ def recompute_problems(root: str | Path) -> list[str]:
         recomputed = pd.read_csv(io.StringIO(flat[name].to_csv(index=False)))
         problems += table_problems(name, pd.read_csv(path), recomputed)
     readme = root / "README.md"
+    text = readme.read_text() if readme.is_file() else ""
     section = statistics_section(summary).rstrip()
-    if not readme.is_file() or section not in readme.read_text():
-        first = _first_difference(readme.read_text() if readme.is_file() else "", section)
+    if section not in text:
+        first = _first_difference(text, section)
         problems.append(f"README.md: its statistics section is not the one the measurements give ({first})")
+    load = load_section(summary).rstrip()
+    if load and load not in text:
+        first = _first_difference(text, load, heading="## Load")
+        problems.append(f"README.md: its load section is not the one the measurements give ({first})")
     return problems
 
 
-def _first_difference(text: str, section: str) -> str:
-    start = text.find("## Statistics")
+def _first_difference(text: str, section: str, heading: str = "## Statistics") -> str:
+    start = text.find(heading)
     if start < 0:
-        return "no '## Statistics' section"
+        return f"no '{heading}' section"
     got = text[start:].splitlines()
     for i, want in enumerate(section.splitlines()):
         if i >= len(got) or got[i] != want:

@@ -18,6 +18,7 @@ import pandas as pd
 
 from pairbench.core import naming
 from pairbench.core.conditions import label as condition_label, parse_id
+from pairbench.publish.load_section import load_section
 from pairbench.publish.stats_section import statistics_section
 from pairbench.validate import retries
 from pairbench.validate.sandbox import LAYERS
@@ -96,13 +97,18 @@ def plan_section(plan: dict, fixtures: dict, measures: list[dict] | None = None)
     out.append(f"- Conditions: {conds}; {planned}; seed {plan['seed']}.")
     per = "one steady streamed request per condition" if repeats == 1 else (
         f"{repeats} steady streamed requests per condition (every condition in turn, then again)")
+    if plan.get("load"):
+        ld = plan["load"]
+        per = (f"then every load level in its round's order (forward on odd rounds, reversed on even ones), each "
+               f"{ld['warmup']} warm-up and {ld['requests']} measured streamed requests on an idle server")
     out.append(f"- Visit order (`{plan['order']}`, fixed in plan.json before anything ran): {order}. Each visit "
                f"launches the arm's server, sends one first request (a diagnostic, not a sample), {per}, then "
                "stops it.")
-    salts = [r["salt"] for fx in fixtures.values() for r in fx["rounds"]]
+    salts = [q["salt"] for fx in fixtures.values() for r in fx["rounds"] for q in r.get("requests") or [r]]
     rounds_n = len({r["round"] for fx in fixtures.values() for r in fx["rounds"]})
     distinct = len(set(salts)) == len(salts)
-    out.append(f"- Each prompt starts with a salt of its round and condition ({len(set(salts))} distinct salts over "
+    out.append(f"- Each prompt starts with a salt of its round and condition{' (and request)' if plan.get('load') else ''} "
+               f"({len(set(salts))} distinct salts over "
                f"{rounds_n} rounds × {len(fixtures)} conditions{'' if distinct else ', NOT one per prompt'}), so no "
                "request can reuse another's prefix, while both arms of a round see identical tokens.")
     for n, fx in fixtures.items():
@@ -250,6 +256,34 @@ def timing_section(agreement: pd.DataFrame) -> list[str]:
     return out
 
 
+def load_run_lines(measures: list[dict]) -> list[str]:
+    """What only the measure artifacts of a load run know: the idle wait before each level, how the
+    prefix cache was kept out, and the levels whose streams outnumbered an arm's slots."""
+    levels = [r for m in measures for r in m["records"] if r.get("kind") == "level"]
+    if not levels:
+        return []
+    verified = [r for r in levels if r["idle"]["verified"]]
+    out = ["### How each level was run", ""]
+    waited = max((r["idle"]["waited_s"] for r in levels), default=0.0)
+    hows = sorted({r["idle"]["how"] for r in levels if not r["idle"]["verified"]})
+    out.append(f"- Idle server: verified before {len(verified)} of {len(levels)} levels (the longest wait "
+               f"{waited:.2f} s)" + (f"; not verified before the others: {'; '.join(hows)}" if hows else "") + ".")
+    for (arm, how, detail) in sorted({(r["arm"], r["cache"]["how"], r["cache"]["detail"]) for r in levels}):
+        what = {"request": "off in every request", "launch": "off by a launch flag",
+                "unproven": "NOT provably off under concurrency"}[how]
+        out.append(f"- Prefix cache of `{arm}`: {what}: {detail}")
+    unproven = sum(r["gate_failures"].get("cold_cache_unproven", 0) for r in levels)
+    cold = sum(r["gate_failures"].get("cold_cache", 0) for r in levels)
+    out.append(f"- Cold cache per request, from the engine's own per-request counts: {cold} request(s) reused a "
+               f"prefix, {unproven} could not be shown cold, over every request of every level.")
+    queued = sorted({(r["arm"], r["condition"], r["slots"]) for r in levels if r["queued"]})
+    if queued:
+        out.append("- Queued beyond the slots (load.allow_queueing): " + "; ".join(
+            f"`{a}` at `{c}` ({s} slot{'s' if s != 1 else ''})" for a, c, s in queued)
+                   + ": the requests beyond the slots waited in the server's queue, inside their TTFT.")
+    return out + [""]
+
+
 def diagnostics_section(warmups: dict, measures: list[dict]) -> list[str]:
     out = ["## Warmup and first requests (diagnostics, never in the statistics)", ""]
     rows = [[f"`{arm}`", _f(w["server"]["ready_s"], ".2f"), _f(w["first_request"]["ttft_ms"]),
@@ -356,8 +390,11 @@ def render(*, plan: dict, sources: dict, builds: dict, fixtures: dict, warmups: 
     lines += plan_section(plan, fixtures, measures)
     lines += gates_section(measures, validations, df)
     lines += [statistics_section(summary).rstrip(), ""]
+    if summary.get("load"):  # a load run: the curve, the capacity, the levels (verify checks it too)
+        lines += [load_section(summary).rstrip(), "", *load_run_lines(measures)]
     lines += crosscheck_section(crosscheck)
-    lines += timing_section(agreement)
+    if not summary.get("load"):  # a load run's levels have no per-request engine timings to compare
+        lines += timing_section(agreement)
     lines += diagnostics_section(warmups, measures)
     lines += ["## Files", "", *[f"- `{f}`" for f in sorted(files)], "- `MANIFEST.json`: sha256 of every file", ""]
     return "\n".join(lines)

@@ -169,7 +169,7 @@ def run_lines(summary: dict) -> list[str]:
         if r.get("budget"):
             out.append(budget_line(r["budget"], r.get("target_halfwidth")))
     rep = run.get("repeats")
-    if rep:
+    if rep and not summary.get("load"):  # a load run's unit is a visit's level, said above
         out.append(f"- Repeats: {rep} steady request(s) per condition per visit; the paired unit is the "
                    f"visit's median.")
     cc = run.get("cold_cache")
@@ -215,6 +215,8 @@ def statistics_section(summary: dict) -> str:
     out = ["## Statistics", ""]
     rep = max(pair["counts"].get("max_repeats", 1) for _, pair in pairs)
     unit = ("a visit's median over its repeats (at most " f"{rep} per condition)") if rep > 1 else "a visit's one request"
+    if summary.get("load"):
+        unit = "a visit's level: its figures over the level's measured requests"
     who = (f"Candidates {', '.join(f'`{c}`' for c in cands)}, each" if many else f"Candidate `{cands[0]}`")
     out.append(
         f"{who} against baseline `{base}`, paired by round; the paired unit is {unit}. "
@@ -318,7 +320,8 @@ def disclosure_lines(summary: dict) -> list[str]:
     counts = first["counts"]
     unpaired = sum(pair["counts"]["unpaired"] for _, pair in pairs)
     dropped = sum(pair["counts"].get("dropped_pairs", 0) for _, pair in pairs)
-    out.append(f"Records: {counts['rows']} steady rows, {counts['selected']} selected, "
+    kind = "level" if summary.get("load") else "steady"
+    out.append(f"Records: {counts['rows']} {kind} rows, {counts['selected']} selected, "
                f"{counts['excluded']} excluded, {counts['retries']} retries, "
                f"{unpaired} unpaired, {dropped} pairs dropped.")
     disc = first["disclosures"]

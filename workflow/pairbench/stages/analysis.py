@@ -10,6 +10,7 @@ import pandas as pd
 from pairbench.core import naming
 from pairbench.analysis import crosscheck as pb_crosscheck
 from pairbench.analysis import adaptive as pb_adaptive
+from pairbench.analysis import loadstats as pb_loadstats
 from pairbench.analysis import plots as pb_plots
 from pairbench.analysis import runfacts as pb_runfacts
 from pairbench.analysis import stats as pb_stats
@@ -32,10 +33,19 @@ def stats_params(stats: dict, gates: dict | None = None) -> dict:
     return {k: stats[k] for k in ("metrics", "secondary", "memory", "multiplicity", "trim", "alpha", "noise")}
 
 
+def load_params(plan: dict) -> dict | None:
+    """What the statistics need of a load run's plan (the bundle's stats_params.json records it):
+    closed or open loop, the SLO, the prompts' prefix. None for a single-stream run."""
+    load = plan.get("load")
+    return {k: load[k] for k in ("mode", "slo", "prefix")} if load else None
+
+
 def stats_stage(*, summary: str, measurements: str, summary_csv: str, paired_csv: str, ratios_csv: str,
                 timing_csv: str, plan: str, measures: list[str], validations: list[str], stats: dict,
-                gates: dict | None = None, memory_csv: str | None = None, adapt: list[str] | None = None) -> None:
-    """measurements.csv from the visits and their verdicts, then the summary and its flat tables.
+                gates: dict | None = None, memory_csv: str | None = None, adapt: list[str] | None = None,
+                capacity_csv: str | None = None, capacity_paired_csv: str | None = None) -> None:
+    """measurements.csv from the visits and their verdicts, then the summary and its flat tables (a
+    load run's capacity tables too).
 
     The summary is computed from measurements.csv *as written* (read back), so that ``python -m
     pairbench verify`` recomputes exactly the published numbers from the bundle's copy of it.
@@ -49,7 +59,7 @@ def stats_stage(*, summary: str, measurements: str, summary_csv: str, paired_csv
     atomic_write_text(measurements, df.to_csv(index=False))
     df = pd.read_csv(measurements)
     body = pb_stats.summarize_all(df, baseline=plan_body["baseline"], candidates=plan_body["candidates"],
-                                  seed=plan_body["seed"], **stats_params(stats))
+                                  seed=plan_body["seed"], load=load_params(plan_body), **stats_params(stats))
     decisions = [read_artifact(p, "adapt") for p in (adapt or [])]
     body["run"] = pb_runfacts.run_facts(plan_body, measure_bodies, df, gates, adaptive=stop_facts(plan_body, decisions))
     body["inputs"] = {"plan": sha256_file(plan), **{f"adapt.r{d['rounds']:02d}": sha256_file(p)
@@ -66,6 +76,10 @@ def stats_stage(*, summary: str, measurements: str, summary_csv: str, paired_csv
     if memory_csv:
         atomic_write_text(memory_csv, flat["memory"].to_csv(index=False))
     atomic_write_text(timing_csv, pb_tables.timing_agreement(df).to_csv(index=False))
+    if capacity_csv and capacity_paired_csv:
+        cap = pb_loadstats.capacity_tables(body)
+        atomic_write_text(capacity_csv, cap["capacity"].to_csv(index=False))
+        atomic_write_text(capacity_paired_csv, cap["capacity_paired"].to_csv(index=False))
 
 
 def stop_facts(plan: dict, decisions: list[dict]) -> dict | None:
@@ -103,10 +117,13 @@ def adapt_stage(*, adapt: str, plan: str, measures: list[str], validations: list
     logging.getLogger("pairbench.progress").info("[adapt] %s", body["reason"])
 
 
-def plots_stage(*, ratios: str, drift: str, summary: str, measurements: str) -> None:
+def plots_stage(*, ratios: str, drift: str, summary: str, measurements: str, load: str | None = None) -> None:
     body = read_artifact(summary, "summary")
+    df = pd.read_csv(measurements)
     pb_plots.plot_ratios(body, ratios)
-    pb_plots.plot_drift(pd.read_csv(measurements), drift, tuple(body["params"]["primary"]))
+    pb_plots.plot_drift(df, drift, tuple(body["params"]["primary"]))
+    if load:
+        pb_plots.plot_load(body, df, load)
 
 
 def crosscheck_compare_stage(*, comparison: str, summary: str, plan: str, crosschecks: list[str]) -> None:

@@ -8,8 +8,8 @@ import contextlib
 import logging
 from pathlib import Path
 
-from pairbench.core import naming
-from pairbench.core import conditions
+from pairbench.analysis import loadlevel
+from pairbench.core import conditions, loadconfig, naming
 from pairbench.core.artifacts import atomic_write_text, dumps, read_artifact, sha256_file, write_artifact
 from pairbench.engines.adapter import ArmEngine, for_arm, model_arg
 from pairbench.engines.client import http
@@ -52,11 +52,13 @@ def fixtures_stage(*, fixtures: list[str], prompts: list[str], plan: str, builds
     engines = [for_arm(arm_configs[a], build=b, plan=plan_body, arm_dir=d, server_cfg=server, root=root)
                for a, b, d in zip(arms, build_bodies, arm_dirs)]
     conds = conditions.from_plan(plan_body)
+    load = plan_body.get("load")
+    per_level = load["warmup"] + load["requests"] if load and load["prefix"] == "distinct" else None
     results = {}
     with _tokenizing(engines[0], server_log, server) as url:
         for cond in conds:
             results[cond.id] = pb_fixtures.build_fixture(cond, plan_body["seed"], plan_body["salts"][cond.id], arms[0],
-                                                         _tokenizer(engines[0], url))
+                                                         _tokenizer(engines[0], url), requests=per_level)
             log.info("fixture %s: fitted %d round(s) with %s's tokenizer", cond.id, plan_body["rounds"], arms[0])
     for arm, engine in zip(arms[1:], engines[1:]):
         with _tokenizing(engine, server_log, server) as url:
@@ -83,12 +85,42 @@ def warmup_stage(*, warmup: str, plan: str, build: str, arm: str, arm_dir: str, 
     write_artifact(warmup, "warmup", body)
 
 
+def level_judge(plan: dict):
+    """A load run's level judge (pairbench.measure.loadvisit.LevelJudge): the level's metrics and
+    validity by pairbench.analysis.loadlevel, with the plan's SLO, percentiles and bounds; None for a
+    single-stream run."""
+    load = plan.get("load")
+    if not load:
+        return None
+    slo, bounds = loadconfig.slo(load), loadlevel.Bounds(**load["validity"])
+    pct = tuple(load["percentiles"])
+
+    def judge(run: dict, cond) -> tuple[dict, dict]:
+        m = loadlevel.level_metrics(run, level=cond.id, slo=slo, percentiles=pct)
+        v = loadlevel.check(m, bounds).to_dict()
+        return m.to_dict(), {k: v[k] for k in ("ok", "failed", "messages")}
+
+    return judge
+
+
+def write_level_bodies(outputs: dict, visit: str, paths: dict[str, str], inputs: dict) -> None:
+    """Move each level's private request body out of *outputs* into its own file (a load run);
+    *inputs* are the visit's (the plan's and each fixture's sha256)."""
+    for cond, texts in outputs.items():
+        body = texts.pop("level", None)
+        if body is not None:
+            write_artifact(paths[cond], "levelrun", {"visit": visit, **body, "inputs": {
+                "plan": inputs["plan"], f"fixture.{cond}": inputs[f"fixture.{cond}"]}})
+
+
 def measure_stage(*, measure: str, outputs: list[str], marker: str, plan: str, build: str, fixtures: list[str],
                   prompts: list[str], visit: dict, arm_dir: str, arm_config: dict, server: dict, server_log: str,
-                  root: str, attempt: int = 1, pid_file: str | None = None, host: str | None = None) -> None:
+                  root: str, attempt: int = 1, pid_file: str | None = None, host: str | None = None,
+                  levels: list[str] | None = None) -> None:
     """One visit. *attempt* is Snakemake's (1 = first); *pid_file* the visits' shared server pid file;
     *host* receives the facts of the node that measured (pairbench.publish.envfacts.node_facts), which
-    the bundle's environment.json describes.
+    the bundle's environment.json describes; *levels* (a load run) the private request body of each
+    level, in the plan's condition order.
 
     A watchdog ends the job, after killing its server, if the Snakemake that started it is killed, so
     the orphaned job never goes on measuring beside the rerun (see pairbench.integrity.recovery).
@@ -96,6 +128,7 @@ def measure_stage(*, measure: str, outputs: list[str], marker: str, plan: str, b
     plan_body = read_artifact(plan, "plan")
     body, texts, inputs = _measure(plan_body, plan, build, fixtures, prompts, visit, arm_dir, arm_config, server,
                                    server_log, root, attempt, pid_file, only=None)
+    write_level_bodies(texts, visit["id"], dict(zip(conditions.ids(plan_body["conditions"]), levels or [])), inputs)
     for cond, path in zip(conditions.ids(plan_body["conditions"]), outputs):
         write_artifact(path, "output", {"visit": visit["id"], "condition": cond, **texts[cond],
                                         "inputs": {"plan": inputs["plan"]}})
@@ -139,6 +172,7 @@ def measure_retry_stage(*, measure: str, outputs: str, plan: str, build: str, fi
                            "previous_validate": sha256_file(previous_validate)})
     out = Path(outputs)
     out.mkdir(parents=True, exist_ok=True)
+    write_level_bodies(texts, visit["id"], {c: str(out / "levels" / f"{c}.json") for c in reasons}, inputs)
     for cond in sorted(reasons):
         write_artifact(out / f"{cond}.json", "output", {"visit": visit["id"], "condition": cond, **texts[cond],
                                                         "retry": retry, "inputs": {"plan": inputs["plan"]}})
@@ -162,7 +196,7 @@ def _measure(plan: dict, plan_path: str, build_path: str, fixture_paths: list[st
         body, outputs = pb_visit.run_visit(
             visit=visit, engine=engine, plan=plan, prompts=prompts, fixtures=fixtures, server_cfg=server_cfg,
             server_log=Path(server_log), inputs=inputs, attempt=attempt,
-            pid_path=Path(pid_path) if pid_path else None, only=only)
+            pid_path=Path(pid_path) if pid_path else None, only=only, judge=level_judge(plan))
     # where it ran: the pseudonym is public, the real name goes only into the private outputs
     host = pb_node.hostname()
     body["host"]["node"] = pb_node.pseudonym(host, pb_node.run_secret(prompt_paths))

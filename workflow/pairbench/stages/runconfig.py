@@ -18,9 +18,9 @@ import copy
 import os
 from pathlib import Path
 
-from pairbench.core.config import TOP_DEFAULTS, ConfigError, config_errors, resolve_model, schema_errors
+from pairbench.core.config import TOP_DEFAULTS, ConfigError, config_errors, normalized, resolve_model, schema_errors
 from pairbench.core.configsource import Sources, coerce_cli, key_text, load_with_lines
-from pairbench.engines.policy import check_engines
+from pairbench.engines.policy import check_engines, check_slots
 
 SCHEMA = Path(__file__).resolve().parents[2] / "schemas" / "config.schema.yaml"
 
@@ -73,6 +73,8 @@ def problems(config: dict, root: Path, schema: Path = SCHEMA) -> list[ConfigErro
                 found.append(exc)
                 arm.pop("engine", None)
     found += config_errors(repaired, root, skip=rejected)
+    if not rejected & {"arms", "load"}:
+        found += check_slots(normalized(repaired))
     return found
 
 

@@ -127,6 +127,18 @@ def _extras(cfg: dict) -> list[str]:
     return out
 
 
+def _load_lines(load: dict, lo: int, hi: int, levels: int) -> list[str]:
+    """A load run's visits: every level each, its requests, the SLO; its time is its own (no estimate)."""
+    loop = "closed loop" if load["concurrency"] else "open loop, Poisson" if load["burstiness"] == 1 else "open loop"
+    slo = ", ".join(f"{k} <= {load['slo'][k]:g}" for k in ("ttft_ms", "itl_ms", "e2e_ms") if load["slo"][k] is not None)
+    n = load["warmup"] + load["requests"]
+    return [f"  visits: {_span(lo, hi)}, each every level in its round's order ({loop}), {load['warmup']} warm-up + "
+            f"{load['requests']} measured requests a level ({n * levels} a visit)",
+            f"  SLO: {slo} for {load['slo']['attainment']:.0%} of requests" if slo else
+            "  SLO: none (no goodput, no capacity)",
+            "  time: a load visit's cost is the engine's under load (config/load.yaml's run: docs/load.md)"]
+
+
 def plan_summary(config: dict, where: str = "") -> str:
     """The plan of a checked config (schema defaults filled or not), in about ten lines."""
     cfg = normalized(config)
@@ -140,9 +152,14 @@ def plan_summary(config: dict, where: str = "") -> str:
     lines.append(_rounds_line(cfg))
     lo, hi, _ = rounds_bounds(cfg)
     k = len(cfg["arms"])
-    lines.append(f"  visits: {_span(lo * k, hi * k)}, {cfg['repeats']} steady request(s) per condition each")
+    load = cfg.get("load")
+    if load is None:
+        lines.append(f"  visits: {_span(lo * k, hi * k)}, {cfg['repeats']} steady request(s) per condition each")
+    else:
+        lines += _load_lines(load, lo * k, hi * k, len(conds))
     lines.append(_external_line(cfg))
-    lines.append(_time_line(cfg, lo * k, hi * k))
+    if load is None:
+        lines.append(_time_line(cfg, lo * k, hi * k))
     lines += [f"    plus {e}" for e in _extras(cfg)]
     twins = _twins(cfg)
     if twins and twins == cands:

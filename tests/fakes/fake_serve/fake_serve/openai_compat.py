@@ -4,7 +4,8 @@ It exists so pairbench's vllm and sglang engine profiles (config/engines/) can b
 CPU: launched with the profile's own command-line flags (the program is swapped for this file), it
 mimics each server's reply *fields*, as read from their sources:
 
-- vLLM: ``GET /health`` (200, empty body), ``GET /version``, ``POST /tokenize`` (``prompt`` or
+- vLLM: ``GET /health`` (200, empty body), ``GET /version``, ``GET /metrics`` (the scheduler's
+  ``vllm:num_requests_running`` and ``vllm:num_requests_waiting`` gauges), ``POST /tokenize`` (``prompt`` or
   ``messages`` + ``add_generation_prompt``) → ``{count, max_model_len, tokens}``; usage with
   ``prompt_tokens_details.cached_tokens`` only under ``--enable-prompt-tokens-details`` and only
   when non-zero; automatic prefix caching on unless ``--no-enable-prefix-caching`` (16-token
@@ -209,6 +210,12 @@ class Handler(BaseHTTPRequestHandler):
     state: State
     protocol_version = "HTTP/1.1"
 
+    def setup(self):
+        super().setup()
+        # headers and body go out in two writes: without this, Nagle's algorithm holds the second until
+        # the client's delayed ACK (~40 ms per keep-alive request), which is most of a fixture's fit
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
     def log_message(self, fmt, *args):
         sys.stderr.write("%s\n" % (fmt % args))
 
@@ -231,6 +238,20 @@ class Handler(BaseHTTPRequestHandler):
             return self._json(200, {"version": __version__})
         if self.path == "/health" and self.state.opts.flavor == "llama-cpp-python":
             return self._error(404, "Not Found")
+        if self.path == "/metrics" and self.state.opts.flavor == "vllm":  # the scheduler's gauges, as vLLM's
+            b = self.state.batcher
+            with (b.cv if b else self.state.lock):
+                running = len(b.active) if b else 0
+                waiting = len(b.waiting) + len(b.held) if b else 0
+            labels = f'{{model_name="{self.state.opts.model}"}}'
+            text = "".join(f"# TYPE vllm:{n} gauge\nvllm:{n}{labels} {v}\n"
+                           for n, v in (("num_requests_running", running), ("num_requests_waiting", waiting)))
+            data = text.encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            return self.wfile.write(data)
         if self.path == "/v1/models":
             return self._json(200, {"object": "list", "data": [{"id": self.state.opts.model, "object": "model"}]})
         self._error(404, f"no route {self.path}")
