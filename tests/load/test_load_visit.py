@@ -30,11 +30,11 @@ FAKE = ["{python}", "tests/fakes/openai_compat.py", "--flavor", "vllm", "serve",
 def config(load: dict) -> dict:
     arm = {"engine": "vllm", "launch": FAKE}
     return {"label": "t", "model": "m.gguf", "allow_external": True, "arms": {"a": arm, "b": arm}, "lengths": [400],
-            "output_tokens": 8, "rounds": 2, "seed": 3,
+            "output_tokens": 8, "rounds": 4, "seed": 3,
             "load": {"requests": 10, "warmup": 1, "percentiles": [50, 90], "slo": {"ttft_ms": 1000}, **load}}
 
 
-def measure(tmp_path, cfg: dict, rounds=(1, 2)):
+def measure(tmp_path, cfg: dict, rounds=(1, 3)):
     """Fixtures fitted with the fake's own tokenizer, then one visit of arm a per round in *rounds*."""
     cfg = normalized(cfg)
     plan = pb_plan.make_plan(cfg, REPO)
@@ -85,11 +85,12 @@ def test_closed_loop_levels_in_counterbalanced_order_every_request_gated(tmp_pat
 
 
 def test_an_open_loop_level_runs_on_its_planned_schedule(tmp_path):
-    plan, bodies = measure(tmp_path, config({"rate": [20.0, 40.0]}), rounds=(2,))
+    plan, bodies = measure(tmp_path, config({"rate": [20.0, 40.0]}), rounds=(3,))
     body, outputs = bodies[0]
-    assert [r["condition"] for r in body["records"]] == ["in400-out8-r40", "in400-out8-r20"]  # round 2: reversed
+    # round 3: the second ABBA block, reversed
+    assert [r["condition"] for r in body["records"]] == ["in400-out8-r40", "in400-out8-r20"]
     for r in body["records"]:
-        sched = arrivals(r["rate"], seed=derive_seed(3, 2, r["condition"]), n_requests=11)
+        sched = arrivals(r["rate"], seed=derive_seed(3, 3, r["condition"]), n_requests=11)
         assert r["schedule"]["offsets_sha256"] == digest(list(sched.offsets_s))
         assert r["schedule"]["process"] == "poisson" and r["schedule"]["offered_rate_rps"] == pytest.approx(r["rate"])
         assert outputs[r["condition"]]["level"]["schedule"]["offsets_s"] == list(sched.offsets_s)

@@ -1,5 +1,6 @@
 """A load run's config: every default, and every bad input caught before anything runs, naming its key."""
 
+import re
 from pathlib import Path
 
 import jsonschema
@@ -46,7 +47,9 @@ def test_a_load_config_plans_levels_with_counterbalanced_orders():
     ids = [c["id"] for c in body["conditions"]]
     assert ids == ["in400-out8-c1", "in400-out8-c2", "in400-out8-c4"]
     assert body["factors"] == ["input_tokens", "output_tokens", "concurrency"]
-    assert body["load"]["level_orders"] == {"1": ids, "2": ids[::-1]}
+    assert body["load"]["level_orders"] == {"1": ids, "2": ids}  # one ABBA block of two rounds: forward
+    # the direction flips once per visit-order block, crossed with each arm's place in the round
+    assert [loadconfig.level_order(ids, r, 2) for r in (1, 2, 3, 4, 5)] == [ids, ids, ids[::-1], ids[::-1], ids]
     assert body["load"]["mode"] == "concurrency" and body["load"]["requests"] == 20
     n = pb_config.normalized(cfg())
     assert n["stats"]["metrics"] == ["output_tok_s", "ttft_p90_ms"]  # the highest percentile's TTFT
@@ -125,3 +128,25 @@ def test_the_schema_fills_a_load_run_s_stats_defaults_only_when_asked_first():
     assert c["stats"]["metrics"] == ["output_tok_s", "ttft_p90_ms"]
     assert pb_config.normalized(c)["load"]["requests"] == 20
     jsonschema.Draft202012Validator(SCHEMA).validate(c)
+
+
+@pytest.mark.parametrize("stats, load, match", [
+    ({"metrics": ["output_tok_s", "ttft_p99_ms"]}, {"percentiles": [50, 90]},
+     r"stats\.metrics\[1\]: ttft_p99_ms needs p99 in load\.percentiles"),
+    ({"metrics": ["output_tok_s"], "secondary": ["goodput_rps"]}, {"slo": {}},
+     r"stats\.secondary\[0\]: goodput_rps needs an SLO"),
+    ({"metrics": ["goodput_rps"]}, {}, r"stats\.metrics\[0\]: goodput_rps cannot be tested"),
+])
+def test_stats_lists_that_a_load_run_cannot_fill_are_refused_by_name(stats, load, match):
+    bad = cfg()
+    bad["stats"] = {**(bad.get("stats") or {}), **stats}
+    bad["load"] = {**bad["load"], **load}
+    found = problems(bad)
+    assert any(re.search(match, e) for e in found), found
+
+
+def test_without_an_slo_the_defaults_show_no_goodput():
+    bad = cfg()
+    del bad["load"]["slo"]
+    assert problems(bad) == []
+    assert "goodput_rps" not in pb_config.normalized(bad)["stats"]["secondary"]

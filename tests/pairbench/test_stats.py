@@ -648,3 +648,14 @@ def test_report_speaks_plain_language():
     line = next(l for l in inc.splitlines() if l.startswith("- **inconclusive**"))
     assert "half-width ±5.0%" in line and "about 253 pairs would likely resolve it" in line
     assert "this run would detect a change of about 8.5% or more" in line
+
+
+def test_a_condition_whose_every_record_was_excluded_stays_in_the_family_and_the_summary(known):
+    df, full = known
+    cond = sorted(df["condition"].unique())[0]
+    dropped = df.assign(selected=df["selected"] & (df["condition"] != cond))
+    summary = stats.summarize(dropped, **KNOWN)
+    assert cond in summary["paired"], "the excluded condition left the summary"
+    for p in summary["paired"][cond].values():
+        assert p["n_pairs"] == 0 and p["verdict"] == ("inconclusive" if p["role"] == "primary" else None)
+    assert len(verdicts(summary)) == len(verdicts(full))  # the family keeps its size

@@ -80,5 +80,5 @@ def paired_differences(df: pd.DataFrame, *, baseline: str, candidate: str, metri
     metrics = tuple(metrics)
     df = check_table(df, [baseline, candidate], metrics)
     sel = selected(df, [baseline, candidate])
-    conds = condition_order(sel["condition"].unique())
+    conds = condition_order(df.loc[df["arm"].isin([baseline, candidate]), "condition"].unique())
     return {(c, m): pair(sel, baseline, candidate, c, m).d for c in conds for m in metrics}

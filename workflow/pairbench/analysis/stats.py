@@ -95,7 +95,9 @@ def prepare(df: pd.DataFrame, baseline: str, candidate: str, opts: Options) -> P
     if missing_memory and opts.explicit_memory:
         raise StatsInputError(f"stats.memory: measurements table lacks column(s): {', '.join(missing_memory)}")
     sel = selected(df, [baseline, candidate])
-    conds = condition_order(sel["condition"].unique())
+    # every measured condition, even one whose every record was excluded: it stays in the family (no
+    # pairs: inconclusive) and in the report, instead of silently leaving both
+    conds = condition_order(df.loc[df["arm"].isin([baseline, candidate]), "condition"].unique())
     arms, slow = pb_describe.per_arm(sel, (baseline, candidate), conds, opts.shown, opts.memory, opts.trim)
     pairs = {(c, m): pair(sel, baseline, candidate, c, m) for c in conds for m in (*opts.shown, *opts.memory)}
     cells = _memory_cells(sel, arms, baseline, candidate, conds, opts.memory)

@@ -17,9 +17,10 @@ arm's engine profile, so :mod:`pairbench.engines.slots` checks it.
 from __future__ import annotations
 
 import copy
+import re
 from typing import Iterator
 
-from pairbench.core.metrics import load_defaults
+from pairbench.core.metrics import NOT_TESTABLE, load_defaults
 from pairbench.core.slo import BOUNDS, SLO, min_requests
 
 LOAD_DEFAULTS = {
@@ -80,7 +81,7 @@ def stats_defaults(config: dict) -> dict:
         return {}
     pct = load["percentiles"] or LOAD_DEFAULTS["percentiles"]
     try:
-        return {k: list(v) for k, v in load_defaults(pct).items()}
+        return {k: list(v) for k, v in load_defaults(pct, slo=_has_slo(load)).items()}
     except (TypeError, ValueError):  # bad percentiles: the schema names them
         return {}
 
@@ -97,6 +98,11 @@ def with_stats_defaults(config: dict) -> dict:
         stats.setdefault(key, value)
     out["stats"] = stats
     return out
+
+
+def _has_slo(load: dict) -> bool:
+    d = load.get("slo") or {}
+    return isinstance(d, dict) and any(d.get(b) is not None for b in BOUNDS)
 
 
 def slo(load: dict) -> SLO | None:
@@ -133,9 +139,29 @@ def checks(cfg: dict) -> Iterator[LoadConfigError]:
         yield LoadConfigError(str(exc))
     if rate is not None:
         yield from _client_checks(cfg, load)
+    yield from _metric_checks(cfg, load)
     if cfg.get("repeats", 1) != 1:
         yield LoadConfigError(f"repeats: a load run measures each level once per visit, with load.requests "
                               f"requests; repeats must be 1, got {cfg['repeats']}")
+
+
+def _metric_checks(cfg: dict, load: dict) -> Iterator[LoadConfigError]:
+    """The stats lists against the load section: a percentile metric of a percentile not measured,
+    an SLO metric without an SLO, or an SLO metric tested (0 when nothing met the SLO: no ratio)."""
+    stats = cfg.get("stats") or {}
+    pct = load.get("percentiles") or []
+    for key in ("metrics", "secondary"):
+        for i, name in enumerate(stats.get(key) or []):
+            m = re.fullmatch(r"[a-z]+_p(\d+)_ms", str(name))
+            if m and int(m.group(1)) not in pct:
+                yield LoadConfigError(f"stats.{key}[{i}]: {name} needs p{m.group(1)} in load.percentiles "
+                                      f"({', '.join(map(str, pct))}): no other percentile is computed")
+            if name in NOT_TESTABLE and not _has_slo(load):
+                yield LoadConfigError(f"stats.{key}[{i}]: {name} needs an SLO: give a bound in load.slo")
+            elif name in NOT_TESTABLE and key == "metrics":
+                yield LoadConfigError(f"stats.metrics[{i}]: {name} cannot be tested: it is 0 in a round where no "
+                                      "request met the SLO, and a paired ratio has no value there; list it in "
+                                      "stats.secondary (shown) and test the SLO through its capacity")
 
 
 def _request_checks(cfg: dict, load: dict, key: str, levels: list) -> Iterator[LoadConfigError]:
@@ -170,8 +196,11 @@ def _client_checks(cfg: dict, load: dict) -> Iterator[LoadConfigError]:
                 f"the pace; the highest rate it sustains is about {bound * 1e3 / per_request_ms:.0f} requests/s")
 
 
-def level_order(conditions: list, round_: int) -> list:
-    """The order a visit of round *round_* measures the levels in: the plan's order on odd rounds,
-    reversed on even ones, so over rounds neither arm always meets a level first, or after the same
-    one (both arms of a round share the order)."""
-    return list(conditions) if round_ % 2 else list(reversed(conditions))
+def level_order(conditions: list, round_: int, block: int = 1) -> list:
+    """The order a visit of round *round_* measures the levels in: the plan's order in the first
+    block of *block* rounds (the visit order's counterbalanced block, e.g. 2 for ABBA with two arms),
+    reversed in the next, and so on; both arms of a round share it. Flipping per block, not per
+    round, crosses the direction with each arm's position in the round: with ABBA and a flip every
+    round, the arm visiting first would always go forward and the other always in reverse, so the
+    candidate's lightest level would always follow the baseline's heaviest."""
+    return list(conditions) if ((round_ - 1) // block) % 2 == 0 else list(reversed(conditions))

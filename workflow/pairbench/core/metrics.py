@@ -102,14 +102,20 @@ def scope_of(names) -> str | None:
     return next((METRICS[n].scope for n in names if n in METRICS), None)
 
 
-def load_defaults(percentiles) -> dict[str, tuple[str, ...]]:
+def load_defaults(percentiles, slo: bool = True) -> dict[str, tuple[str, ...]]:
     """A load run's default ``stats`` lists, for its ``load.percentiles``: output throughput and the
     highest percentile's TTFT tested (one per question: ``output_tok_s``, ``ttft_p99_ms`` with the
-    default percentiles); request throughput, goodput and the highest ITL and e2e percentiles shown."""
+    default percentiles); request throughput, goodput (with an SLO) and the highest ITL and e2e
+    percentiles shown."""
     top = max(percentiles)
     return {"metrics": ("output_tok_s", f"ttft_p{top}_ms"),
-            "secondary": ("requests_s", "goodput_rps", f"itl_p{top}_ms", f"e2e_p{top}_ms"),
+            "secondary": ("requests_s", *(("goodput_rps",) if slo else ()), f"itl_p{top}_ms", f"e2e_p{top}_ms"),
             "memory": ()}
+
+
+#: Level metrics that are 0 whenever no request met the SLO: a paired log ratio cannot hold them, so
+#: they are shown (secondary), never tested
+NOT_TESTABLE = ("goodput_rps", "slo_attainment")
 
 
 def check_metric_lists(metrics, secondary=(), memory=(), where: str = "stats",

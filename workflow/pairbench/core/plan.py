@@ -60,7 +60,7 @@ def salt(seed: int, round_: int, condition: str, request: int | None = None) -> 
     return hashlib.sha256(f"pairbench-salt:{seed}:{round_}:{condition}{tail}".encode()).hexdigest()[:8]
 
 
-def load_block(cfg: dict, conds: list, rounds: int) -> dict:
+def load_block(cfg: dict, conds: list, rounds: int, block: int = 1) -> dict:
     """The plan's ``load`` block: what every level of every visit sends, and in which order. Each
     round's level order is counterbalanced (:func:`pairbench.core.loadconfig.level_order`); open-loop
     schedules are a pure function of (seed, round, level) (:mod:`pairbench.core.schedule`), drawn by
@@ -69,7 +69,8 @@ def load_block(cfg: dict, conds: list, rounds: int) -> dict:
     keys = ("requests", "warmup", "burstiness", "slo", "percentiles", "prefix", "timeout_s", "validity",
             "allow_queueing")
     return {"mode": loadconfig.mode(load), **{k: load[k] for k in keys},
-            "level_orders": {str(r): [c.id for c in loadconfig.level_order(conds, r)] for r in range(1, rounds + 1)}}
+            "level_orders": {str(r): [c.id for c in loadconfig.level_order(conds, r, block)]
+                            for r in range(1, rounds + 1)}}
 
 
 # Config sections that do not shape the measurement. They reach their own stages as params, so
@@ -124,5 +125,5 @@ def make_plan(config: dict, root) -> dict:
         "inputs": {},
     }
     if cfg.get("load") is not None:
-        body["load"] = load_block(cfg, conds, rounds_bounds(cfg)[1])
+        body["load"] = load_block(cfg, conds, rounds_bounds(cfg)[1], block_length(len(arm_names(cfg)), cfg["order"]))
     return body

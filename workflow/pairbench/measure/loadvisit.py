@@ -1,8 +1,8 @@
 """One visit of a load run: every level of the plan, in its round's counterbalanced order.
 
 A load run's visit launches the arm once (as a steady visit does, :func:`pairbench.measure.visit.run_visit`)
-and then, level by level in ``plan.load.level_orders[round]`` (forward on odd rounds, reversed on
-even ones, both arms alike):
+and then, level by level in ``plan.load.level_orders[round]`` (forward in one block of the visit
+order, reversed in the next, both arms of a round alike):
 
 1. waits until the server says it is idle (its profile's probe: the embedded engine's ``/metrics``
    slots in use and queue, llama-server's ``/slots``, vLLM's scheduler gauges; without one the
@@ -152,6 +152,7 @@ def run_level(engine: ArmEngine, lc: LoadClient, http, url: str, level: Level, *
     gates, failures, flags = aggregate_gates(gated)
     output, facts = _output(run, gated)
     first = level.fixture_round.get("requests", [level.fixture_round] * (load["warmup"] + 1))
+    busy = _started_busy(cond, idle)
     slots = engine.slots
     rec = {
         "condition": cond.id, **dict(cond.values), "kind": "level", "position": level.position,
@@ -160,8 +161,8 @@ def run_level(engine: ArmEngine, lc: LoadClient, http, url: str, level: Level, *
         "prompt_tokens": (facts or {}).get("prompt_tokens"), "completion_tokens": (facts or {}).get("completion_tokens"),
         "tokens_cached": (facts or {}).get("tokens_cached"),
         "metrics": metrics, "validity": validity, "gates": gates, "gate_failures": failures,
-        "flags": flags + list(validity["messages"]),
-        "ok": validity["ok"] and all(g is not False for g in gates.values()),
+        "flags": flags + list(validity["messages"]) + ([busy] if busy else []),
+        "ok": validity["ok"] and all(g is not False for g in gates.values()) and not busy,
         "idle": idle, "cache": engine.cache_state(), "prefix": load["prefix"], "slots": slots,
         "queued": bool(factor == "concurrency" and slots is not None and value > slots),
         "schedule": None if schedule is None else {k: v for k, v in schedule.to_dict().items() if k != "offsets_s"}
@@ -171,6 +172,16 @@ def run_level(engine: ArmEngine, lc: LoadClient, http, url: str, level: Level, *
                "schedule": None if schedule is None else schedule.to_dict()}
     rec["requests_sha256"] = digest(private)
     return rec, output, private
+
+
+def _started_busy(cond: Condition, idle: dict) -> str | None:
+    """Why level *cond* does not count because it may have started on a busy server (still busy when
+    the idle wait gave up, or its probe unreadable), else None. An engine without a probe cannot
+    tell: its levels count, and the report says how many were verified idle."""
+    if idle.get("verified") or str(idle.get("how", "")).startswith("no idle probe"):
+        return None
+    return (f"validity idle: level {cond.id} started on a server that was not shown idle "
+            f"({idle.get('how')}; last report {idle.get('busy')})")[:300]
 
 
 def _idle(engine: ArmEngine, http, url: str, timeout_s: float) -> dict:

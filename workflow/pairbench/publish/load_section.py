@@ -168,7 +168,7 @@ def load_section(summary: dict) -> str:
     out = [HEADING, "",
            f"A load run: every visit measured each level ({'closed loop' if factor == 'concurrency' else 'open loop'}, "
            f"{_list(sorted({f'{x:g}' for x in levels}, key=float))} {words}) on one server launch, in an order "
-           "counterbalanced across rounds (forward, then reversed); a level is a condition, so the verdicts above "
+           "counterbalanced across rounds (forward in one block of the visit order, reversed in the next); a level is a condition, so the verdicts above "
            "are per level. " + _slo_words(load["slo"]),
            "",
            ("Prompts: every request had a prompt of its own, starting with its own salt, so no request could "

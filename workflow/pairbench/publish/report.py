@@ -99,7 +99,7 @@ def plan_section(plan: dict, fixtures: dict, measures: list[dict] | None = None)
         f"{repeats} steady streamed requests per condition (every condition in turn, then again)")
     if plan.get("load"):
         ld = plan["load"]
-        per = (f"then every load level in its round's order (forward on odd rounds, reversed on even ones), each "
+        per = (f"then every load level in its round's order (forward in one block of the visit order, reversed in the next), each "
                f"{ld['warmup']} warm-up and {ld['requests']} measured streamed requests on an idle server")
     out.append(f"- Visit order (`{plan['order']}`, fixed in plan.json before anything ran): {order}. Each visit "
                f"launches the arm's server, sends one first request (a diagnostic, not a sample), {per}, then "
