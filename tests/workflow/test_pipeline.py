@@ -222,13 +222,14 @@ def test_a_newcomers_broken_config_gets_one_message_at_its_line(scratch, case):
     text, extra, line = NEWCOMER_CONFIGS[case]
     cfg = scratch / f"newcomer-{case.replace(' ', '-').replace(',', '')}.yaml"
     cfg.write_text(text)
+    before = results_tree(scratch)  # the shared scratch folder may hold other tests' runs
     proc = snakemake(scratch, "-n", "--configfile", str(cfg), *extra, check=False)
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0
     # the file as given, relative to the working directory (the scratch copy) where it lies below it
     assert "pairbench: 1 config error (nothing was run):\n  " + line.format(cfg=cfg.name) in out, out[-3000:]
     assert "Traceback" not in out and 'File "' not in out, out[-3000:]
-    assert not (scratch / "results").exists(), "no job may run for an invalid config"
+    assert results_tree(scratch) == before, "no job may run for an invalid config"
 
 
 def test_a_yaml_syntax_error_in_the_default_config_names_its_line(tmp_path):

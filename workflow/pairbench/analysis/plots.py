@@ -60,7 +60,10 @@ def plot_ratios(summary: dict, path: str | os.PathLike) -> None:
     cands = list(summary.get("candidates") or [])
     pairs = {c: summary["comparisons"][c] for c in cands}
     first = pairs[cands[0]] if cands else {}
-    conds = [c for c in summary.get("conditions") or [] if c["id"] in (first.get("paired") or {})]
+    # a condition with no pair of any candidate (every record excluded) has nothing to draw
+    conds = [c for c in summary.get("conditions") or [] if c["id"] in (first.get("paired") or {})
+             and any(p.get("n_pairs") for cand in pairs.values()
+                     for p in (cand.get("paired") or {}).get(c["id"], {}).values())]
     metrics = [m for m, v in (first.get("metrics") or {}).items() if v.get("role") != "memory"]
     if not cands or not metrics:
         raise StatsInputError("summary has no candidates or metrics to plot")
