@@ -150,3 +150,8 @@ def test_without_an_slo_the_defaults_show_no_goodput():
     del bad["load"]["slo"]
     assert problems(bad) == []
     assert "goodput_rps" not in pb_config.normalized(bad)["stats"]["secondary"]
+
+
+def test_a_fractional_looking_stream_count_is_refused_by_name():
+    found = problems(cfg(load={"concurrency": [1, 2.0], "requests": 20, "percentiles": [50, 90]}))
+    assert any(e.startswith("load.concurrency[1]: 2.0 streams: a number of streams is a whole number") for e in found), found
