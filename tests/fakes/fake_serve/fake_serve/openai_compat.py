@@ -195,6 +195,14 @@ class Batcher:
                 seq.tokens.put(seq.emitted - 1)
 
 
+def usage_of(state: "State", prompt: int, completion: int, cached: int) -> dict:
+    """The reply's usage; cached tokens reported only when the server reports them and they are > 0."""
+    usage = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    if state.report and cached > 0:
+        usage["prompt_tokens_details"] = {"cached_tokens": cached}
+    return usage
+
+
 def _arrival_set(text: str) -> set[int]:
     return {int(x) for x in text.split(",") if x.strip()}
 
@@ -318,9 +326,7 @@ class Handler(BaseHTTPRequestHandler):
                                  f"{len(ids) - cached:5d} tokens (    1.00 ms per token,  1000.00 tokens per second)\n")
                 sys.stderr.flush()
             finish = "length" if n == max_tokens else "stop"
-            usage = {"prompt_tokens": len(ids), "completion_tokens": n, "total_tokens": len(ids) + n}
-            if st.report and cached > 0:
-                usage["prompt_tokens_details"] = {"cached_tokens": cached}
+            usage = usage_of(st, len(ids), n, cached)
             rid = f"{'chatcmpl' if chat else 'cmpl'}-fake"
             obj = "chat.completion.chunk" if chat else "text_completion"
             if not stream:
@@ -378,9 +384,7 @@ class Handler(BaseHTTPRequestHandler):
         st.batcher.submit(seq)
         pieces = [OUTPUT[i % len(OUTPUT)] for i in range(n)]
         finish = "length" if n == max_tokens else "stop"
-        usage = {"prompt_tokens": len(ids), "completion_tokens": n, "total_tokens": len(ids) + n}
-        if st.report and cached > 0:
-            usage["prompt_tokens_details"] = {"cached_tokens": cached}
+        usage = usage_of(st, len(ids), n, cached)
         rid = f"{'chatcmpl' if chat else 'cmpl'}-fake-{arrival}"
         obj = "chat.completion.chunk" if chat else "text_completion"
 
