@@ -112,3 +112,9 @@ def check_table(df: pd.DataFrame, arms: Iterable[str], metrics: tuple[str, ...],
 def selected(df: pd.DataFrame, arms: Iterable[str]) -> pd.DataFrame:
     """The selected rows of *arms*."""
     return df[df["selected"] & df["arm"].isin(list(arms))]
+
+
+def measured_conditions(df: pd.DataFrame, arms: Iterable[str]) -> list[str]:
+    """Every condition *arms* measured, in the plan's order, selected or not: a condition whose every
+    record was excluded stays (no pairs: inconclusive) instead of silently leaving the family."""
+    return condition_order(df.loc[df["arm"].isin(list(arms)), "condition"].unique())

@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from pairbench.analysis.describe import num
-from pairbench.analysis.measurements import check_table, condition_order, selected
+from pairbench.analysis.measurements import check_table, measured_conditions, selected
 
 VISIT_SUMMARY = "median"  # of a visit's repeats: the paired unit
 
@@ -80,5 +80,5 @@ def paired_differences(df: pd.DataFrame, *, baseline: str, candidate: str, metri
     metrics = tuple(metrics)
     df = check_table(df, [baseline, candidate], metrics)
     sel = selected(df, [baseline, candidate])
-    conds = condition_order(df.loc[df["arm"].isin([baseline, candidate]), "condition"].unique())
+    conds = measured_conditions(df, [baseline, candidate])
     return {(c, m): pair(sel, baseline, candidate, c, m).d for c in conds for m in metrics}

@@ -34,7 +34,8 @@ from pairbench.analysis import describe as pb_describe
 from pairbench.analysis import loadstats as pb_loadstats
 from pairbench.analysis import verdicts as pb_verdicts
 from pairbench.analysis.compare import Family, MemoryCell, Options, PairInput
-from pairbench.analysis.measurements import StatsInputError, check_metric_lists, check_table, condition_order, selected
+from pairbench.analysis.measurements import (StatsInputError, check_metric_lists, check_table, condition_order,
+                                              measured_conditions, selected)
 from pairbench.analysis.pairing import pair, paired_differences
 from pairbench.core.metrics import DEFAULT_MEMORY, DEFAULT_METRICS, DEFAULT_SECONDARY, METRICS, QUESTIONS
 
@@ -95,9 +96,7 @@ def prepare(df: pd.DataFrame, baseline: str, candidate: str, opts: Options) -> P
     if missing_memory and opts.explicit_memory:
         raise StatsInputError(f"stats.memory: measurements table lacks column(s): {', '.join(missing_memory)}")
     sel = selected(df, [baseline, candidate])
-    # every measured condition, even one whose every record was excluded: it stays in the family (no
-    # pairs: inconclusive) and in the report, instead of silently leaving both
-    conds = condition_order(df.loc[df["arm"].isin([baseline, candidate]), "condition"].unique())
+    conds = measured_conditions(df, [baseline, candidate])
     arms, slow = pb_describe.per_arm(sel, (baseline, candidate), conds, opts.shown, opts.memory, opts.trim)
     pairs = {(c, m): pair(sel, baseline, candidate, c, m) for c in conds for m in (*opts.shown, *opts.memory)}
     cells = _memory_cells(sel, arms, baseline, candidate, conds, opts.memory)
