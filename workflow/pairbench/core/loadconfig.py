@@ -131,9 +131,9 @@ def checks(cfg: dict) -> Iterator[LoadConfigError]:
     key, levels = ("load.concurrency", conc) if conc is not None else ("load.rate", rate)
     for i, v in enumerate(levels if key == "load.concurrency" else []):
         if not isinstance(v, int) or isinstance(v, bool):  # JSON Schema counts 2.0 as an integer
-            yield LoadConfigError(f"load.concurrency[{i}]: {v!r} streams: a number of streams is a whole number "
-                                  f"(write {int(v)})" if isinstance(v, float) and v.is_integer() else
-                                  f"load.concurrency[{i}]: {v!r} is not a whole number of streams")
+            why = (f"streams: a number of streams is a whole number (write {int(v)})"
+                   if isinstance(v, float) and v.is_integer() else "is not a whole number of streams")
+            yield LoadConfigError(f"load.concurrency[{i}]: {v!r} {why}")
             return
     if any(b <= a for a, b in zip(levels, levels[1:])):
         yield LoadConfigError(f"{key}: levels must increase ({levels}): the load curve and its SLO capacity "

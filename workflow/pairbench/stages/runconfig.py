@@ -62,7 +62,8 @@ def problems(config: dict, root: Path, schema: Path = SCHEMA) -> list[ConfigErro
     # model is named once, by config_errors)
     model = None if "model" in rejected else repaired.get("model", TOP_DEFAULTS["model"])
     try:
-        resolve_model(model, root) if model is not None else None
+        if model is not None:
+            resolve_model(model, root)
     except ConfigError:
         model = None
     if "arms" not in rejected and isinstance(repaired.get("arms"), dict):
