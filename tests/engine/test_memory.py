@@ -47,7 +47,7 @@ def test_steady_requests_take_no_page_faults_and_the_whole_context_works(convert
     try:
         ids = srv.client.post("/tokenize", json={"content": "The quick brown fox jumps. " * 200}).json()["tokens"]
         body = {"prompt": ids[:1024], "max_tokens": 4, "temperature": 0, "ignore_eos": True, "cache_prompt": False}
-        faults = [srv.client.post("/v1/completions", json=body).json()["memory"]["minor_faults"] for _ in range(4)]
+        faults = [srv.client.post("/v1/completions", json=body).json()["memory"]["minor_faults"] for _ in range(6)]
         long = srv.client.post("/v1/completions", json=dict(body, prompt=(ids * 8)[:8180], max_tokens=8),
                                timeout=900).json()
         too_long = srv.client.post("/v1/completions", json=dict(body, prompt=(ids * 8)[:8193]))
@@ -56,8 +56,11 @@ def test_steady_requests_take_no_page_faults_and_the_whole_context_works(convert
     # The first request maps weights, KV and activations; later ones reuse what is mapped (with
     # glibc's defaults each such request took ~47k faults; with an mmap threshold but mmapped chunks
     # still allowed, a 1,024-token prompt at an 8K context still took 20k-110k, docs/perf.md).
-    # (576 seen once on a loaded machine: allocator noise, not churn; 47k is churn)
-    assert max(faults[1:]) < 2000, faults
+    # Python's small-object allocator maps and unmaps its own 1 MiB arenas outside malloc, so a
+    # collection between two requests can fault a few MiB back in once (576 and 2,209 faults seen in
+    # CI); churn is every steady request, at 20k or more each.
+    steady = sorted(faults[1:])
+    assert steady[len(steady) // 2] < 500 and steady[-1] < 10_000, faults
     assert long["timings"]["prompt_n"] == 8180 and long["usage"]["completion_tokens"] == 8
     assert long["memory"]["kv_bytes"] == 8192 * 30 * 2 * 3 * 64 * 2
     assert too_long.status_code == 400 and too_long.json()["error"]["code"] == "context_length_exceeded"
