@@ -15,11 +15,11 @@ LOAD = {"mode": "concurrency", "slo": {"ttft_ms": 500.0, "itl_ms": None, "e2e_ms
         "prefix": "distinct"}
 
 
-def table(base_att, cand_att, rounds=10, bound=None) -> pd.DataFrame:
+def table(base_att, cand_att, rounds=10, bound=None, reason="validity client_cpu") -> pd.DataFrame:
     """A table as a load run writes it: one row per arm × level × round; the candidate's output
     throughput is 1.00-1.008× the baseline's at one stream and 1.25-1.26× above; attainments as given per level,
     the baseline's last level shifted a little per round. *bound*: (arm, level, round) of a level that
-    failed validity (client CPU)."""
+    failed validity (by default client CPU; *reason* as the measurements table labels it)."""
     rows = []
     for r in range(1, rounds + 1):
         wobble = 0.01 * ((r * 7) % 5 - 2)  # -0.02 .. +0.02, the same for both arms' throughput
@@ -32,7 +32,7 @@ def table(base_att, cand_att, rounds=10, bound=None) -> pd.DataFrame:
                 rows.append({"round": r, "arm": arm, "condition": f"in128-out32-c{c}", "input_tokens": 128,
                              "output_tokens": 32, "concurrency": c, "repeat": 1, "visit_index": 1, "attempt": 1,
                              "retry": 0, "ok": not bad, "cold_cache": True, "selected": not bad,
-                             "reason": "validity client_cpu" if bad else "", "output_tok_s": tput,
+                             "reason": reason if bad else "", "output_tok_s": tput,
                              "ttft_p90_ms": 50.0 * c * (0.8 if arm == "candidate" and c > 1 else 1.0) * (1 + wobble),
                              "slo_attainment": a, "achieved_concurrency": c * 0.99, "lag_p99_ms": 1.5,
                              "client_cpu_share": 0.9 if bad else 0.02})
@@ -94,6 +94,23 @@ def test_a_client_bound_level_is_excluded_from_every_statistic_and_disclosed():
     assert r3["candidate"] == {"capacity": 4.0, "censored": "above", "bracket": None, "non_monotone": False}
     text = load_section(s)
     assert "| `in128-out32-c8` | `candidate` | 9/10 | 7.92 | 1.5 | 0.020, 0.900 | 1× validity client_cpu |" in text
+
+
+@pytest.mark.parametrize("reason", ["validity errors", "validity errors too_few_requests"])
+def test_a_level_where_the_engine_failed_requests_is_the_slo_failing_not_a_level_left_out(reason):
+    # the candidate holds the SLO at every level, except in round 3, where 8 streams made the engine
+    # time out (attainment counts a failed request as not good): that round's capacity crosses
+    # between 4 and 8 streams; leaving the level out would have read "at least 4" (censored above)
+    df = table([1.0, 1.0, 0.95, 0.5], [1.0, 1.0, 1.0, 0.95], bound=("candidate", 8, 3), reason=reason)
+    df.loc[(df["arm"] == "candidate") & (df["round"] == 3) & (df["concurrency"] == 8), "slo_attainment"] = 0.4
+    s = summarize(df)
+    assert s["comparisons"]["candidate"]["paired"]["in128-out32-c8"]["output_tok_s"]["n_pairs"] == 9
+    cap = s["load"]["capacity"]["comparisons"]["candidate"]["in128-out32"]
+    r3 = next(r for r in cap["rounds"] if r["round"] == 3)
+    assert r3["candidate"]["censored"] is None and r3["candidate"]["bracket"] == [4.0, 8.0]
+    assert r3["candidate"]["capacity"] == pytest.approx(4 + 0.1 / 0.6 * 4)
+    others = [r for r in cap["rounds"] if r["round"] != 3]
+    assert all(r["candidate"]["censored"] == "above" for r in others) and cap["n_pairs"] == 10
 
 
 def test_the_load_section_says_where_along_the_curve_the_candidate_helps():

@@ -9,7 +9,10 @@ paired comparisons, one family with every primary metric and level.
 **Capacity** (:mod:`pairbench.analysis.capacity`): per candidate, per *curve* (the conditions that
 differ only in their load factor: the group is the condition id without it), per arm and round, the
 highest load at which the SLO holds, interpolated between the levels that passed every gate, case
-and validity check (a client-bound level says nothing about the engine); then per curve the paired
+and validity check (a client-bound level says nothing about the engine) and the levels whose only
+fault was the engine's own failed requests (:func:`capacity_rows`: a timeout or dropped stream under
+load is the SLO failing there, counted as a request that is not good, never a level left out, which
+would let a curve that breaks down read as holding); then per curve the paired
 ratio over the rounds where both arms have one, with its interval and verdict (``more``, ``less``,
 ``equivalent``, ``inconclusive``), censored rounds at their worst case. The capacity comparisons of
 every candidate and curve are one multiplicity family of their own (as memory's are), and each
@@ -29,6 +32,9 @@ from pairbench.analysis import verdicts as pb_verdicts
 from pairbench.core import conditions as pb_conditions
 
 ATTAINMENT = "slo_attainment"
+# The measurements table's ``reason`` of a level excluded only because the engine failed requests
+# there (their error fails the level's validity, and with too few completed ones its percentiles)
+ENGINE_FAILED = ("validity errors", "validity errors too_few_requests")
 FACT_COLUMNS = ("achieved_concurrency", "achieved_rate_rps", "lag_p99_ms", "client_cpu_share")
 
 
@@ -46,8 +52,17 @@ def curves(conds: list[str]) -> dict[str, list[tuple[float, str]]]:
     return {g: sorted(v) for g, v in out.items()}
 
 
+def capacity_rows(df: pd.DataFrame, arms: list[str]) -> pd.DataFrame:
+    """The level rows of *arms* a capacity is read from: the selected ones, and those excluded only
+    because the engine failed requests there (the SLO did not hold: the attainment counts each failed
+    request as not good). A level the client paced, with a gate or case failed, or superseded by a
+    retry, stays out."""
+    keep = df["selected"] | df["reason"].astype("string").fillna("").isin(ENGINE_FAILED)
+    return df[keep & df["arm"].isin(arms)]
+
+
 def arm_capacities(sel: pd.DataFrame, arm: str, levels: list[tuple[float, str]], target: float) -> dict:
-    """``{round: Capacity}`` of one arm on one curve, from its selected (valid) levels per round."""
+    """``{round: Capacity}`` of one arm on one curve, from its levels per round (:func:`capacity_rows`)."""
     rows = sel[(sel["arm"] == arm) & sel["condition"].isin([c for _, c in levels])]
     load = {c: x for x, c in levels}
     out = {}
@@ -123,7 +138,7 @@ def level_facts(df: pd.DataFrame, arms: list[str], conds: list[str]) -> dict:
     return out
 
 
-def load_summary(df: pd.DataFrame, sel: pd.DataFrame, *, baseline: str, candidates: list[str], conds: list[str],
+def load_summary(df: pd.DataFrame, *, baseline: str, candidates: list[str], conds: list[str],
                  load: dict, alpha: float, noise: float, multiplicity: str) -> dict:
     """The summary's ``load`` block: what the run's load was, the per-level facts, and (with an SLO)
     the capacity comparisons. *load* is the plan's load parameters as stats_params records them."""
@@ -132,8 +147,9 @@ def load_summary(df: pd.DataFrame, sel: pd.DataFrame, *, baseline: str, candidat
     has_slo = any(slo.get(k) is not None for k in ("ttft_ms", "itl_ms", "e2e_ms"))
     out = {"factor": factor, "slo": slo, "prefix": load["prefix"],
            "facts": level_facts(df, [baseline, *candidates], conds), "capacity": None}
-    if has_slo and ATTAINMENT in sel.columns:
-        out["capacity"] = capacity_block(sel, baseline=baseline, candidates=candidates, conds=conds,
+    if has_slo and ATTAINMENT in df.columns:
+        rows = capacity_rows(df, [baseline, *candidates])
+        out["capacity"] = capacity_block(rows, baseline=baseline, candidates=candidates, conds=conds,
                                          target=float(slo["attainment"]), factor=factor, alpha=alpha, noise=noise,
                                          multiplicity=multiplicity)
     return out

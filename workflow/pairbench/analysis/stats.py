@@ -168,7 +168,7 @@ def summarize_all(df: pd.DataFrame, *, baseline: str, candidates: Iterable[str],
     if load is not None:
         table = parts[candidates[0]].df
         out["load"] = pb_loadstats.load_summary(
-            table, selected(table, [baseline, *candidates]), baseline=baseline, candidates=candidates,
+            table, baseline=baseline, candidates=candidates,
             conds=condition_order(table["condition"].unique()), load=load, alpha=opts.alpha, noise=opts.noise,
             multiplicity=opts.multiplicity)
         out["params"]["load"] = dict(load)
