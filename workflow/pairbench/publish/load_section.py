@@ -95,7 +95,8 @@ def capacity_lines(summary: dict, load: dict) -> list[str]:
     """The capacity comparison of every candidate and curve, in words."""
     cap, factor = load["capacity"], load["factor"]
     out = [f"Capacity is the highest load at which the SLO holds, per arm and round, interpolated between the "
-           f"two levels around its crossing and never extrapolated; the paired ratio candidate/baseline has a "
+           f"two levels around its crossing and never extrapolated (a level where the engine failed requests "
+           f"counts, as the SLO failing there; one the client paced does not); the paired ratio candidate/baseline has a "
            f"Hodges–Lehmann interval inverting the exact Wilcoxon signed-rank test, a censored round entering at "
            f"its worst case; the {cap['family_size']} capacity comparison(s) are a Holm family of their own.", ""]
     for cand in summary["candidates"]:
