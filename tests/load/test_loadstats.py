@@ -113,6 +113,18 @@ def test_a_level_where_the_engine_failed_requests_is_the_slo_failing_not_a_level
     assert all(r["candidate"]["censored"] == "above" for r in others) and cap["n_pairs"] == 10
 
 
+def test_a_round_with_a_level_measured_by_a_validation_retry_has_no_capacity_and_says_so():
+    df = table([1.0, 1.0, 0.95, 0.5], [1.0, 1.0, 1.0, 0.7])
+    df.loc[(df["arm"] == "candidate") & (df["round"] == 3) & (df["concurrency"] == 4), "retry"] = 1
+    s = summarize(df)
+    cap = s["load"]["capacity"]["comparisons"]["candidate"]["in128-out32"]
+    assert cap["retried"] == {"baseline": [], "candidate": [3]}
+    assert cap["n_pairs"] == 9 and 3 not in [r["round"] for r in cap["rounds"]]
+    assert cap["unpaired"] == {"baseline": [3], "candidate": []}
+    assert "No capacity for `candidate` round(s) 3: a level was measured again by a validation retry" in \
+        load_section(s)
+
+
 def test_the_load_section_says_where_along_the_curve_the_candidate_helps():
     s = summarize(table([1.0, 1.0, 0.95, 0.5], [1.0, 1.0, 1.0, 0.7]))
     text = load_section(s)

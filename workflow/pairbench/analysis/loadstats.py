@@ -61,16 +61,23 @@ def capacity_rows(df: pd.DataFrame, arms: list[str]) -> pd.DataFrame:
     return df[keep & df["arm"].isin(arms)]
 
 
-def arm_capacities(sel: pd.DataFrame, arm: str, levels: list[tuple[float, str]], target: float) -> dict:
-    """``{round: Capacity}`` of one arm on one curve, from its levels per round (:func:`capacity_rows`)."""
-    rows = sel[(sel["arm"] == arm) & sel["condition"].isin([c for _, c in levels])]
+def arm_capacities(rows: pd.DataFrame, arm: str, levels: list[tuple[float, str]],
+                   target: float) -> tuple[dict, list[int]]:
+    """``({round: Capacity}, retried rounds)`` of one arm on one curve, from its levels per round
+    (:func:`capacity_rows`). A round with a level measured by a validation retry has no capacity: the
+    retry ran after every visit, on another launch, not beside the round's other levels and its
+    partner (as the paired statistics drop such a pair); its number is returned to disclose."""
+    rows = rows[(rows["arm"] == arm) & rows["condition"].isin([c for _, c in levels])]
     load = {c: x for x, c in levels}
-    out = {}
+    out, retried = {}, []
     for rnd, g in rows.groupby("round"):
+        if "retry" in g.columns and (pd.to_numeric(g["retry"], errors="coerce").fillna(0) > 0).any():
+            retried.append(int(rnd))
+            continue
         pts = sorted((load[c], float(a)) for c, a in zip(g["condition"], g[ATTAINMENT]) if a == a)
         if pts:
             out[int(rnd)] = pb_capacity.capacity([x for x, _ in pts], [y for _, y in pts], target)
-    return out
+    return out, retried
 
 
 def _rounds(base: dict, cand: dict) -> list[dict]:
@@ -83,22 +90,22 @@ def _rounds(base: dict, cand: dict) -> list[dict]:
     return out
 
 
-def capacity_block(sel: pd.DataFrame, *, baseline: str, candidates: list[str], conds: list[str], target: float,
+def capacity_block(rows: pd.DataFrame, *, baseline: str, candidates: list[str], conds: list[str], target: float,
                    factor: str, alpha: float, noise: float, multiplicity: str) -> dict:
     """``{"family_size", "comparisons": {candidate: {group: entry}}}``: every candidate's capacity on
     every curve, judged at the level its own family assigned."""
     pairs, prepared = {}, {}
     for cand in candidates:
         for group, levels in curves(conds).items():
-            base = arm_capacities(sel, baseline, levels, target)
-            mine = arm_capacities(sel, cand, levels, target)
+            base, base_retried = arm_capacities(rows, baseline, levels, target)
+            mine, mine_retried = arm_capacities(rows, cand, levels, target)
             rounds = sorted(set(base) & set(mine))
             b, c = [base[r] for r in rounds], [mine[r] for r in rounds]
-            prepared[(cand, group)] = (levels, base, mine, b, c)
+            prepared[(cand, group)] = (levels, base, mine, b, c, {"baseline": base_retried, "candidate": mine_retried})
             pairs[(cand, group)] = pb_capacity.claim_p(b, c, noise)[0] if rounds else 1.0
     assigned = pb_verdicts.levels_from_p(pairs, alpha, multiplicity)
     out: dict = {"family_size": len(pairs), "comparisons": {}}
-    for (cand, group), (levels, base, mine, b, c) in prepared.items():
+    for (cand, group), (levels, base, mine, b, c, retried) in prepared.items():
         entry = assigned[(cand, group)]
         if b:
             res = pb_capacity.compare(b, c, level=entry["level"], noise=noise)
@@ -112,7 +119,8 @@ def capacity_block(sel: pd.DataFrame, *, baseline: str, candidates: list[str], c
             "rounds": _rounds(base, mine),
             "bracketing": pb_capacity.bracketing_levels(loads, [*base.values(), *mine.values()],
                                                         integer=factor == "concurrency"),
-            "unpaired": {"baseline": sorted(set(base) - set(mine)), "candidate": sorted(set(mine) - set(base))}}
+            "unpaired": {"baseline": sorted(set(base) - set(mine)), "candidate": sorted(set(mine) - set(base))},
+            "retried": retried}
     return out
 
 

@@ -131,6 +131,10 @@ def capacity_sentence(cand: str, group: str, e: dict, factor: str, baseline: str
     line = f"{head}: {words} ({est}, {ci}; n = {e['n_pairs']} rounds, {e['n_censored']} censored)."
     line += (f" Per arm: `{baseline}` {_per_arm(e['rounds'], 'baseline', factor)}; `{cand}` "
              f"{_per_arm(e['rounds'], 'candidate', factor)}.")
+    gone = [f"`{arm}` round(s) {', '.join(map(str, rs))}" for arm, rs in (e.get("retried") or {}).items() if rs]
+    if gone:
+        line += (f" No capacity for {_list(gone)}: a level was measured again by a validation retry, after "
+                 f"every visit rather than beside its round's other levels.")
     br = e["bracketing"]
     if br["above"] or br["below"]:
         levels = [*br["below"], *br["above"]]
