@@ -7,6 +7,7 @@ import pandas as pd
 import pytest
 
 from pairbench.analysis import loadstats, stats as pb_stats
+from pairbench.analysis.measurements import StatsInputError
 from pairbench.analysis.tables import columns
 from pairbench.publish.load_section import load_section
 
@@ -15,11 +16,13 @@ LOAD = {"mode": "concurrency", "slo": {"ttft_ms": 500.0, "itl_ms": None, "e2e_ms
         "prefix": "distinct"}
 
 
-def table(base_att, cand_att, rounds=10, bound=None, reason="validity client_cpu") -> pd.DataFrame:
+def table(base_att, cand_att, rounds=10, bound=None, reason="validity client_cpu",
+          engine_failed=False) -> pd.DataFrame:
     """A table as a load run writes it: one row per arm × level × round; the candidate's output
     throughput is 1.00-1.008× the baseline's at one stream and 1.25-1.26× above; attainments as given per level,
     the baseline's last level shifted a little per round. *bound*: (arm, level, round) of a level that
-    failed validity (by default client CPU; *reason* as the measurements table labels it)."""
+    failed validity (by default client CPU; *reason* as the measurements table labels it, and
+    *engine_failed* its structured fact)."""
     rows = []
     for r in range(1, rounds + 1):
         wobble = 0.01 * ((r * 7) % 5 - 2)  # -0.02 .. +0.02, the same for both arms' throughput
@@ -32,7 +35,7 @@ def table(base_att, cand_att, rounds=10, bound=None, reason="validity client_cpu
                 rows.append({"round": r, "arm": arm, "condition": f"in128-out32-c{c}", "input_tokens": 128,
                              "output_tokens": 32, "concurrency": c, "repeat": 1, "visit_index": 1, "attempt": 1,
                              "retry": 0, "ok": not bad, "cold_cache": True, "selected": not bad,
-                             "reason": reason if bad else "", "output_tok_s": tput,
+                             "reason": reason if bad else "", "engine_failed": bad and engine_failed, "output_tok_s": tput,
                              "ttft_p90_ms": 50.0 * c * (0.8 if arm == "candidate" and c > 1 else 1.0) * (1 + wobble),
                              "slo_attainment": a, "achieved_concurrency": c * 0.99, "lag_p99_ms": 1.5,
                              "client_cpu_share": 0.9 if bad else 0.02})
@@ -96,12 +99,12 @@ def test_a_client_bound_level_is_excluded_from_every_statistic_and_disclosed():
     assert "| `in128-out32-c8` | `candidate` | 9/10 | 7.92 | 1.5 | 0.020, 0.900 | 1× validity client_cpu |" in text
 
 
-@pytest.mark.parametrize("reason", ["validity errors", "validity errors too_few_requests"])
-def test_a_level_where_the_engine_failed_requests_is_the_slo_failing_not_a_level_left_out(reason):
+def test_a_level_where_the_engine_failed_requests_is_the_slo_failing_not_a_level_left_out():
     # the candidate holds the SLO at every level, except in round 3, where 8 streams made the engine
     # time out (attainment counts a failed request as not good): that round's capacity crosses
     # between 4 and 8 streams; leaving the level out would have read "at least 4" (censored above)
-    df = table([1.0, 1.0, 0.95, 0.5], [1.0, 1.0, 1.0, 0.95], bound=("candidate", 8, 3), reason=reason)
+    df = table([1.0, 1.0, 0.95, 0.5], [1.0, 1.0, 1.0, 0.95], bound=("candidate", 8, 3),
+               reason="validity errors too_few_requests + case done_marker fail", engine_failed=True)
     df.loc[(df["arm"] == "candidate") & (df["round"] == 3) & (df["concurrency"] == 8), "slo_attainment"] = 0.4
     s = summarize(df)
     assert s["comparisons"]["candidate"]["paired"]["in128-out32-c8"]["output_tok_s"]["n_pairs"] == 9
@@ -113,16 +116,29 @@ def test_a_level_where_the_engine_failed_requests_is_the_slo_failing_not_a_level
     assert all(r["candidate"]["censored"] == "above" for r in others) and cap["n_pairs"] == 10
 
 
-def test_a_round_with_a_level_measured_by_a_validation_retry_has_no_capacity_and_says_so():
-    df = table([1.0, 1.0, 0.95, 0.5], [1.0, 1.0, 1.0, 0.7])
-    df.loc[(df["arm"] == "candidate") & (df["round"] == 3) & (df["concurrency"] == 4), "retry"] = 1
-    s = summarize(df)
+def test_the_capacity_reads_a_rounds_own_visit_never_a_validation_retry():
+    # round 3's candidate level at 8 streams timed out in its visit and a validation retry measured it
+    # again later, on another launch, where it held: the capacity reads the visit's own (failed) level
+    df = table([1.0, 1.0, 0.95, 0.5], [1.0, 1.0, 1.0, 0.95], bound=("candidate", 8, 3),
+               reason="superseded by retry 1", engine_failed=True)
+    at = (df["arm"] == "candidate") & (df["round"] == 3) & (df["concurrency"] == 8)
+    df.loc[at, "slo_attainment"] = 0.4
+    retry = df[at].assign(retry=1, selected=True, ok=True, reason="", engine_failed=False, slo_attainment=1.0)
+    s = summarize(pd.concat([df, retry], ignore_index=True))
     cap = s["load"]["capacity"]["comparisons"]["candidate"]["in128-out32"]
-    assert cap["retried"] == {"baseline": [], "candidate": [3]}
-    assert cap["n_pairs"] == 9 and 3 not in [r["round"] for r in cap["rounds"]]
-    assert cap["unpaired"] == {"baseline": [3], "candidate": []}
-    assert "No capacity for `candidate` round(s) 3: a level was measured again by a validation retry" in \
-        load_section(s)
+    r3 = next(r for r in cap["rounds"] if r["round"] == 3)
+    assert r3["candidate"]["bracket"] == [4.0, 8.0] and cap["n_pairs"] == 10
+    # a level excluded for anything else (here the client's CPU) leaves that round's curve shorter
+    s = summarize(table([1.0, 1.0, 0.95, 0.5], [1.0, 1.0, 1.0, 0.7], bound=("candidate", 8, 3),
+                        reason="validity errors client_cpu", engine_failed=False))
+    r3 = next(r for r in s["load"]["capacity"]["comparisons"]["candidate"]["in128-out32"]["rounds"] if r["round"] == 3)
+    assert r3["candidate"]["censored"] == "above" and r3["candidate"]["capacity"] == 4.0
+
+
+def test_a_table_without_the_capacity_facts_is_refused_by_name():
+    df = table([1.0, 1.0, 0.95, 0.5], [1.0, 1.0, 1.0, 0.7]).drop(columns="engine_failed")
+    with pytest.raises(StatsInputError, match="engine_failed"):
+        summarize(df)
 
 
 def test_the_load_section_says_where_along_the_curve_the_candidate_helps():
@@ -143,3 +159,27 @@ def test_a_single_stream_summary_has_no_load_block_and_no_section():
     s = pb_stats.summarize_all(table([1.0] * 4, [1.0] * 4), baseline="baseline", candidates=["candidate"],
                                metrics=["output_tok_s"], secondary=[], memory=[])
     assert "load" not in s and "load" not in s["params"] and load_section(s) == ""
+
+
+def level_record(failed=("errors",), n_measured=10, n_ok=7, idle=None, gates=None) -> dict:
+    return {"kind": "level", "validity": {"ok": not failed, "failed": list(failed), "messages": []},
+            "metrics": {"n_measured": n_measured, "n_ok": n_ok}, "idle": idle or {"verified": True, "how": "/metrics"},
+            "gates": gates if gates is not None else {"prompt_tokens": True, "cold_cache": None}}
+
+
+@pytest.mark.parametrize("rec, expected", [
+    (level_record(), True),
+    (level_record(failed=("errors", "too_few_requests", "achieved_load")), True),  # what errors bring
+    (level_record(failed=("errors", "schedule_lag")), False),  # the client set the pace
+    (level_record(failed=("errors", "client_cpu")), False),
+    (level_record(n_ok=10), False),  # only warm-up requests failed: the measured ones did not
+    (level_record(failed=()), False),
+    (level_record(idle={"verified": False, "how": "still busy after 120 s"}), False),  # started busy
+    (level_record(idle={"verified": False, "how": "no idle probe (profile has none)"}), True),
+    (level_record(gates={"prompt_tokens": False}), False),  # the engine misreported its counts
+    ({"kind": "steady"}, False),
+])
+def test_engine_failed_is_read_from_the_records_facts_not_its_label(rec, expected):
+    from pairbench.analysis.tables import engine_failed
+
+    assert engine_failed(rec) is expected

@@ -33,7 +33,9 @@ with ``[DONE]``):
 Validity (:func:`check`): a level fails, with a message naming it, when requests failed, when too few
 measured requests completed for the percentiles asked (:func:`pairbench.core.slo.min_requests`), when
 the p99 schedule lag passes its bound, when the client's CPU share nears a whole core, or when the
-achieved load falls short of the target. A failed level is never the engine's curve.
+achieved load falls short of the target. A failed level is never drawn as the engine's curve nor
+paired; only the SLO capacity reads a level where the engine itself failed requests, as the SLO
+failing there (:func:`pairbench.analysis.tables.engine_failed`).
 """
 
 from __future__ import annotations

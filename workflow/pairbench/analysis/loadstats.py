@@ -8,11 +8,11 @@ paired comparisons, one family with every primary metric and level.
 
 **Capacity** (:mod:`pairbench.analysis.capacity`): per candidate, per *curve* (the conditions that
 differ only in their load factor: the group is the condition id without it), per arm and round, the
-highest load at which the SLO holds, interpolated between the levels that passed every gate, case
-and validity check (a client-bound level says nothing about the engine) and the levels whose only
-fault was the engine's own failed requests (:func:`capacity_rows`: a timeout or dropped stream under
-load is the SLO failing there, counted as a request that is not good, never a level left out, which
-would let a curve that breaks down read as holding); then per curve the paired
+highest load at which the SLO holds, interpolated between the levels of the round's own visit that
+passed every gate, case and validity check (a client-bound level says nothing about the engine) and
+those where the engine failed measured requests (:func:`capacity_rows`: a timeout or dropped stream
+under load is the SLO failing there, counted as a request that is not good, never a level left out,
+which would let a curve that breaks down read as holding); then per curve the paired
 ratio over the rounds where both arms have one, with its interval and verdict (``more``, ``less``,
 ``equivalent``, ``inconclusive``), censored rounds at their worst case. The capacity comparisons of
 every candidate and curve are one multiplicity family of their own (as memory's are), and each
@@ -29,12 +29,10 @@ import pandas as pd
 
 from pairbench.analysis import capacity as pb_capacity
 from pairbench.analysis import verdicts as pb_verdicts
+from pairbench.analysis.measurements import StatsInputError, as_bool
 from pairbench.core import conditions as pb_conditions
 
 ATTAINMENT = "slo_attainment"
-# The measurements table's ``reason`` of a level excluded only because the engine failed requests
-# there (their error fails the level's validity, and with too few completed ones its percentiles)
-ENGINE_FAILED = ("validity errors", "validity errors too_few_requests")
 FACT_COLUMNS = ("achieved_concurrency", "achieved_rate_rps", "lag_p99_ms", "client_cpu_share")
 
 
@@ -53,31 +51,34 @@ def curves(conds: list[str]) -> dict[str, list[tuple[float, str]]]:
 
 
 def capacity_rows(df: pd.DataFrame, arms: list[str]) -> pd.DataFrame:
-    """The level rows of *arms* a capacity is read from: the selected ones, and those excluded only
-    because the engine failed requests there (the SLO did not hold: the attainment counts each failed
-    request as not good). A level the client paced, with a gate or case failed, or superseded by a
-    retry, stays out."""
-    keep = df["selected"] | df["reason"].astype("string").fillna("").isin(ENGINE_FAILED)
-    return df[keep & df["arm"].isin(arms)]
+    """The level rows of *arms* a capacity is read from: each round's levels as its visit measured
+    them (never a validation retry's, which ran after every visit, on another launch, not beside the
+    round's other levels), those selected and those where the engine failed measured requests
+    (``engine_failed``: the SLO did not hold there, its attainment counting each failed request as
+    not good; such a level is often retried, and its retry cannot stand in). A level the client paced,
+    or with a gate or case failed, stays out: that round's curve is read from its other levels."""
+    missing = [c for c in ("selected", "retry", "engine_failed") if c not in df.columns]
+    if missing:
+        raise StatsInputError(f"measurements table lacks column(s) the SLO capacity reads: {', '.join(missing)}")
+    own = pd.to_numeric(df["retry"], errors="coerce").fillna(0) == 0
+    failed = as_bool(df["engine_failed"], "engine_failed")
+    return df[own & (as_bool(df["selected"], "selected") | failed) & df["arm"].isin(arms)]
 
 
-def arm_capacities(rows: pd.DataFrame, arm: str, levels: list[tuple[float, str]],
-                   target: float) -> tuple[dict, list[int]]:
-    """``({round: Capacity}, retried rounds)`` of one arm on one curve, from its levels per round
-    (:func:`capacity_rows`). A round with a level measured by a validation retry has no capacity: the
-    retry ran after every visit, on another launch, not beside the round's other levels and its
-    partner (as the paired statistics drop such a pair); its number is returned to disclose."""
+def arm_capacities(rows: pd.DataFrame, arm: str, levels: list[tuple[float, str]], target: float) -> dict:
+    """``{round: Capacity}`` of one arm on one curve, from its levels per round (:func:`capacity_rows`)."""
     rows = rows[(rows["arm"] == arm) & rows["condition"].isin([c for _, c in levels])]
     load = {c: x for x, c in levels}
-    out, retried = {}, []
+    out = {}
     for rnd, g in rows.groupby("round"):
-        if "retry" in g.columns and (pd.to_numeric(g["retry"], errors="coerce").fillna(0) > 0).any():
-            retried.append(int(rnd))
-            continue
-        pts = sorted((load[c], float(a)) for c, a in zip(g["condition"], g[ATTAINMENT]) if a == a)
-        if pts:
-            out[int(rnd)] = pb_capacity.capacity([x for x, _ in pts], [y for _, y in pts], target)
-    return out, retried
+        att = pd.to_numeric(g[ATTAINMENT], errors="coerce")
+        if att.isna().any():
+            bad = g.loc[att.isna(), "condition"].tolist()
+            raise StatsInputError(f"round {rnd}, arm {arm}: no {ATTAINMENT} at level(s) {bad}, which the "
+                                  f"capacity reads")
+        pts = sorted((load[c], float(a)) for c, a in zip(g["condition"], att))
+        out[int(rnd)] = pb_capacity.capacity([x for x, _ in pts], [y for _, y in pts], target)
+    return out
 
 
 def _rounds(base: dict, cand: dict) -> list[dict]:
@@ -97,15 +98,15 @@ def capacity_block(rows: pd.DataFrame, *, baseline: str, candidates: list[str], 
     pairs, prepared = {}, {}
     for cand in candidates:
         for group, levels in curves(conds).items():
-            base, base_retried = arm_capacities(rows, baseline, levels, target)
-            mine, mine_retried = arm_capacities(rows, cand, levels, target)
+            base = arm_capacities(rows, baseline, levels, target)
+            mine = arm_capacities(rows, cand, levels, target)
             rounds = sorted(set(base) & set(mine))
             b, c = [base[r] for r in rounds], [mine[r] for r in rounds]
-            prepared[(cand, group)] = (levels, base, mine, b, c, {"baseline": base_retried, "candidate": mine_retried})
+            prepared[(cand, group)] = (levels, base, mine, b, c)
             pairs[(cand, group)] = pb_capacity.claim_p(b, c, noise)[0] if rounds else 1.0
     assigned = pb_verdicts.levels_from_p(pairs, alpha, multiplicity)
     out: dict = {"family_size": len(pairs), "comparisons": {}}
-    for (cand, group), (levels, base, mine, b, c, retried) in prepared.items():
+    for (cand, group), (levels, base, mine, b, c) in prepared.items():
         entry = assigned[(cand, group)]
         if b:
             res = pb_capacity.compare(b, c, level=entry["level"], noise=noise)
@@ -119,8 +120,7 @@ def capacity_block(rows: pd.DataFrame, *, baseline: str, candidates: list[str], 
             "rounds": _rounds(base, mine),
             "bracketing": pb_capacity.bracketing_levels(loads, [*base.values(), *mine.values()],
                                                         integer=factor == "concurrency"),
-            "unpaired": {"baseline": sorted(set(base) - set(mine)), "candidate": sorted(set(mine) - set(base))},
-            "retried": retried}
+            "unpaired": {"baseline": sorted(set(base) - set(mine)), "candidate": sorted(set(mine) - set(base))}}
     return out
 
 

@@ -10,7 +10,7 @@ the artifacts and report). ``repeat`` numbers a visit's steady requests at one c
 (:mod:`pairbench.core.conditions`); one column per metric of :data:`pairbench.core.metrics.METRICS`
 of the scope the run measures: a steady run's rows are its requests (``request`` metrics), a load
 run's are its level records (``level`` metrics; a level that failed its validity is not selected,
-``reason`` naming the checks).
+``reason`` naming the checks), with one more fact, ``engine_failed`` (:func:`engine_failed`).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import pandas as pd
 from pairbench.core.conditions import FACTORS, factor_columns, parse_id
 from pairbench.core.metrics import METRICS
 from pairbench.core.naming import measure_key
+from pairbench.measure.loadvisit import started_busy
 
 # The row key, the record facts, then one column per metric of the registry (in its order) and the
 # native counters. The factor columns (one per condition factor the run has) follow ``condition``.
@@ -29,11 +30,34 @@ COUNT_COLUMNS = ["prompt_tokens", "completion_tokens", "tokens_cached"]
 METRIC_COLUMNS = list(METRICS)
 
 
+LEVEL_FACT_COLUMNS = ["engine_failed"]
+# A level's validity checks that say the client, not the engine, set the pace (analysis.loadlevel)
+CLIENT_CHECKS = frozenset({"schedule_lag", "client_cpu"})
+
+
 def columns(factors: list[str], scopes=("request",)) -> list[str]:
     """The measurements table's columns for a run with these condition *factors*, measuring metrics
     of *scopes* (``request``: steady records; ``level``: a load run's level records)."""
-    return [*KEY_COLUMNS, *factors, *FACT_COLUMNS, *(m for m in METRIC_COLUMNS if METRICS[m].scope in scopes),
+    facts = [*FACT_COLUMNS, *(LEVEL_FACT_COLUMNS if "level" in scopes else [])]
+    return [*KEY_COLUMNS, *factors, *facts, *(m for m in METRIC_COLUMNS if METRICS[m].scope in scopes),
             *COUNT_COLUMNS]
+
+
+def engine_failed(rec: dict) -> bool:
+    """Whether a level record shows the engine failing measured requests under load, and nothing that
+    makes the level not the engine's: its validity failed ``errors`` (a measured request, not only a
+    warm-up one, timed out, was dropped or got an HTTP error), no check said the client set the pace,
+    it started on a server shown idle, and no gate caught the engine misreporting. Such a level is the
+    SLO failing there (its attainment counts each failed request as not good), which the SLO capacity
+    reads (:func:`pairbench.analysis.loadstats.capacity_rows`) although the level is not selected.
+    Failures that follow from the errors (too few completed requests, the load not held, output cases
+    on empty outputs) do not change that."""
+    if rec.get("kind") != "level":
+        return False
+    failed = set((rec.get("validity") or {}).get("failed") or [])
+    m = rec["metrics"]
+    return ("errors" in failed and not failed & CLIENT_CHECKS and m["n_measured"] > m["n_ok"]
+            and not started_busy(rec["idle"]) and all(g is not False for g in rec["gates"].values()))
 
 
 REASON_MAX = 64
@@ -108,6 +132,7 @@ def measurements_frame(measures: list[dict], validations: dict[tuple[str, int], 
                 **{f: rec.get(f) for f in factors}, "repeat": record_repeat(rec),
                 "visit_index": rec["visit_index"], "attempt": rec["attempt"], "retry": retry, "ok": rec["ok"],
                 "cold_cache": cold, "selected": selected, "reason": reason,
+                **({"engine_failed": engine_failed(rec)} if "level" in scopes else {}),
                 **{name: metric.value(rec) for name, metric in METRICS.items() if metric.scope in scopes},
                 **{c: rec[c] for c in COUNT_COLUMNS},
             })

@@ -174,11 +174,16 @@ def run_level(engine: ArmEngine, lc: LoadClient, http, url: str, level: Level, *
     return rec, output, private
 
 
+def started_busy(idle: dict) -> bool:
+    """Whether a level may have started on a busy server (*idle*: its record's ``idle``): still busy
+    when the idle wait gave up, or its probe unreadable. An engine without a probe cannot tell: its
+    levels count, and the report says how many were verified idle."""
+    return not (idle.get("verified") or str(idle.get("how", "")).startswith("no idle probe"))
+
+
 def _started_busy(cond: Condition, idle: dict) -> str | None:
-    """Why level *cond* does not count because it may have started on a busy server (still busy when
-    the idle wait gave up, or its probe unreadable), else None. An engine without a probe cannot
-    tell: its levels count, and the report says how many were verified idle."""
-    if idle.get("verified") or str(idle.get("how", "")).startswith("no idle probe"):
+    """Why level *cond* does not count because it may have started on a busy server, else None."""
+    if not started_busy(idle):
         return None
     return (f"validity idle: level {cond.id} started on a server that was not shown idle "
             f"({idle.get('how')}; last report {idle.get('busy')})")[:300]

@@ -95,8 +95,9 @@ def capacity_lines(summary: dict, load: dict) -> list[str]:
     """The capacity comparison of every candidate and curve, in words."""
     cap, factor = load["capacity"], load["factor"]
     out = [f"Capacity is the highest load at which the SLO holds, per arm and round, interpolated between the "
-           f"two levels around its crossing and never extrapolated (a level where the engine failed requests "
-           f"counts, as the SLO failing there; one the client paced does not); the paired ratio candidate/baseline has a "
+           f"two levels around its crossing and never extrapolated, from each round's own visit (a level where "
+           f"the engine failed requests counts, as the SLO failing there; one the client paced does not, nor a "
+           f"validation retry's); the paired ratio candidate/baseline has a "
            f"Hodges–Lehmann interval inverting the exact Wilcoxon signed-rank test, a censored round entering at "
            f"its worst case; the {cap['family_size']} capacity comparison(s) are a Holm family of their own.", ""]
     for cand in summary["candidates"]:
@@ -131,10 +132,6 @@ def capacity_sentence(cand: str, group: str, e: dict, factor: str, baseline: str
     line = f"{head}: {words} ({est}, {ci}; n = {e['n_pairs']} rounds, {e['n_censored']} censored)."
     line += (f" Per arm: `{baseline}` {_per_arm(e['rounds'], 'baseline', factor)}; `{cand}` "
              f"{_per_arm(e['rounds'], 'candidate', factor)}.")
-    gone = [f"`{arm}` round(s) {', '.join(map(str, rs))}" for arm, rs in (e.get("retried") or {}).items() if rs]
-    if gone:
-        line += (f" No capacity for {_list(gone)}: a level was measured again by a validation retry, after "
-                 f"every visit rather than beside its round's other levels.")
     br = e["bracketing"]
     if br["above"] or br["below"]:
         levels = [*br["below"], *br["above"]]
