@@ -25,7 +25,8 @@ def test_the_default_plan_in_words():
         "  rounds: 8, then blocks of 2 until every primary interval is within +-2%, at most 18 (order abba)",
         "  visits: 16 to 36, 1 steady request(s) per condition each",
         "  external engines: none (nothing outside this repository is built or launched)",
-        "  time: about 3.2 to 5.5 min (~80 s + ~7 s a visit: the default config's cost on a 2-core CPU, docs/perf.md)",
+        "  time: about 3.2 to 5.5 min (~80 s + ~7 s a visit: the default config's cost on a 2-core CPU, docs/perf.md); "
+        "where visits are slower, at most ~9.3 min (rounds.max_minutes 8)",
     ]
 
 

@@ -9,7 +9,7 @@ visits, whether external engines may run, and about how long it takes.
       rounds: 8, then blocks of 2 until every primary interval is within +-2%, at most 18 (order abba)
       visits: 16 to 36, 1 steady request(s) per condition each
       external engines: none (nothing outside this repository is built or launched)
-      time: about 3.2 to 5.5 min (~80 s + ~7 s a visit: the default config's cost on a 2-core CPU, ...)
+      time: about 3.2 to 5.5 min (~80 s + ~7 s a visit: ...); where visits are slower, at most ~9.3 min (rounds.max_minutes 8)
 
 The estimate is a stated fixed cost plus one stated cost per visit (:data:`FIXED_S`,
 :data:`VISIT_S`), the default config's as measured; other engines, models and lengths cost
@@ -107,7 +107,11 @@ def _time_line(cfg: dict, lo_visits: int, hi_visits: int) -> str:
         span = lo_t
     else:
         span = f"{lo_t.split()[0]} to {hi_t}" if lo_t.split()[1] == hi_t.split()[1] else f"{lo_t} to {hi_t}"
-    return f"  time: about {span} ({cost})"
+    line = f"  time: about {span} ({cost})"
+    budget = cfg["rounds"].get("max_minutes") if isinstance(cfg["rounds"], dict) else None
+    if budget:  # the rounds stop by the clock, so a slower host meets the budget, not the visit estimate
+        line += f"; where visits are slower, at most ~{_minutes(FIXED_S + budget * 60)} (rounds.max_minutes {budget:g})"
+    return line
 
 
 def _twins(cfg: dict) -> list[str]:
