@@ -19,9 +19,9 @@ It is **never extrapolated**:
 - it already fails at the lowest level: the capacity is below it, *censored below*
   (``censored="below"``, ``value`` = x₁, an upper bound; the capacity is only known to be in (0, x₁)).
 
-Pass only the levels that passed their validity checks, and those whose only fault was the engine's
-failed requests (there the SLO failed; :func:`pairbench.analysis.loadstats.capacity_rows`): a level
-where the client was the limit says nothing about the engine.
+Pass only each round's own levels that passed their validity checks, and those where the engine
+failed measured requests (there the SLO failed; :func:`pairbench.analysis.loadstats.capacity_rows`):
+a level where the client was the limit says nothing about the engine.
 
 **Paired across rounds** (:func:`compare`): per round, d = log(candidate / baseline capacity). With
 both sides bounded d is a number, and the comparison is exactly :func:`pairbench.analysis.verdicts.judge`

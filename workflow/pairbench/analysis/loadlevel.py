@@ -210,6 +210,10 @@ def _out_tokens(r: Mapping) -> int:
     return r["completion_tokens"] if r.get("completion_tokens") is not None else r["streamed_tokens"]
 
 
+# The checks of :func:`check` that say the client, not the engine, set the pace
+CLIENT_CHECKS = frozenset({"schedule_lag", "client_cpu"})
+
+
 def check(m: LevelMetrics, bounds: Bounds = Bounds()) -> Validity:
     """Every validity check of a level; each failure's message names the level and the bound."""
     failed, msgs = [], []

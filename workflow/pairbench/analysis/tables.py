@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from pairbench.analysis.loadlevel import CLIENT_CHECKS
 from pairbench.core.conditions import FACTORS, factor_columns, parse_id
 from pairbench.core.metrics import METRICS
 from pairbench.core.naming import measure_key
@@ -31,8 +32,6 @@ METRIC_COLUMNS = list(METRICS)
 
 
 LEVEL_FACT_COLUMNS = ["engine_failed"]
-# A level's validity checks that say the client, not the engine, set the pace (analysis.loadlevel)
-CLIENT_CHECKS = frozenset({"schedule_lag", "client_cpu"})
 
 
 def columns(factors: list[str], scopes=("request",)) -> list[str]:

@@ -108,7 +108,7 @@ def _time_line(cfg: dict, lo_visits: int, hi_visits: int) -> str:
     else:
         span = f"{lo_t.split()[0]} to {hi_t}" if lo_t.split()[1] == hi_t.split()[1] else f"{lo_t} to {hi_t}"
     line = f"  time: about {span} ({cost})"
-    budget = cfg["rounds"].get("max_minutes") if isinstance(cfg["rounds"], dict) else None
+    budget = (adaptive(cfg) or {}).get("max_minutes")
     if budget:  # the rounds stop by the clock, so a slower host meets the budget, not the visit estimate
         line += f"; where visits are slower, at most ~{_minutes(FIXED_S + budget * 60)} (rounds.max_minutes {budget:g})"
     return line
