@@ -147,8 +147,10 @@ class Scheduler:
                 traceback.print_exc()
                 for seq in list(self.running):
                     self.slots[seq.slot].cached = []
-                    self._release(seq)
-                    seq.sink.failed(e)
+                    try:
+                        seq.sink.failed(e)
+                    finally:
+                        self._release(seq)
 
     def stop(self) -> None:
         with self.cond:
@@ -205,8 +207,10 @@ class Scheduler:
             for seq in seqs:
                 if seq.slot >= 0:
                     self.slots[seq.slot].cached = []  # the slot's KV is in an unknown state
-                    self._release(seq)
-                    seq.sink.failed(e)
+                    try:
+                        seq.sink.failed(e)
+                    finally:
+                        self._release(seq)
 
     def _decode(self, seqs: list[Sequence]) -> None:
         tokens = torch.tensor([s.feed for s in seqs])  # (B,)
@@ -256,8 +260,11 @@ class Scheduler:
         seq.slot = -1
 
     def _finish(self, seq: Sequence, reason: str) -> None:
-        self._release(seq)
+        """Tell the sink, then free the slot: a server whose slots read free has closed every finished
+        request's end of its pipe (a test counts the server's descriptors once it reads idle)."""
         try:
             seq.sink.finished(reason)
         except Exception:  # a sink that cannot report (a client gone) must not fail the other streams
             traceback.print_exc()
+        finally:
+            self._release(seq)

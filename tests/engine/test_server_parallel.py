@@ -183,6 +183,8 @@ def test_requests_leave_no_file_descriptors_behind(server):
     was refused."""
     fds = lambda: len(list((__import__("pathlib").Path(f"/proc/{server.proc.pid}/fd")).iterdir()))  # noqa: E731
     server.client.post("/v1/completions", json=body("warm", 2))
+    # the reply can reach us before the scheduler closes its end of the pipe; it has once the slot reads free
+    wait_for(server, "idle", lambda m: m["slots_in_use"] == 0 and m["queue_length"] == 0)
     before = fds()
     for i in range(20):
         assert server.client.post("/v1/completions", json=body(f"request {i}", 3)).status_code == 200
