@@ -41,6 +41,7 @@
 #include <cstdio>
 #include <cstring>
 #include <mutex>
+#include <type_traits>
 #include <thread>
 #include <vector>
 
@@ -651,45 +652,52 @@ inline __m256 load8(const void* base, int f16, int64_t off) {
   return _mm256_loadu_ps((const float*)base + off);
 }
 
-void attn_one_chunk(const AttnOne& j, int64_t c) {
+// One chunk (KV head h, block blk of positions) of one sequence. REP is the group size (query heads per
+// KV head) when known at compile time, so the accumulators below are registers, not stack memory;
+// 0 for any other group size. F16: the cache is f16. Every variant does the same additions in the same
+// order (per accumulator lane, ascending d, then ascending s), so they give identical bits.
+template <int REP, int F16>
+void attn_one_chunk_t(const AttnOne& j, int64_t c) {
   const int h = (int)(c / j.n_blocks), blk = (int)(c % j.n_blocks);
-  const int rep = j.H / j.Hkv, D = j.D;
+  const int rep = REP ? REP : j.H / j.Hkv, D = j.D;
   const int s0 = blk * j.block, s1 = std::min(j.S, s0 + j.block), n = s1 - s0;
+  const int64_t esz = F16 ? 2 : 4;
   alignas(32) float scores[MAX_REP][MAX_BLOCK + 8];
   const float* q = j.q + (int64_t)h * rep * D;
   const int64_t kb = h * j.k_hs + (int64_t)s0 * j.k_ps, vb = h * j.v_hs + (int64_t)s0 * j.v_ps;
-  // 1. scores = q . k * scale. Four positions at a time against every query of this KV head: each
-  //    key chunk is converted from f16 once and used rep times, with rep x 4 accumulators in
-  //    registers (rep <= 3 fits AVX2's 16; larger groups go through the same code in pieces).
-  for (int s = 0; s < n; s += 4) {
-    const int cnt = std::min(4, n - s);
+  // 1. scores = q . k * scale. Four positions at a time against up to 3 queries of this KV head:
+  //    each key chunk is converted from f16 once and used for every query, with 3 x 4 accumulators,
+  //    3 query chunks and one key chunk in AVX2's 16 registers (larger groups go in pieces).
+  auto four = [&](int s, auto full) {  // positions s .. s+3 (full) or s .. n-1
+    const int cnt = decltype(full)::value ? 4 : n - s;
     for (int r0 = 0; r0 < rep; r0 += 3) {
       const int nr = std::min(3, rep - r0);
       __m256 a[3][4];
       for (int r = 0; r < 3; ++r) for (int t = 0; t < 4; ++t) a[r][t] = _mm256_setzero_ps();
       if (r0 == 0) {  // the keys 32 positions ahead, one cache line per 64 bytes
-        const int64_t esz = j.kv_f16 ? 2 : 4;
         for (int t = 0; t < 4; ++t)
           for (int64_t o = 0; o < D * esz; o += 64)
             _mm_prefetch((const char*)j.k + (kb + (int64_t)(s + 32 + t) * j.k_ps) * esz + o, _MM_HINT_T0);
       }
       for (int d = 0; d < D; d += 8) {
-        __m256 kv[4];
-        for (int t = 0; t < 4; ++t)
-          kv[t] = t < cnt ? load8(j.k, j.kv_f16, kb + (int64_t)(s + t) * j.k_ps + d) : _mm256_setzero_ps();
-        for (int r = 0; r < nr; ++r) {
-          const __m256 qv = _mm256_loadu_ps(q + (r0 + r) * D + d);
-          for (int t = 0; t < 4; ++t) a[r][t] = _mm256_fmadd_ps(qv, kv[t], a[r][t]);
+        __m256 qv[3];
+        for (int r = 0; r < nr; ++r) qv[r] = _mm256_loadu_ps(q + (r0 + r) * D + d);
+        for (int t = 0; t < 4; ++t) {
+          const __m256 kv = t < cnt ? load8(j.k, F16, kb + (int64_t)(s + t) * j.k_ps + d) : _mm256_setzero_ps();
+          for (int r = 0; r < nr; ++r) a[r][t] = _mm256_fmadd_ps(qv[r], kv, a[r][t]);
         }
       }
       for (int r = 0; r < nr; ++r) {
         // horizontal sums of the 4 accumulators -> 4 scores
-        const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a[r][0], a[r][1]), _mm256_hadd_ps(a[r][2], a[r][3]));
-        const __m128 sum4 = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+        const __m256 hs = _mm256_hadd_ps(_mm256_hadd_ps(a[r][0], a[r][1]), _mm256_hadd_ps(a[r][2], a[r][3]));
+        const __m128 sum4 = _mm_add_ps(_mm256_castps256_ps128(hs), _mm256_extractf128_ps(hs, 1));
         _mm_storeu_ps(&scores[r0 + r][s], _mm_mul_ps(sum4, _mm_set1_ps(j.scale)));
       }
     }
-  }
+  };
+  int s4 = 0;
+  for (; s4 + 4 <= n; s4 += 4) four(s4, std::true_type{});
+  if (s4 < n) four(s4, std::false_type{});
   // 2. block-local softmax numerators, and the block's (max, sum)
   for (int r = 0; r < rep; ++r) {
     __m256 vmx = _mm256_set1_ps(-INFINITY);
@@ -712,22 +720,24 @@ void attn_one_chunk(const AttnOne& j, int64_t c) {
     float* out = j.part + ((int64_t)(h * j.n_blocks + blk) * rep + r) * (D + 2);
     out[0] = mx; out[1] = sum;
   }
-  // 3. acc = sum_s p_s v_s: 32 dims at a time for every query of this KV head, in registers
-  for (int d0 = 0; d0 < D; d0 += 32) {
-    const int nv = std::min(4, (D - d0) / 8);
-    __m256 acc[MAX_REP_REG][4];
-    for (int r = 0; r < rep; ++r) for (int i = 0; i < 4; ++i) acc[r][i] = _mm256_setzero_ps();
+  // 3. acc = sum_s p_s v_s, NV x 8 dims at a time for every query of this KV head: with REP known,
+  //    REP x NV accumulators, REP weights and one value chunk fit the 16 registers (REP <= 3: 32 dims,
+  //    REP = 4: 16); otherwise 32 dims with up to MAX_REP_REG x 4 accumulators (on the stack).
+  constexpr int NV = REP <= 3 ? 4 : 2;
+  constexpr int RR = REP ? REP : MAX_REP_REG;
+  for (int d0 = 0; d0 < D; d0 += 8 * NV) {
+    const int nv = std::min(NV, (D - d0) / 8);
+    __m256 acc[RR][NV];
+    for (int r = 0; r < rep; ++r) for (int i = 0; i < NV; ++i) acc[r][i] = _mm256_setzero_ps();
     for (int s = 0; s < n; ++s) {
-      if (d0 == 0) {
-        const int64_t esz = j.kv_f16 ? 2 : 4;
+      if (d0 == 0)
         for (int64_t o = 0; o < D * esz; o += 64)
           _mm_prefetch((const char*)j.v + (vb + (int64_t)(s + 32) * j.v_ps) * esz + o, _MM_HINT_T0);
-      }
-      __m256 vv[4];
-      for (int i = 0; i < nv; ++i) vv[i] = load8(j.v, j.kv_f16, vb + (int64_t)s * j.v_ps + d0 + 8 * i);
-      for (int r = 0; r < rep; ++r) {
-        const __m256 ps = _mm256_set1_ps(scores[r][s]);
-        for (int i = 0; i < nv; ++i) acc[r][i] = _mm256_fmadd_ps(ps, vv[i], acc[r][i]);
+      __m256 ps[RR];
+      for (int r = 0; r < rep; ++r) ps[r] = _mm256_set1_ps(scores[r][s]);
+      for (int i = 0; i < nv; ++i) {
+        const __m256 vv = load8(j.v, F16, vb + (int64_t)s * j.v_ps + d0 + 8 * i);
+        for (int r = 0; r < rep; ++r) acc[r][i] = _mm256_fmadd_ps(ps[r], vv, acc[r][i]);
       }
     }
     for (int r = 0; r < rep; ++r) {
@@ -737,12 +747,23 @@ void attn_one_chunk(const AttnOne& j, int64_t c) {
   }
 }
 
-
 void attn_chunk(const void* p, int64_t c) {
   const AttnJob& j = *(const AttnJob*)p;
   int b = 0;
   while (j.chunk0[b + 1] <= c) ++b;
-  attn_one_chunk(j.seq[b], c - j.chunk0[b]);
+  const AttnOne& one = j.seq[b];
+  const int rep = one.H / one.Hkv;
+  c -= j.chunk0[b];
+  if (one.kv_f16) {
+    switch (rep) {
+      case 1: return attn_one_chunk_t<1, 1>(one, c);
+      case 2: return attn_one_chunk_t<2, 1>(one, c);
+      case 3: return attn_one_chunk_t<3, 1>(one, c);
+      case 4: return attn_one_chunk_t<4, 1>(one, c);
+      default: return attn_one_chunk_t<0, 1>(one, c);
+    }
+  }
+  attn_one_chunk_t<0, 0>(one, c);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -192,7 +192,7 @@ def test_native_dequantize_and_embedding_rows(fmt):
 
 @needs_native
 @pytest.mark.parametrize("H, Hkv, D, S", [(9, 3, 64, 1), (9, 3, 64, 300), (4, 2, 16, 33), (8, 8, 128, 513),
-                                          (9, 3, 64, 2048)])
+                                          (9, 3, 64, 2048), (16, 4, 24, 77), (12, 2, 64, 100)])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
 def test_attention_decode_against_sdpa(H, Hkv, D, S, dtype):
     g = torch.Generator().manual_seed(7)
