@@ -147,10 +147,7 @@ class Scheduler:
                 traceback.print_exc()
                 for seq in list(self.running):
                     self.slots[seq.slot].cached = []
-                    try:
-                        seq.sink.failed(e)
-                    finally:
-                        self._release(seq)
+                    self._fail(seq, e)
 
     def stop(self) -> None:
         with self.cond:
@@ -207,10 +204,7 @@ class Scheduler:
             for seq in seqs:
                 if seq.slot >= 0:
                     self.slots[seq.slot].cached = []  # the slot's KV is in an unknown state
-                    try:
-                        seq.sink.failed(e)
-                    finally:
-                        self._release(seq)
+                    self._fail(seq, e)
 
     def _decode(self, seqs: list[Sequence]) -> None:
         tokens = torch.tensor([s.feed for s in seqs])  # (B,)
@@ -258,6 +252,15 @@ class Scheduler:
         self.slots[seq.slot].seq = None
         self.running.remove(seq)
         seq.slot = -1
+
+    def _fail(self, seq: Sequence, exc: Exception) -> None:
+        """As ``_finish``, for a request whose forward failed: its sink told, then its slot freed."""
+        try:
+            seq.sink.failed(exc)
+        except Exception:  # as in _finish: one sink must not stop the scheduler or the other streams
+            traceback.print_exc()
+        finally:
+            self._release(seq)
 
     def _finish(self, seq: Sequence, reason: str) -> None:
         """Tell the sink, then free the slot: a server whose slots read free has closed every finished
