@@ -460,12 +460,15 @@ def test_validator_timeout_earns_a_disclosed_partial_visit_retry(scratch):
     assert read_artifact(res / "audit.json", "audit")["ok"]
 
 
+# The fake decodes at 10 ms a token (its default 1 ms made "wide" flaky: a full suite once read its
+# 8-token decode rates at 260-1,520 tok/s within one round, a log half-width of 0.91 at 8 rounds
+# against the target's log 1.9 = 0.64, and the run went on to 10 rounds).
 ADAPTIVE_CONFIG = """\
 label: {label}
 model: tiny
 arms:
-  baseline: {{source: tests/fakes/engine}}
-  candidate: {{source: tests/fakes/engine}}
+  baseline: {{source: tests/fakes/engine, env: {{FAKE_ENGINE_DECODE_MS: "10"}}}}
+  candidate: {{source: tests/fakes/engine, env: {{FAKE_ENGINE_DECODE_MS: "10"}}}}
 lengths: [400, 480]
 output_tokens: 8
 rounds: {{min: 8, max: 10, target_halfwidth: {target}}}
