@@ -146,7 +146,6 @@ class Scheduler:
             except Exception as e:  # a bug outside any forward (which _guarded handles): fail what is in flight
                 traceback.print_exc()
                 for seq in list(self.running):
-                    self.slots[seq.slot].cached = []
                     self._fail(seq, e)
 
     def stop(self) -> None:
@@ -203,7 +202,6 @@ class Scheduler:
         except Exception as e:  # a bug must not stop the other streams
             for seq in seqs:
                 if seq.slot >= 0:
-                    self.slots[seq.slot].cached = []  # the slot's KV is in an unknown state
                     self._fail(seq, e)
 
     def _decode(self, seqs: list[Sequence]) -> None:
@@ -254,7 +252,9 @@ class Scheduler:
         seq.slot = -1
 
     def _fail(self, seq: Sequence, exc: Exception) -> None:
-        """As ``_finish``, for a request whose forward failed: its sink told, then its slot freed."""
+        """As ``_finish``, for a request whose forward failed: its slot's cache dropped (its KV is in an
+        unknown state), its sink told, then its slot freed."""
+        self.slots[seq.slot].cached = []
         try:
             seq.sink.failed(exc)
         except Exception:  # as in _finish: one sink must not stop the scheduler or the other streams

@@ -50,6 +50,12 @@ def wait_for(srv, what: str, cond, deadline_s: float = 120) -> dict:
         time.sleep(0.01)
 
 
+def wait_idle(srv, deadline_s: float = 120) -> dict:
+    """Until no slot is in use and nothing queued: a stream's last event, or a whole reply, can reach its
+    client a moment before the scheduler frees its slot (it tells the request first)."""
+    return wait_for(srv, "idle", lambda m: m["slots_in_use"] == 0 and m["queue_length"] == 0, deadline_s)
+
+
 def body(prompt, n, **kw):
     return {"prompt": prompt, "max_tokens": n, "temperature": 0, "ignore_eos": True, "cache_prompt": False,
             "return_tokens": True, **kw}
@@ -86,8 +92,7 @@ def test_concurrent_streams_each_get_their_tokens_alone_with_exact_counters(serv
         assert t["prompt_n"] == u["prompt_tokens"] and t["cache_n"] == 0 and t["predicted_n"] == n_tokens[i]
         assert t["prompt_ms"] > 0 and t["predicted_ms"] > 0
         assert t["predicted_per_second"] == pytest.approx(t["predicted_n"] / t["predicted_ms"] * 1e3)
-    # a stream's last event can reach its client a moment before the scheduler frees its slot
-    m = wait_for(server, "idle", lambda m: m["slots_in_use"] == 0 and m["queue_length"] == 0, deadline_s=30)
+    m = wait_idle(server, deadline_s=30)
     assert m["slots_total"] == 4
 
 
@@ -184,13 +189,12 @@ def test_requests_leave_no_file_descriptors_behind(server):
     was refused."""
     fds = lambda: len(list((__import__("pathlib").Path(f"/proc/{server.proc.pid}/fd")).iterdir()))  # noqa: E731
     server.client.post("/v1/completions", json=body("warm", 2))
-    # the reply can reach us before the scheduler closes its end of the pipe; it has once the slot reads free
-    wait_for(server, "idle", lambda m: m["slots_in_use"] == 0 and m["queue_length"] == 0)
+    wait_idle(server)  # the scheduler has closed its end of the warm-up's pipe once its slot reads free
     before = fds()
     for i in range(20):
         assert server.client.post("/v1/completions", json=body(f"request {i}", 3)).status_code == 200
     test_a_client_that_disconnects_mid_stream_frees_its_slot(server)
-    wait_for(server, "idle", lambda m: m["slots_in_use"] == 0 and m["queue_length"] == 0)
+    wait_idle(server)
     end = time.monotonic() + 60  # the left connection's thread closes its socket after the slot is freed
     while fds() != before and time.monotonic() < end:
         time.sleep(0.01)
