@@ -834,6 +834,15 @@ T* grow(std::vector<T>& v, size_t n) {  // per-thread scratch that only ever gro
   return v.data();
 }
 
+// The same, 64-byte aligned: a row of k int16 is a whole number of cache lines (k % 32 == 0), so no
+// 32-byte load of an activation block straddles two lines. malloc's 16-byte alignment split half of
+// them, which cost a batched product ~7% of its time (8 rows, 3072 x 576, Zen 3, one thread).
+template <typename T>
+T* grow_aligned(std::vector<T>& v, size_t n) {
+  T* p = grow(v, n + 64 / sizeof(T));
+  return (T*)(((uintptr_t)p + 63) & ~(uintptr_t)63);
+}
+
 thread_local std::vector<float> t_xf;
 thread_local std::vector<int16_t> t_x16;
 thread_local std::vector<float> t_part, t_f1, t_f2, t_f3;
@@ -844,7 +853,7 @@ constexpr int MAX_M = MAX_B;  // activation rows per product
 void linear_impl(int fmt, const uint8_t* w, int64_t n, int64_t k, const float* x, int64_t m, float* y) {
   const int64_t nb = k / QK;
   float* f = grow(t_xf, (size_t)(2 * m * nb));
-  int16_t* q = grow(t_x16, (size_t)(m * k));
+  int16_t* q = grow_aligned(t_x16, (size_t)(m * k));
   XRow rows[MAX_M];
   for (int64_t i = 0; i < m; ++i) {
     rows[i] = XRow{f + 2 * i * nb, f + (2 * i + 1) * nb, q + i * k};
