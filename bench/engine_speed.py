@@ -576,10 +576,11 @@ def serving(args, longest: list[int]) -> dict:
 def paired_ratio(num: list, den: list) -> tuple[float, float, float] | None:
     """Median (and range) of the per-repetition ratios num[i] / den[i].
 
-    The arms of one repetition run back to back, so each ratio is taken within minutes and the
-    host's drift between repetitions (../shared/NOISE.md) cancels, which a ratio of two medians
-    taken across repetitions does not do. Repetitions missing either figure are dropped."""
-    rs = [a / b for a, b in zip(num, den) if a and b]
+    Both figures of a ratio come from one repetition, a minute or so apart, so the host's drift
+    from one repetition to the next (../shared/NOISE.md) drops out, which it does not from a ratio
+    of two medians taken across repetitions. Drift within a repetition stays, and shows in the
+    range. Repetitions missing either figure are dropped."""
+    rs = [a / b for a, b in zip(num, den, strict=True) if a and b]
     return (statistics.median(rs), min(rs), max(rs)) if rs else None
 
 
@@ -612,11 +613,9 @@ def serving_report(srv: dict) -> dict:
     print(f"\nload: N concurrent streams of {cfg['load_prompt']}-token prompts, {cfg['load_decode']} tokens each; "
           f"servers with {cfg['parallel']} slots of {cfg['slot_ctx']}; total decode tok/s while every stream decodes "
           f"(client side), median over reps")
-    tot = {}
     for n, by in srv["load"].items():
         for label, rs in by.items():
             vals = [r["total_decode_tok_s"] for r in rs if r["total_decode_tok_s"]]
-            tot.setdefault(label, {})[int(n)] = med(vals)
             print(f"  {n:>2} streams {label:<13} total decode {med(vals) or float('nan'):7.1f} tok/s   per stream "
                   f"{med([x for r in rs for x in r['per_stream_decode_tok_s']]):6.1f}   TTFT median "
                   f"{med([x for r in rs for x in r['ttft_s']]):6.2f} s")
@@ -644,7 +643,8 @@ def serving_report(srv: dict) -> dict:
         if r is None:
             print(f"  ------ {name}: no repetition measured both")
             continue
-        print(f"  {'MET   ' if met else 'MISSED'} {name}: {r[0]:.2f} ({r[1]:.2f}-{r[2]:.2f})")
+        spread = f" ({r[1]:.2f}-{r[2]:.2f})" if r[1] != r[2] else ""  # peak RSS: one measurement
+        print(f"  {'MET   ' if met else 'MISSED'} {name}: {r[0]:.2f}{spread}")
         out[name] = {"value": r[0], "low": r[1], "high": r[2], "met": bool(met)}
     return out
 
@@ -773,7 +773,9 @@ def main() -> None:
           f"{(time.time() - t_start) / 60:.1f} min")
 
     if args.json:
-        doc = {"schema": "pairbench.engine_speed/v3", "gguf": args.gguf.name, "contexts": args.contexts,
+        # v4: serving_targets hold the median of per-repetition ratios ("value") and their range
+        # ("low", "high"); v3's values were ratios of medians
+        doc = {"schema": "pairbench.engine_speed/v4", "gguf": args.gguf.name, "contexts": args.contexts,
                "decode_tokens": args.decode, "threads": args.threads, "reps": args.reps,
                "torch": torch.__version__, "python": platform.python_version(), "runs": runs, "median": med,
                "targets": targets, "skipped": skipped, "memory": mem, "faults": flt, "serving": srv,
