@@ -835,8 +835,10 @@ T* grow(std::vector<T>& v, size_t n) {  // per-thread scratch that only ever gro
 }
 
 // The same, 64-byte aligned: a row of k int16 is a whole number of cache lines (k % 32 == 0), so no
-// 32-byte load of an activation block straddles two lines. malloc's 16-byte alignment split half of
-// them, which cost a batched product ~7% of its time (8 rows, 3072 x 576, Zen 3, one thread).
+// load of an activation block (32 bytes on AVX2, a whole 64-byte block on AVX-512) straddles two
+// lines. With malloc's 16-byte alignment, a scratch that started 16 or 48 bytes into a line split
+// half of the 32-byte loads: ~7% of a batched product in a harness (8 rows, 3072 x 576, Zen 3, one
+// thread), ~1.4% of a decode step (docs/perf.md, run 10).
 template <typename T>
 T* grow_aligned(std::vector<T>& v, size_t n) {
   T* p = grow(v, n + 64 / sizeof(T));
