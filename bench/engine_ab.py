@@ -126,13 +126,14 @@ def serve_phase(args, tree: Path) -> None:
             srv.close()
     print(f"\nserve: --parallel {N} --decode-threads 1 servers, {args.prompt} + {args.decode} tokens a stream, "
           f"{args.reps} repetitions (medians; ratios per repetition, then their median and range)")
-    for name, rs in res.items():
-        ratios = [m / o for o, m in rs]
-        print(f"  {name:<8} 1 stream {statistics.median(o for o, _ in rs):6.1f}   {N} streams "
-              f"{statistics.median(m for _, m in rs):6.1f} tok/s   {N}/1: {statistics.median(ratios):.2f} "
-              f"({min(ratios):.2f}-{max(ratios):.2f})")
-    pr = [t[1] / p[1] for p, t in zip(res["previous"], res["this"])]
-    print(f"  {N} streams, this / previous: {statistics.median(pr):.3f} ({min(pr):.3f}-{max(pr):.3f})")
+    ones = {name: [o for o, _ in rs] for name, rs in res.items()}
+    manys = {name: [m for _, m in rs] for name, rs in res.items()}
+    for name in res:
+        r = es.paired_ratio(manys[name], ones[name])
+        print(f"  {name:<8} 1 stream {statistics.median(ones[name]):6.1f}   {N} streams "
+              f"{statistics.median(manys[name]):6.1f} tok/s   {N}/1: {r[0]:.2f} ({r[1]:.2f}-{r[2]:.2f})")
+    r = es.paired_ratio(manys["this"], manys["previous"])
+    print(f"  {N} streams, this / previous: {r[0]:.3f} ({r[1]:.3f}-{r[2]:.3f})")
 
 
 def main() -> None:
