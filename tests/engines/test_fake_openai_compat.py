@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from pairbench.core.conditions import Condition
+
 from pairbench import engines as E
 
 from .conftest import free_port
@@ -45,7 +47,7 @@ def test_profile_drives_fake_with_cold_cache(name, launch):
     srv = launch(fake_spec(profile))
     text, n_prompt = prompt_and_count(profile, srv, MESSAGES)
     for seed in range(2):  # the same prompt twice: with caching off the second is still cold
-        path, body = profile.generation_body(messages=MESSAGES, prompt=text, max_tokens=24, seed=seed)
+        path, body = profile.generation_body(messages=MESSAGES, prompt=text, factors={"output_tokens": 24}, seed=seed)
         pieces, final = srv.stream(path, body)
         prompt_tokens, completion_tokens = E.native_counts(profile, final, streamed_tokens=len(pieces))
         assert prompt_tokens == n_prompt
@@ -62,7 +64,7 @@ def test_gate_catches_prefix_reuse_when_cache_left_on(name, flag, launch):
     text, n_prompt = prompt_and_count(profile, srv, MESSAGES)
     verdicts = []
     for seed in range(2):
-        path, body = profile.generation_body(messages=MESSAGES, prompt=text, max_tokens=8, seed=seed)
+        path, body = profile.generation_body(messages=MESSAGES, prompt=text, factors={"output_tokens": 8}, seed=seed)
         _, final = srv.stream(path, body)
         verdicts.append(E.cold_cache_evidence(profile, final, n_prompt))
     assert verdicts[0]["cold"] is True
@@ -76,7 +78,7 @@ def test_without_forcing_fields_output_is_short(name, launch):
     profile = E.load_profile(name)
     srv = launch(fake_spec(profile))
     text, _ = prompt_and_count(profile, srv, MESSAGES)
-    path, body = profile.generation_body(messages=MESSAGES, prompt=text, max_tokens=24, seed=0)
+    path, body = profile.generation_body(messages=MESSAGES, prompt=text, factors={"output_tokens": 24}, seed=0)
     for k in profile.data["request"]["output_length"]["fields"]:
         body.pop(k)
     pieces, final = srv.stream(path, body)
@@ -100,7 +102,7 @@ def steady(eng, srv, messages, flush: bool):
     if flush:
         eng.flush(srv.http, srv.spec.url)
     start = srv.log_path.stat().st_size
-    path, body = eng.request(messages, 12, 0)
+    path, body = eng.request(messages, Condition.of(output_tokens=12), 0)
     pieces, final = srv.stream(path, body)
     log = srv.log_path.read_text()[start:]
     return eng.gates(final, length=n_prompt, output_tokens=12, streamed_tokens=len(pieces), tokenize_count=n_prompt,

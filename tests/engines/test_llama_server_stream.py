@@ -27,5 +27,5 @@ def test_token_ids_come_from_the_verbose_copy_of_each_chunk():
 
 
 def test_the_profile_asks_for_the_verbose_copy():
-    path, body = load_profile("llama-server").generation_body(prompt="p", max_tokens=4, seed=0)
+    path, body = load_profile("llama-server").generation_body(prompt="p", factors={"output_tokens": 4}, seed=0)
     assert path == "/v1/completions" and body["verbose"] is True and body["cache_prompt"] is False

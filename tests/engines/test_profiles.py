@@ -126,16 +126,16 @@ def test_render_keeps_types_and_names_missing_values():
 
 def test_request_bodies_per_engine():
     msgs = [{"role": "user", "content": "hi"}]
-    path, body = E.load_profile("vllm").generation_body(messages=msgs, max_tokens=32, seed=1)
+    path, body = E.load_profile("vllm").generation_body(messages=msgs, factors={"output_tokens": 32}, seed=1)
     assert path == "/v1/chat/completions" and body["messages"] == msgs
     assert body["ignore_eos"] is True and body["min_tokens"] == 32 and body["stream_options"] == {"include_usage": True}
-    path, body = E.load_profile("llama-cpp-python").generation_body(prompt="p", max_tokens=8, seed=0)
+    path, body = E.load_profile("llama-cpp-python").generation_body(prompt="p", factors={"output_tokens": 8}, seed=0)
     assert path == "/v1/completions" and body["prompt"] == "p" and body["min_tokens"] == 8
     assert "stream_options" not in body and "ignore_eos" not in body
-    path, body = E.load_profile("llama-server").generation_body(prompt="p", max_tokens=8, seed=0)
+    path, body = E.load_profile("llama-server").generation_body(prompt="p", factors={"output_tokens": 8}, seed=0)
     assert body["cache_prompt"] is False and body["ignore_eos"] is True
     with pytest.raises(E.EngineError, match="completions mode needs the rendered prompt"):
-        E.load_profile("sglang").generation_body(messages=msgs, max_tokens=8, seed=0)
+        E.load_profile("sglang").generation_body(messages=msgs, factors={"output_tokens": 8}, seed=0)
 
 
 def test_tokenize_requests_and_counts():

@@ -1,6 +1,8 @@
 """A load run's visit against the real batching fake: levels in the round's counterbalanced order,
-every request gated, one level record each; an open-loop level on its planned schedule; a level
-the client paced fails validity, is excluded from the statistics and disclosed."""
+every request gated, one level record each with its raw times; an open-loop level on its planned
+schedule; the level's metrics and validity computed from those times when the visit is read
+(pairbench.analysis.loadlevel.judged), so the same measurement judged under tighter bounds fails
+validity, is excluded from the statistics and disclosed, without measuring again."""
 
 from pathlib import Path
 
@@ -8,6 +10,7 @@ import pandas as pd
 import pytest
 
 from pairbench.analysis import stats as pb_stats, tables
+from pairbench.analysis.loadlevel import judged
 from pairbench.core import plan as pb_plan
 from pairbench.core.conditions import from_plan
 from pairbench.core.config import normalized
@@ -19,7 +22,6 @@ from pairbench.measure import visit as pb_visit
 from pairbench.measure.loadvisit import digest
 from pairbench.publish.load_section import load_section
 from pairbench.stages.analysis import load_params
-from pairbench.stages.measure import level_judge
 
 REPO = Path(__file__).resolve().parents[2]
 FAKE = ["{python}", "tests/fakes/openai_compat.py", "--flavor", "vllm", "serve", "{model}", "--host", "{host}",
@@ -52,8 +54,7 @@ def measure(tmp_path, cfg: dict, rounds=(1, 3)):
     for r in rounds:
         visit = {"index": r, "round": r, "arm": "a", "position": 0, "id": f"r{r:02d}-a"}
         body, outputs = pb_visit.run_visit(visit=visit, engine=engine, plan=plan, prompts=prompts, fixtures=fixtures,
-                                           server_cfg=server_cfg, server_log=tmp_path / f"{r}.log", inputs={},
-                                           judge=level_judge(plan))
+                                           server_cfg=server_cfg, server_log=tmp_path / f"{r}.log", inputs={})
         bodies.append((body, outputs))
     return plan, bodies
 
@@ -62,10 +63,13 @@ def test_closed_loop_levels_in_counterbalanced_order_every_request_gated(tmp_pat
     plan, bodies = measure(tmp_path, config({"concurrency": [1, 2, 4]}))
     ids = [c["id"] for c in plan["conditions"]]
     for (body, outputs), order in zip(bodies, (ids, ids[::-1])):
-        recs = body["records"]
+        assert all("metrics" not in r and "validity" not in r for r in body["records"])  # the statistics' to compute
+        recs = judged(body, plan)["records"]
         assert [r["condition"] for r in recs] == order and [r["position"] for r in recs] == [0, 1, 2]
         for r in recs:
             assert r["kind"] == "level" and r["ok"], r["flags"]
+            assert [q["index"] for q in r["client"]["requests"]] == list(range(11))
+            assert all(len(q["token_s"]) == 8 and q["error"] is None for q in r["client"]["requests"])
             assert r["gates"] == {"prompt_tokens": True, "completion_tokens": True, "cold_cache": True}
             assert r["gate_failures"]["prompt_tokens"] == 0 and r["gate_failures"]["cold_cache_unproven"] == 0
             assert r["idle"]["verified"] and r["idle"]["how"] == "GET /metrics"
@@ -80,7 +84,7 @@ def test_closed_loop_levels_in_counterbalanced_order_every_request_gated(tmp_pat
             assert r["requests_sha256"] == digest(private)
             assert outputs[r["condition"]]["text"]  # the first measured request's output, for validation
     # the output throughput rises with the streams on a batching server
-    tput = {r["concurrency"]: r["metrics"]["output_tok_s"] for r in bodies[0][0]["records"]}
+    tput = {r["concurrency"]: r["metrics"]["output_tok_s"] for r in judged(bodies[0][0], plan)["records"]}
     assert tput[1] < tput[2] < tput[4]
 
 
@@ -89,7 +93,7 @@ def test_an_open_loop_level_runs_on_its_planned_schedule(tmp_path):
     body, outputs = bodies[0]
     # round 3: the second ABBA block, reversed
     assert [r["condition"] for r in body["records"]] == ["in400-out8-r40", "in400-out8-r20"]
-    for r in body["records"]:
+    for r in judged(body, plan)["records"]:
         sched = arrivals(r["rate"], seed=derive_seed(3, 3, r["condition"]), n_requests=11)
         assert r["schedule"]["offsets_sha256"] == digest(list(sched.offsets_s))
         assert r["schedule"]["process"] == "poisson" and r["schedule"]["offered_rate_rps"] == pytest.approx(r["rate"])
@@ -99,20 +103,20 @@ def test_an_open_loop_level_runs_on_its_planned_schedule(tmp_path):
 
 
 def test_a_level_the_client_paced_fails_validity_is_excluded_and_disclosed(tmp_path):
-    cfg = config({"concurrency": [1, 2], "validity": {"client_cpu_share": 0.000001}})
-    plan, bodies = measure(tmp_path, cfg, rounds=(1,))
-    body, _ = bodies[0]
+    plan, bodies = measure(tmp_path, config({"concurrency": [1, 2]}), rounds=(1,))
+    raw, _ = bodies[0]
+    # the same measurement, judged under a client CPU bound no client meets: no visit is measured again
+    strict = {**plan, "load": {**plan["load"], "validity": {**plan["load"]["validity"], "client_cpu_share": 1e-6}}}
+    body = judged(raw, strict)
     for r in body["records"]:
         assert r["ok"] is False and r["validity"]["failed"] == ["client_cpu"]
         assert r["validity"]["messages"][0].startswith(f"level {r['condition']}: the client used ")
         assert any("the client may be the bottleneck" in f for f in r["flags"])
-    # a second arm with the same levels, valid, so there is something to pair
-    ok_cfg = config({"concurrency": [1, 2]})
-    _, ok_bodies = measure(tmp_path, ok_cfg, rounds=(1,))
-    other = ok_bodies[0][0]
-    other["visit"].update(arm="b", id="r01-b")
-    for r in other["records"]:
-        r["arm"] = "b"
+    # a second arm with the same levels, judged under the plan's own bounds: valid, something to pair
+    other = judged(raw, plan)
+    other = {**other, "visit": {**other["visit"], "arm": "b", "id": "r01-b"},
+             "records": [{**r, "arm": "b"} for r in other["records"]]}
+    assert all(r["ok"] for r in other["records"])
     passed = {"records": [{"condition": r["condition"], "selected": True, "verdicts": {}} for r in body["records"]]}
     df = tables.measurements_frame([body, other], {("r01-a", 0): passed, ("r01-b", 0): passed})
     assert list(df.loc[df["arm"] == "a", "reason"]) == ["validity client_cpu"] * 2

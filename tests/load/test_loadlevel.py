@@ -1,7 +1,8 @@
 """Level metrics and validity (pairbench.analysis.loadlevel) on hand-built levels with hand-computed values.
 
-The closed-loop level below: 2 streams, 4 requests of 3 tokens each (times in s since the level
-started; token times = send + TTFT, then the gaps):
+A level is what its measure record keeps under ``client``: per request when it was due, sent and
+ended (s since the level started) and each token's arrival (s since its send). The closed-loop level
+below: 2 streams, 4 requests of 3 tokens each (token times = send + TTFT, then the gaps):
 
     stream 0: r0 due 0.000 sent 0.000, TTFT 100, gaps 10 20 -> tokens .100 .110 .130, end .140
               r2 due 0.140 sent 0.142, TTFT  50, gaps 20 20 -> tokens .192 .212 .232, end .240
@@ -19,13 +20,16 @@ from pairbench.core.slo import SLO
 
 def rec(index, *, stream=None, due, sent, ttft=None, gaps=(), end, error=None, kind=None, warmup=False,
         completion=None):
-    ok = error is None
+    """One request's raw times (ms given here; stored in s): its tokens at TTFT, then the gaps."""
+    tokens = []
+    if ttft is not None:
+        tokens = [ttft]
+        for g in gaps:
+            tokens.append(tokens[-1] + g)
     return {"index": index, "warmup": warmup, "stream": stream, "scheduled_s": due, "sent_s": sent, "end_s": end,
-            "lag_ms": (sent - due) * 1e3, "ttft_ms": ttft if ok else None, "itl_ms": list(gaps),
-            "e2e_ms": (end - sent) * 1e3 if ok else None, "streamed_tokens": len(gaps) + (ttft is not None),
-            "prompt_tokens": 32, "completion_tokens": completion if completion is not None else len(gaps) + 1,
-            "cached_tokens": 0, "finish_reason": "length", "usage": None, "timings": None, "tokens_cached": None,
-            "error": error, "error_kind": kind, "ok": ok}
+            "token_s": [t / 1e3 for t in tokens],
+            "completion_tokens": completion if completion is not None else len(gaps) + 1,
+            "error": error, "error_kind": kind}
 
 
 def closed(**over):
@@ -35,10 +39,9 @@ def closed(**over):
         rec(2, stream=0, due=0.140, sent=0.142, ttft=50.0, gaps=(20.0, 20.0), end=0.240),
         rec(3, stream=1, due=0.200, sent=0.204, ttft=60.0, gaps=(10.0, 10.0), end=0.300),
     ]
-    run = {"mode": "concurrency", "concurrency": 2, "rate_rps": None, "offered_rate_rps": None, "timeout_s": 30.0,
-           "warmup": 0, "wall_s": 0.300, "client_cpu_s": 0.030, "records": records}
-    run.update(over)
-    return run
+    client = {"wall_s": 0.300, "cpu_s": 0.030, "offered_rate_rps": None, "requests": records}
+    client.update(over)
+    return client
 
 
 SLO_ = SLO(ttft_ms=100, itl_ms=25)
@@ -79,7 +82,7 @@ def test_percentile_is_numpy_linear():
 
 
 def test_warmup_requests_load_the_server_but_are_not_measured():
-    m = level_metrics(closed(warmup=1, records=[dict(r, warmup=r["index"] == 0) for r in closed()["records"]]),
+    m = level_metrics(closed(requests=[dict(r, warmup=r["index"] == 0) for r in closed()["requests"]]),
                       level="c2", slo=SLO_, percentiles=(50,))
     assert (m.n_measured, m.n_ok) == (3, 3)
     assert m.window_s == pytest.approx(0.299)                    # first measured send (r1, 0.001) -> 0.300
@@ -96,7 +99,7 @@ def test_a_valid_level_passes_every_check():
 
 def test_a_failed_request_fails_the_level_and_is_never_a_sample():
     run = closed()
-    run["records"][3] = rec(3, stream=1, due=0.200, sent=0.204, end=0.250, error="stream ended without [DONE] "
+    run["requests"][3] = rec(3, stream=1, due=0.200, sent=0.204, end=0.250, error="stream ended without [DONE] "
                             "after 2 tokens", kind="dropped")
     m = level_metrics(run, level="in32-out3-c2", slo=SLO_, percentiles=(50,))
     assert (m.n_ok, m.n_errors, m.errors) == (3, 1, {"dropped": 1})
@@ -121,7 +124,7 @@ def test_schedule_lag_over_the_bound():
 
 
 def test_client_cpu_near_a_core():
-    v = check(level_metrics(closed(client_cpu_s=0.27), level="c2", percentiles=(50,)))
+    v = check(level_metrics(closed(cpu_s=0.27), level="c2", percentiles=(50,)))
     assert v.failed == ("client_cpu",)
     assert v.messages[0] == ("level c2: the client used 0.90 of a CPU core (bound 0.8): the client may be the "
                              "bottleneck")
@@ -129,7 +132,7 @@ def test_client_cpu_near_a_core():
 
 def test_closed_loop_short_of_its_streams():
     run = closed()
-    run["records"][2] = rec(2, stream=0, due=0.140, sent=0.180, ttft=50.0, gaps=(20.0, 20.0), end=0.278)
+    run["requests"][2] = rec(2, stream=0, due=0.140, sent=0.180, ttft=50.0, gaps=(20.0, 20.0), end=0.278)
     m = level_metrics(run, level="c2", percentiles=(50,))
     # in flight over [0, 0.204]: 0.140 + 0.199 + 0.024 = 0.363
     assert m.achieved_concurrency == pytest.approx(0.363 / 0.204)
@@ -141,8 +144,7 @@ def test_closed_loop_short_of_its_streams():
 def open_run(sends):
     due = [0.0, 0.5, 1.0]
     records = [rec(i, due=d, sent=s, ttft=40.0, gaps=(10.0,), end=s + 0.1) for i, (d, s) in enumerate(zip(due, sends))]
-    return {"mode": "rate", "concurrency": None, "rate_rps": 2.0, "offered_rate_rps": 2.0, "timeout_s": 30.0,
-            "warmup": 0, "wall_s": sends[-1] + 0.1, "client_cpu_s": 0.01, "records": records}
+    return {"wall_s": sends[-1] + 0.1, "cpu_s": 0.01, "offered_rate_rps": 2.0, "requests": records}
 
 
 def test_open_loop_on_schedule():
@@ -169,8 +171,7 @@ def test_no_slo_no_attainment():
 
 
 def test_closed_loop_with_no_more_requests_than_streams():
-    run = closed(concurrency=4)
-    m = level_metrics(run, level="c4", percentiles=(50,))
+    m = level_metrics(closed(), level="c4", percentiles=(50,))  # the level's id says 4 streams
     assert m.achieved_concurrency is None
     v = check(m)
     assert v.failed == ("achieved_load",)

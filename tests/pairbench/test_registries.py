@@ -7,11 +7,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pairbench.analysis import tables
+from pairbench.analysis import loadlevel, tables
 from pairbench.core import artifacts, conditions
 from pairbench.core.config import STATS_DEFAULTS
 from pairbench.core.metrics import (DEFAULT_MEMORY, DEFAULT_METRICS, DEFAULT_SECONDARY, MEMORY_METRICS, METRICS,
-                                    SPEED_METRICS)
+                                    PERCENTILES, SPEED_METRICS)
+from pairbench.core.slo import SLO
 
 SCHEMAS = Path(__file__).resolve().parents[2] / "workflow" / "schemas"
 
@@ -36,12 +37,25 @@ def records(kind: str) -> dict:
     return json.loads((SCHEMAS / "measure.schema.json").read_text())["$defs"][kind]
 
 
+def level_metric_keys() -> set[str]:
+    """The keys of a level's metrics as the statistics compute them (pairbench.analysis.loadlevel),
+    at every percentile the registry knows: a load level's record holds them under ``metrics`` once
+    judged, never as measured."""
+    req = {"index": 0, "warmup": False, "stream": 0, "scheduled_s": 0.0, "sent_s": 0.0, "end_s": 0.2,
+           "token_s": [0.1, 0.15], "completion_tokens": 2, "error_kind": None, "error": None}
+    client = {"wall_s": 0.2, "cpu_s": 0.01, "offered_rate_rps": None, "requests": [req]}
+    return set(loadlevel.level_metrics(client, level="c1", slo=SLO(ttft_ms=100), percentiles=PERCENTILES).to_dict())
+
+
 def test_every_metric_has_a_column_and_a_record_field():
     cols = tables.columns(["input_tokens", "output_tokens"], scopes=("request", "level"))
     assert set(METRICS) <= set(cols)
+    level_keys = level_metric_keys()
     for name, m in METRICS.items():
-        kind = {"request": "steady", "level": "level"}[m.scope]
-        node = records(kind)
+        if m.scope == "level":
+            assert m.record == ("metrics", name) and name in level_keys, name
+            continue
+        node = records("steady")
         for key in m.record or (name,):
             assert key in node["properties"], f"{name}: {key} is not a field of a {kind} record"
             node = node["properties"][key]

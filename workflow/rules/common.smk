@@ -243,8 +243,9 @@ def baseline_outputs(cfg, visit_id):
 
 
 def validation_inputs(cfg):
-    """The inputs every validation takes, a visit's and a validation retry's alike."""
-    return dict(fixtures=fixtures(cfg), baseline_outputs=lambda wc: baseline_outputs(cfg, wc.visit))
+    """The inputs every validation takes, a visit's and a validation retry's alike (the plan: a load
+    level's validity is judged by its load parameters, pairbench.analysis.loadlevel)."""
+    return dict(plan=L.plan, fixtures=fixtures(cfg), baseline_outputs=lambda wc: baseline_outputs(cfg, wc.visit))
 
 
 def validation_params(cfg):
@@ -265,14 +266,14 @@ def visit_inputs(cfg):
 
 
 def visit_params(cfg):
-    """The params every visit's job takes (pairbench.stages.measure.measure_stage's keywords)."""
+    """The params every visit's job takes (pairbench.stages.measure.measure_stage's keywords; its
+    paths come from the run layout at res_dir)."""
     return dict(
+        res_dir=L.res,
         visit=lambda wc: visit_by_id(cfg, wc.visit),
-        arm_dir=lambda wc: L.tree(visit_by_id(cfg, wc.visit)["arm"]),
         arm_config=lambda wc: cfg["arms"][visit_by_id(cfg, wc.visit)["arm"]],
         server=cfg["server"],
         root=str(ROOT),
-        pid_file=L.pid_file,
     )
 
 

@@ -15,8 +15,8 @@ rule crosscheck:
         crosschecks=[L.crosscheck(a) for a in crosscheck_arms(CFG)],
         raw=[L.crosscheck_raw(a) for a in crosscheck_arms(CFG)],
     params:
+        res_dir=L.res,  # every path through the run layout (pairbench.stages.measure.crosscheck_stage)
         arms=crosscheck_arms(CFG),
-        arm_dirs=[L.tree(a) for a in crosscheck_arms(CFG)],
         arm_configs={a: CFG["arms"][a] for a in crosscheck_arms(CFG)},
         rounds=CFG["crosscheck"]["rounds"],
         root=str(ROOT),

@@ -13,8 +13,8 @@ rule fixtures:
         fixtures=fixtures(CFG),
         prompts=prompts(CFG),
     params:
+        res_dir=L.res,  # every path through the run layout (pairbench.stages.measure.fixtures_stage)
         arms=arms(CFG),
-        arm_dirs=[L.tree(a) for a in arms(CFG)],
         server=CFG["server"],
         arm_configs=CFG["arms"],
         root=str(ROOT),

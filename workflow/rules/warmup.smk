@@ -11,8 +11,8 @@ rule warmup:
     output:
         warmup=L.warmup("{arm}"),
     params:
+        res_dir=L.res,  # every path through the run layout (pairbench.stages.measure.warmup_stage)
         arm=lambda wc: wc.arm,
-        arm_dir=L.tree("{arm}"),
         arm_config=lambda wc: CFG["arms"][wc.arm],
         server=CFG["server"],
         root=str(ROOT),

@@ -1,9 +1,14 @@
-"""One load level's metrics and validity, from the records the load client wrote.
+"""One load level's metrics and validity, from the raw times its measure record keeps.
 
-Input: a level as :meth:`pairbench.engines.loadclient.LevelRun.to_dict` writes it (plain JSON: the
-level's mode and target, its wall and client CPU time, one record per request). Output: a frozen
+Input: a level record of a measure artifact (:mod:`pairbench.measure.loadvisit`): its condition, its
+gates, the idle wait before it, and under ``client`` what the load client saw (the level's wall and
+client CPU time, the schedule's offered rate, and per request when it was due, sent and ended, in s
+since the level started, and each token's arrival in s since its request was sent). Output: a frozen
 :class:`LevelMetrics` (flat JSON via ``to_dict``, units in the key names) and a :class:`Validity`
-naming every check the level failed. Nothing here sends a request.
+naming every check the level failed; :func:`judged` puts both into a visit's level records, as the
+stages that read a visit (validation, statistics, adaptive rounds, the report) see them. Nothing here
+sends a request, and nothing of it is stored by the measurement: a change to a definition below
+reruns ``stats``, never a visit.
 
 Definitions (``measured`` = the level's requests after its ``warmup`` first ones; ``ok`` = completed
 with ``[DONE]``):
@@ -13,9 +18,10 @@ with ``[DONE]``):
 - ``output_tok_s``: output tokens of the whole system per second: every completed request's tokens
   whose arrival falls inside the window, over the window (with no warm-up: all output tokens over
   the duration, vLLM's ``output_throughput``). ``requests_s``: measured ok requests / window.
-- Latency percentiles over the measured ok requests: ``ttft``, ``e2e``, ``tpot`` (per request, see
-  :func:`pairbench.core.slo.tpot_ms`), and ``itl`` over every inter-token gap of those requests pooled
-  (as vLLM pools them). **Percentile method**: numpy's ``"linear"`` (Hyndman & Fan type 7, numpy's
+- Per request: ``ttft`` = its first token's arrival, ``itl`` = the gaps between consecutive tokens'
+  arrivals, ``e2e`` = end − send, ``tpot`` (:func:`pairbench.core.slo.tpot_ms`), the schedule lag =
+  send − due. Latency percentiles over the measured ok requests: ``ttft``, ``e2e``, ``tpot``, and
+  ``itl`` over every inter-token gap of those requests pooled (as vLLM pools them). **Percentile method**: numpy's ``"linear"`` (Hyndman & Fan type 7, numpy's
   and vLLM's default): the q-th percentile of n sorted values x₀…xₙ₋₁ is x at rank h = (n − 1)·q/100,
   linearly interpolated between x⌊h⌋ and x⌈h⌉.
 - ``slo_attainment``: the share of measured requests that are *good* (:class:`pairbench.core.slo.SLO`,
@@ -35,7 +41,8 @@ measured requests completed for the percentiles asked (:func:`pairbench.core.slo
 the p99 schedule lag passes its bound, when the client's CPU share nears a whole core, or when the
 achieved load falls short of the target. A failed level is never drawn as the engine's curve nor
 paired; only the SLO capacity reads a level where the engine itself failed requests, as the SLO
-failing there (:func:`pairbench.analysis.tables.engine_failed`).
+failing there (:func:`pairbench.analysis.tables.engine_failed`). A level that may have started on a
+busy server (:func:`started_busy`) is flagged and not ok either.
 """
 
 from __future__ import annotations
@@ -46,13 +53,14 @@ from typing import Mapping
 
 import numpy as np
 
+from pairbench.core import loadconfig
+from pairbench.core.conditions import parse_id
 from pairbench.core.metrics import METRICS, Metric
 from pairbench.core.slo import SLO, min_requests, tpot_ms
 
 PERCENTILE_METHOD = "linear"  # numpy's default, Hyndman & Fan (1996) type 7; vLLM's np.percentile
 DEFAULT_PERCENTILES = (50, 99)
 LATENCIES = ("ttft", "itl", "tpot", "e2e")
-_EPS_S = 1e-9  # token times rebuilt from ms gaps may pass their request's end by float rounding
 
 # The load metrics are the registry's level-scope metrics (pairbench.core.metrics.METRICS, scope
 # "level"): each is a key of LevelMetrics.to_dict(), which a level record holds under "metrics".
@@ -86,9 +94,8 @@ class LevelMetrics:
     """A level's figures; ``to_dict`` is flat JSON with units in the names."""
 
     level: str
-    mode: str
-    concurrency: int | None
-    rate_rps: float | None
+    factor: str                        # the level's load factor: concurrency (closed loop) or rate (open loop)
+    target: float                      # its value: streams, or requests/s
     percentiles: tuple[float, ...]
     n_requests: int
     n_measured: int
@@ -137,10 +144,25 @@ class Validity:
         return {"level": self.level, "ok": self.ok, "failed": list(self.failed), "messages": list(self.messages)}
 
 
-def _token_times(r: Mapping) -> np.ndarray:
-    """A completed request's token arrival times (s since the level started)."""
-    first = r["sent_s"] + r["ttft_ms"] / 1e3
-    return first + np.concatenate([[0.0], np.cumsum(np.asarray(r["itl_ms"], dtype=float))]) / 1e3
+def ttft_ms(r: Mapping) -> float | None:
+    """A request's time to first token: its first token's arrival since its send (None: no token)."""
+    return r["token_s"][0] * 1e3 if r["token_s"] else None
+
+
+def itl_ms(r: Mapping) -> list[float]:
+    """A request's inter-token gaps: between consecutive tokens' arrivals."""
+    t = r["token_s"]
+    return [(b - a) * 1e3 for a, b in zip(t, t[1:])]
+
+
+def e2e_ms(r: Mapping) -> float:
+    """A request's end-to-end time: its end since its send."""
+    return (r["end_s"] - r["sent_s"]) * 1e3
+
+
+def lag_ms(r: Mapping) -> float:
+    """A request's schedule lag: its send since it was due (closed loop: since its stream was free)."""
+    return (r["sent_s"] - r["scheduled_s"]) * 1e3
 
 
 def _time_average_in_flight(records, t_from: float, t_to: float) -> float | None:
@@ -151,63 +173,70 @@ def _time_average_in_flight(records, t_from: float, t_to: float) -> float | None
     return busy / (t_to - t_from)
 
 
-def level_metrics(run: Mapping, *, level: str, slo: SLO | None = None,
+def level_metrics(client: Mapping, *, level: str, slo: SLO | None = None,
                   percentiles=DEFAULT_PERCENTILES) -> LevelMetrics:
-    """The metrics of one level (*run*: a ``LevelRun.to_dict()``), named *level* (its condition id)."""
-    records = list(run["records"])
+    """The metrics of one level (*client*: a level record's ``client``), named *level* (its condition id,
+    whose load factor says closed or open loop)."""
+    records = list(client["requests"])
     if not records:
         raise ValueError(f"level {level}: no request records")
+    factor, target = parse_id(level).load or (None, None)
+    if factor is None:
+        raise ValueError(f"level {level}: its condition has no load factor (concurrency or rate)")
     measured = [r for r in records if not r["warmup"]]
     ok = [r for r in measured if r["error"] is None]
     errors = [r for r in records if r["error"] is not None]
-    lat: dict[str, float | None] = {}
-    series = {
-        "ttft": [r["ttft_ms"] for r in ok],
-        "itl": [g for r in ok for g in r["itl_ms"]],
-        "tpot": [tpot_ms(ttft_ms=r["ttft_ms"], e2e_ms=r["e2e_ms"], output_tokens=_out_tokens(r)) for r in ok],
-        "e2e": [r["e2e_ms"] for r in ok],
-    }
-    for name in LATENCIES:
-        for q in percentiles:
-            lat[f"{name}_{pkey(q)}_ms"] = percentile([v for v in series[name] if v is not None], q)
+    series = _series(ok)
+    lat = {f"{name}_{pkey(q)}_ms": percentile([v for v in series[name] if v is not None], q)
+           for name in LATENCIES for q in percentiles}
     t0 = min(r["sent_s"] for r in measured)
     t1 = max(r["end_s"] for r in measured)
     window = t1 - t0 if t1 > t0 else None
     out_tok = req_s = good_rps = attain = None
     if window:
-        n_tok = 0
-        for r in records:
-            if r["error"] is None and r["ttft_ms"] is not None:
-                t = _token_times(r)
-                n_tok += int(np.count_nonzero((t >= t0 - _EPS_S) & (t <= t1 + _EPS_S)))
+        n_tok = sum(int(np.count_nonzero((t >= t0) & (t <= t1)))
+                    for t in (r["sent_s"] + np.asarray(r["token_s"], dtype=float) for r in records if r["error"] is None))
         out_tok, req_s = n_tok / window, len(ok) / window
     if slo is not None:
-        good = sum(slo.good(ttft_ms=r["ttft_ms"], tpot_ms=t, e2e_ms=r["e2e_ms"]) for r, t in zip(ok, series["tpot"]))
+        good = sum(slo.good(ttft_ms=a, tpot_ms=t, e2e_ms=e) for a, t, e in zip(series["ttft"], series["tpot"],
+                                                                               series["e2e"]))
         attain = good / len(measured)
         good_rps = good / window if window else None
-    sends = sorted(r["sent_s"] for r in records)
-    achieved_c = achieved_r = None
-    if run["mode"] == "concurrency":
-        if len(records) > (run.get("concurrency") or 0):  # else every request went out at once
-            achieved_c = _time_average_in_flight(records, sends[0], sends[-1])
-    elif sends[-1] > sends[0]:
-        achieved_r = (len(sends) - 1) / (sends[-1] - sends[0])
-    lags = [r["lag_ms"] for r in records]
-    wall, cpu = float(run["wall_s"]), float(run["client_cpu_s"])
+    achieved_c, achieved_r = _achieved(records, factor, target)
+    lags = [lag_ms(r) for r in records]
+    wall, cpu = float(client["wall_s"]), float(client["cpu_s"])
     return LevelMetrics(
-        level=level, mode=run["mode"], concurrency=run.get("concurrency"), rate_rps=run.get("rate_rps"),
-        percentiles=tuple(percentiles), n_requests=len(records), n_measured=len(measured), n_ok=len(ok),
-        n_itl=len(series["itl"]), n_errors=len(errors), errors=dict(Counter(r["error_kind"] for r in errors)),
-        first_error=errors[0]["error"] if errors else None, wall_s=wall, window_s=window, output_tok_s=out_tok,
-        requests_s=req_s, latency_ms=lat, slo=slo.to_dict() if slo else None, slo_attainment=attain,
-        goodput_rps=good_rps, achieved_concurrency=achieved_c, offered_rate_rps=run.get("offered_rate_rps"),
-        achieved_rate_rps=achieved_r, lag_p99_ms=percentile(lags, 99), lag_max_ms=max(lags), client_cpu_s=cpu,
+        level=level, factor=factor, target=target, percentiles=tuple(percentiles), n_requests=len(records),
+        n_measured=len(measured), n_ok=len(ok), n_itl=len(series["itl"]), n_errors=len(errors),
+        errors=dict(Counter(r["error_kind"] for r in errors)), first_error=errors[0]["error"] if errors else None,
+        wall_s=wall, window_s=window, output_tok_s=out_tok, requests_s=req_s, latency_ms=lat,
+        slo=slo.to_dict() if slo else None, slo_attainment=attain, goodput_rps=good_rps,
+        achieved_concurrency=achieved_c, offered_rate_rps=client.get("offered_rate_rps"), achieved_rate_rps=achieved_r,
+        lag_p99_ms=percentile(lags, 99), lag_max_ms=max(lags), client_cpu_s=cpu,
         client_cpu_share=cpu / wall if wall > 0 else None, client_cpu_ms_per_request=cpu * 1e3 / len(records))
+
+
+def _series(ok: list[Mapping]) -> dict[str, list]:
+    """Per latency, the values of the measured requests that completed (``itl``: every gap, pooled)."""
+    ttft = [ttft_ms(r) for r in ok]
+    e2e = [e2e_ms(r) for r in ok]
+    return {"ttft": ttft, "itl": [g for r in ok for g in itl_ms(r)], "e2e": e2e,
+            "tpot": [tpot_ms(ttft_ms=a, e2e_ms=e, output_tokens=_out_tokens(r)) for r, a, e in zip(ok, ttft, e2e)]}
+
+
+def _achieved(records: list[Mapping], factor: str, target) -> tuple[float | None, float | None]:
+    """``(achieved concurrency, achieved rate)``: the one the level's factor asks, the other None."""
+    sends = sorted(r["sent_s"] for r in records)
+    if factor == "concurrency":
+        if len(records) > (target or 0):  # else every request went out at once
+            return _time_average_in_flight(records, sends[0], sends[-1]), None
+        return None, None
+    return None, ((len(sends) - 1) / (sends[-1] - sends[0]) if sends[-1] > sends[0] else None)
 
 
 def _out_tokens(r: Mapping) -> int:
     """Output tokens of a request: the engine's completion count, else the tokens streamed (vLLM)."""
-    return r["completion_tokens"] if r.get("completion_tokens") is not None else r["streamed_tokens"]
+    return r["completion_tokens"] if r.get("completion_tokens") is not None else len(r["token_s"])
 
 
 # The checks of :func:`check` that say the client, not the engine, set the pace
@@ -233,19 +262,19 @@ def check(m: LevelMetrics, bounds: Bounds = Bounds()) -> Validity:
     elif 0 < m.n_itl < need:  # no gaps at all only when every request has one output token
         fail("too_few_requests", f"{m.n_itl} inter-token gaps, too few for {worst} ITL (needs {need})")
     if m.lag_p99_ms is not None and m.lag_p99_ms > bounds.lag_p99_ms:
-        what = "schedule lag" if m.mode == "rate" else "client turnaround (send after a stream became free)"
+        what = "schedule lag" if m.factor == "rate" else "client turnaround (send after a stream became free)"
         fail("schedule_lag", f"p99 {what} {m.lag_p99_ms:.1f} ms exceeds {bounds.lag_p99_ms:g} ms: the client, "
                              f"not the engine, set the pace")
     if m.client_cpu_share is not None and m.client_cpu_share >= bounds.client_cpu_share:
         fail("client_cpu", f"the client used {m.client_cpu_share:.2f} of a CPU core (bound {bounds.client_cpu_share:g}):"
                            f" the client may be the bottleneck")
     tol = bounds.load_tolerance
-    if m.mode == "concurrency":
+    if m.factor == "concurrency":
         if m.achieved_concurrency is None:
-            fail("achieved_load", f"{m.n_requests} requests for {m.concurrency} streams all went out at once: "
+            fail("achieved_load", f"{m.n_requests} requests for {m.target} streams all went out at once: "
                                   f"too few to hold the streams busy")
-        elif m.achieved_concurrency < (1 - tol) * m.concurrency:
-            fail("achieved_load", f"achieved concurrency {m.achieved_concurrency:.2f} of {m.concurrency} streams "
+        elif m.achieved_concurrency < (1 - tol) * m.target:
+            fail("achieved_load", f"achieved concurrency {m.achieved_concurrency:.2f} of {m.target} streams "
                                   f"(below {1 - tol:.0%} of the target)")
     elif m.offered_rate_rps and m.achieved_rate_rps is not None:
         if abs(m.achieved_rate_rps / m.offered_rate_rps - 1) > tol:
@@ -255,3 +284,51 @@ def check(m: LevelMetrics, bounds: Bounds = Bounds()) -> Validity:
         fail("achieved_load", "the schedule offers no rate (its sends are all at one instant)")
     return Validity(level=m.level, failed=tuple(failed), messages=tuple(msgs))
 
+
+
+@dataclass(frozen=True)
+class LevelParams:
+    """How a load run's levels are judged: the plan's SLO, latency percentiles and validity bounds."""
+
+    slo: SLO | None
+    percentiles: tuple[float, ...] = DEFAULT_PERCENTILES
+    bounds: Bounds = Bounds()
+
+    @classmethod
+    def of_plan(cls, plan: Mapping) -> "LevelParams | None":
+        """The parameters of *plan*'s load run (None for a single-stream run)."""
+        load = plan.get("load")
+        if not load:
+            return None
+        return cls(slo=loadconfig.slo(load), percentiles=tuple(load["percentiles"]), bounds=Bounds(**load["validity"]))
+
+
+def started_busy(idle: Mapping) -> bool:
+    """Whether a level may have started on a busy server (*idle*: its record's ``idle``): still busy
+    when the idle wait gave up, or its probe unreadable. An engine without a probe cannot tell: its
+    levels count, and the report says how many were verified idle."""
+    return not (idle.get("verified") or str(idle.get("how", "")).startswith("no idle probe"))
+
+
+def judge(rec: Mapping, params: LevelParams) -> dict:
+    """A level record (as its visit measured it) with its ``metrics`` and ``validity``: its flags gain
+    one message per failed check (and one if it may have started on a busy server), and it is ``ok``
+    only when every gate and check passed and it started on a server shown idle."""
+    m = level_metrics(rec["client"], level=rec["condition"], slo=params.slo, percentiles=params.percentiles)
+    v = check(m, params.bounds)
+    busy = None
+    if started_busy(rec["idle"]):
+        busy = (f"validity idle: level {rec['condition']} started on a server that was not shown idle "
+                f"({rec['idle'].get('how')}; last report {rec['idle'].get('busy')})")[:300]
+    return {**rec, "metrics": m.to_dict(), "validity": {k: v.to_dict()[k] for k in ("ok", "failed", "messages")},
+            "flags": [*rec["flags"], *v.messages, *([busy] if busy else [])],
+            "ok": bool(rec["ok"] and v.ok and not busy)}
+
+
+def judged(measure: Mapping, plan: Mapping) -> dict:
+    """A visit's measure body as the stages after it read it: every level record judged
+    (:func:`judge`) by *plan*'s load parameters; a single-stream visit's body as it is."""
+    params = LevelParams.of_plan(plan)
+    if params is None or not any(r.get("kind") == "level" for r in measure["records"]):
+        return dict(measure)
+    return {**measure, "records": [judge(r, params) if r.get("kind") == "level" else r for r in measure["records"]]}

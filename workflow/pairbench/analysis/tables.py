@@ -17,11 +17,10 @@ from __future__ import annotations
 
 import pandas as pd
 
-from pairbench.analysis.loadlevel import CLIENT_CHECKS
+from pairbench.analysis.loadlevel import CLIENT_CHECKS, started_busy
 from pairbench.core.conditions import FACTORS, factor_columns, parse_id
 from pairbench.core.metrics import METRICS
 from pairbench.core.naming import measure_key
-from pairbench.measure.loadvisit import started_busy
 
 # The row key, the record facts, then one column per metric of the registry (in its order) and the
 # native counters. The factor columns (one per condition factor the run has) follow ``condition``.

@@ -17,12 +17,17 @@
 - ``hfmodel``: a local Hugging Face model directory's chat template and tokenizer.
 - ``server``: the server process (its own process group, health probe, SIGTERM then SIGKILL).
 - ``pidfile``: crash hygiene for servers (a pid file per running server; a stale one is killed).
-- ``client``: HTTP, streaming and client-side token timings.
+- ``exchange``: the values of one exchange with a server (:class:`Link`, :class:`Prepared`,
+  :class:`Exchange`: what streamed, the gates and their facts).
+- ``client``: HTTP, streaming (a stream's shape read line by line) and client-side token timings.
+- ``loadclient``: a load level's concurrent streams on one event loop, timed per request.
+- ``serving``: a load run's server: its slots, its idle probe.
 """
 
 from pairbench.engines.adapter import (ArmEngine, adapter_class, arm_adapter, arm_python, for_arm, model_arg,
                                        register_adapter)
 from pairbench.engines.chat import render_chat_prompt
+from pairbench.engines.exchange import Exchange, Link, Prepared
 from pairbench.engines.evidence import cold_cache_evidence, count_log_prefix_hits, get_path, native_counts
 from pairbench.engines.policy import (check_engines, check_opt_in, check_source_runs, describe_plan, external_arms,
                                       plan_opt_in)
@@ -36,8 +41,8 @@ from pairbench.engines.profiles import (PLACEHOLDERS, PROFILE_DIR, BuildRecipe, 
 
 __all__ = [
     "ArmEngine", "BuildRecipe", "BuildSpec", "ColdCacheSpec", "CrosscheckSpec", "EngineError", "EngineProfile",
-    "ExternalEngineNotAllowed", "FlushSpec", "InstallRecipe", "InstallSpec", "LaunchSpec", "PLACEHOLDERS",
-    "PROFILE_DIR", "TokenizeSpec", "adapter_class", "arm_adapter", "arm_engine", "arm_python", "available_profiles",
+    "Exchange", "ExternalEngineNotAllowed", "FlushSpec", "InstallRecipe", "InstallSpec", "LaunchSpec", "Link", "PLACEHOLDERS",
+    "PROFILE_DIR", "Prepared", "TokenizeSpec", "adapter_class", "arm_adapter", "arm_engine", "arm_python", "available_profiles",
     "check_engines", "check_opt_in", "check_source_runs",
     "cold_cache_evidence", "count_log_prefix_hits", "describe_plan", "external_arms", "for_arm", "get_path",
     "is_external", "launch_spec", "load_profile", "model_arg", "native_counts", "plan_opt_in", "register_adapter",

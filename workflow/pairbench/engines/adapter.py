@@ -2,17 +2,24 @@
 
 A new engine is a profile in ``config/engines/`` and, at most, a small subclass of
 :class:`ArmEngine` registered under the profile's name (lm-evaluation-harness's
-``@register_model``)::
+``@register_model``). A server that streams another shape than server-sent OpenAI chunks
+overrides one method, :meth:`ArmEngine.read_line`::
 
     @register_adapter("my-server")
     class MyServer(ArmEngine):
-        def flush(self, http, url): ...
+        def read_line(self, result, line, now) -> bool: ...  # one line into result; True at the end
 
 in a module of its own under ``pairbench/engines/``, imported by the package's ``__init__`` so that
 it is registered before any stage asks. :func:`arm_adapter` and :func:`for_arm` build the class
 registered for the arm's profile, and :class:`ArmEngine` itself for every other profile: the
 embedded engine is an ordinary profile too, so a gate, the launch or the cold-cache evidence is
 fixed once.
+
+Every measured request is one :meth:`ArmEngine.exchange`: the body built from the condition (each
+factor a value of the profile's request templates), the prompt counted, the flush, the stream, its
+shape read and the reply gated, returned as one :class:`~pairbench.engines.exchange.Exchange`. A
+load level sends many at once, so it calls the two halves around its concurrent streams:
+:meth:`ArmEngine.prepare` and :meth:`ArmEngine.judge`.
 """
 
 from __future__ import annotations
@@ -23,8 +30,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
+from pairbench.core.conditions import Condition
 from pairbench.engines.chat import render_chat_prompt
+from pairbench.engines.client import StreamResult, read_sse_line, stream_chat
 from pairbench.engines.evidence import cold_cache_evidence, native_counts
+from pairbench.engines.exchange import Exchange, Link, Prepared
 from pairbench.engines.hfmodel import encode
 from pairbench.engines.policy import plan_opt_in
 from pairbench.engines.profiles import REPO, EngineError, EngineProfile, LaunchSpec, arm_engine, launch_spec, load_profile
@@ -140,9 +150,52 @@ class ArmEngine:
             raise EngineError(f"engine {self.name}: flush request {fl.path}: HTTP {resp.status_code}: "
                               f"{resp.text[:200]}")
 
-    def request(self, messages: list[dict], max_tokens: int, seed: int) -> tuple[str, dict]:
+    def request(self, messages: list[dict], condition: Condition, seed: int) -> tuple[str, dict]:
+        """``(path, body)`` of one request under *condition*: every factor of the condition is a value
+        of the profile's request templates (``{output_tokens}``, and any factor a profile names)."""
         return self.profile.generation_body(messages=messages, prompt=self.prompt_text(messages),
-                                            max_tokens=max_tokens, seed=seed)
+                                            factors=dict(condition.values), seed=seed)
+
+    # One exchange: prepare, flush, stream, read, gate. ------------------------------------
+    def prepare(self, messages: list[dict], condition: Condition, seed: int, link: Link) -> Prepared:
+        """The request and, for an engine whose replies carry no prompt count, the server's count."""
+        path, body = self.request(messages, condition, seed)
+        return Prepared(path, body, self.prompt_count(link.http, link.url, messages))
+
+    def read_line(self, result: StreamResult, line: str, now: float) -> bool:
+        """Read one line of a streamed reply into *result* (its tokens stamped *now*); True at the
+        stream's end (:data:`pairbench.engines.client.LineReader`). Server-sent events of
+        OpenAI-compatible chunks; a server that streams another shape overrides this one method."""
+        return read_sse_line(result, line, now)
+
+    def stream(self, link: Link, path: str, body: dict, on_token=None) -> StreamResult:
+        """Send one prepared request and time every token's arrival (a ``ClientError`` on a fault)."""
+        return stream_chat(link.url, body, link.timeout_s, path=path, on_token=on_token, read_line=self.read_line)
+
+    def judge(self, result: StreamResult, condition: Condition, tokenize_count: int | None = None,
+              log_text: str | None = None) -> Exchange:
+        """The gates of one completed request under *condition* (:meth:`gates`), as an exchange."""
+        gates, flags, facts = self.gates(result.reply(), length=condition.input_tokens,
+                                         output_tokens=condition.output_tokens,
+                                         streamed_tokens=len(result.token_times), tokenize_count=tokenize_count,
+                                         log_text=log_text)
+        return Exchange(result=result, gates=gates, flags=flags, facts=facts)
+
+    def exchange(self, messages: list[dict], condition: Condition, seed: int, *, link: Link,
+                 on_token=None) -> Exchange:
+        """One measured request end to end: built from *condition*, counted, flushed (unmeasured,
+        for engines that need it), streamed, read and gated. An engine fault (the request fails,
+        the stream breaks, stalls or cannot be read) raises ``ClientError`` or ``EngineError``."""
+        prepared = self.prepare(messages, condition, seed, link)
+        self.flush(link.http, link.url)
+        start = link.log.stat().st_size if self.needs_log and link.log is not None else None
+        result = self.stream(link, prepared.path, prepared.body, on_token=on_token)
+        log_text = None
+        if start is not None:  # what the server logged during this one request
+            with open(link.log, "rb") as fh:
+                fh.seek(start)
+                log_text = fh.read().decode(errors="replace")
+        return self.judge(result, condition, prepared.tokenize_count, log_text)
 
     def tokenize(self, http, url: str, messages: list[dict]) -> list[int]:
         """The token ids of *messages* as this engine will be sent them: by the server's own

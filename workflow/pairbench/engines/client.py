@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 import httpx
 
@@ -32,11 +33,23 @@ class StreamResult:
     tokens_cached: int | None = None
     memory: dict | None = None
     e2e_s: float = 0.0
-    done: bool = False  # saw ``data: [DONE]``
+    done: bool = False  # saw the end of the stream (SSE: ``data: [DONE]``)
+    events: int = 0  # events read so far (an error names the one it could not read)
 
     @property
     def ttft_s(self) -> float | None:
         return self.token_times[0] if self.token_times else None
+
+    def reply(self) -> dict:
+        """The final reply's top-level fields, where an engine's profile looks for its gate evidence."""
+        return {"usage": self.usage, "timings": self.timings, "tokens_cached": self.tokens_cached}
+
+
+LineReader = Callable[[StreamResult, str, float], bool]
+"""How one line of a streamed reply is read: ``read(result, line, now) -> True`` at the end of the
+stream, the line's tokens stamped with *now* (s since the request was sent); a line that cannot be
+read raises :class:`ClientError`. :func:`read_sse_line` is the OpenAI-compatible servers' shape; an
+engine that streams another overrides :meth:`pairbench.engines.adapter.ArmEngine.read_line`."""
 
 
 _CLIENT: httpx.Client | None = None
@@ -141,15 +154,30 @@ def absorb_chunk(result: StreamResult, chunk: dict, now: float) -> None:
             result.finish_reason = choice["finish_reason"]
 
 
+def read_sse_line(result: StreamResult, line: str, now: float) -> bool:
+    """One line of a server-sent event stream of OpenAI-compatible chunks (:data:`LineReader`):
+    a ``data:`` line's chunk goes into *result*; ``data: [DONE]`` ends the stream; other lines
+    (comments, blank separators) are skipped."""
+    if not line.startswith("data:"):
+        return False
+    result.events += 1
+    chunk = sse_event(line, result.events)
+    if chunk is ...:
+        return True
+    absorb_chunk(result, chunk, now)
+    return False
+
+
 def stream_chat(url: str, body: dict, timeout: float, on_token=None,
-                path: str = "/v1/chat/completions") -> StreamResult:
-    """POST a streamed chat completion and time every token's arrival.
+                path: str = "/v1/chat/completions", read_line: LineReader = read_sse_line) -> StreamResult:
+    """POST a streamed completion and time every token's arrival.
 
     *on_token*, if given, is called with the number of tokens received so far each time it grows
-    (progress reporting; it must be cheap, it runs inside the timed loop).
+    (progress reporting; it must be cheap, it runs inside the timed loop). *read_line* reads the
+    stream's shape (default: server-sent events of OpenAI-compatible chunks).
 
-    Raises :class:`ClientError` on a non-200 status, a chunk that is not JSON, a stream that ends
-    without ``[DONE]``, or when the whole request takes longer than *timeout* seconds.
+    Raises :class:`ClientError` on a non-200 status, a line *read_line* cannot read, a stream that
+    ends without its end (SSE: ``[DONE]``), or when the whole request takes longer than *timeout* seconds.
     """
     result = StreamResult()
     t0 = time.perf_counter()
@@ -160,20 +188,14 @@ def stream_chat(url: str, body: dict, timeout: float, on_token=None,
             if resp.status_code != 200:
                 resp.read()
                 raise ClientError(f"POST {path}: HTTP {resp.status_code}: {resp.text[:200]}")
-            n_events = 0
             for line in resp.iter_lines():
                 now = time.perf_counter() - t0
                 if time.perf_counter() > deadline:
                     raise ClientError(f"request exceeded {timeout:g} s (after {len(result.token_times)} tokens)")
-                if not line.startswith("data:"):
-                    continue
-                n_events += 1
-                chunk = sse_event(line, n_events)
-                if chunk is ...:
+                before = len(result.token_times)
+                if read_line(result, line, now):
                     result.done = True
                     break
-                before = len(result.token_times)
-                absorb_chunk(result, chunk, now)
                 if on_token is not None and len(result.token_times) > before:
                     on_token(len(result.token_times))
     except httpx.TimeoutException:

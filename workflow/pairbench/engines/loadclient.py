@@ -13,22 +13,23 @@ threads and no polling, so on a 2-CPU machine it leaves the server its CPU. The 
 client are built once (:class:`LoadClient` is a context manager holding an ``asyncio.Runner``) and
 reused by every level, so building them (~0.1 s of CPU for the TLS context) lands in no level.
 
-Per request it records (all times from ``time.perf_counter``, seconds since the level started, or
-ms): when it was due and when it was sent (their difference is the *schedule lag*: in open loop
-actual − scheduled send; in closed loop the send minus the moment its stream became free, which is
-the client's own turnaround), TTFT, every inter-token gap, e2e, the tokens streamed, the engine's
-usage counts (prompt, completion, cached when reported), its llama.cpp ``timings`` when present, and
-the error, if any. The SSE events are read by the sync client's own chunk parser
-(:func:`pairbench.engines.client.absorb_chunk`, into a :class:`~pairbench.engines.client.StreamResult`),
-so a token is counted the same way in a steady and a load request.
+Per request it records raw times only (``time.perf_counter``, in s): when it was due, when it was
+sent and when it ended, since the level started, and each token's arrival since the request was sent
+(exactly as the steady client stamps them); the engine's usage counts, its llama.cpp ``timings``
+when present, the text and token ids, and the error, if any. Nothing is derived here: TTFT, the
+inter-token gaps, e2e and the schedule lag are the statistics' to compute
+(:mod:`pairbench.analysis.loadlevel`), so a change to their definitions reruns ``stats``, not the
+measurement. Each line of a reply is read by the arm's adapter
+(:meth:`pairbench.engines.adapter.ArmEngine.read_line`, handed in as *read_line*: server-sent
+OpenAI-compatible chunks by default), so a token is counted the same way in a steady and a load
+request, and an engine that streams another shape is read the same way in both.
 
 A request that fails is an *error*, never a sample: ``kind`` is ``timeout`` (the whole request
 passed ``timeout_s``: a stalled stream lands here), ``http`` (a non-200 status), ``dropped`` (the
 stream or connection ended before ``data: [DONE]``), ``malformed`` (an event that is not a JSON
 object) or ``connect``. Per level it records the wall time (first send → last request finished) and
 the client's CPU time over the same span (``time.process_time``: this process's user + system
-time, all threads). The level's metrics and validity are computed from these facts by
-:mod:`pairbench.analysis.loadlevel`; nothing here judges them.
+time, all threads).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from dataclasses import asdict, dataclass, field
 
 import httpx
 
-from pairbench.engines.client import ClientError, StreamResult, absorb_chunk, sse_event
+from pairbench.engines.client import ClientError, LineReader, StreamResult, read_sse_line
 
 ERROR_KINDS = ("timeout", "http", "dropped", "malformed", "connect")
 
@@ -59,7 +60,7 @@ class LoadRequest:
 
 @dataclass(frozen=True)
 class RequestRecord:
-    """What one request of a level did. Times in s are since the level started; durations in ms."""
+    """What one request of a level did: raw times (s since the level started) and what streamed."""
 
     index: int                       # position in the level's request list
     warmup: bool                     # one of the level's first ``warmup`` requests (sent, not measured)
@@ -67,48 +68,81 @@ class RequestRecord:
     scheduled_s: float               # when it was due
     sent_s: float                    # when it was sent
     end_s: float                     # when it finished (or failed)
-    lag_ms: float                    # (sent − scheduled) · 1000
-    ttft_ms: float | None
-    itl_ms: list[float]              # every gap between consecutive tokens' arrivals
-    e2e_ms: float | None             # None for a failed request
-    streamed_tokens: int
-    prompt_tokens: int | None        # the engine's usage counts, where it sent them
-    completion_tokens: int | None
-    cached_tokens: int | None        # usage.prompt_tokens_details.cached_tokens or tokens_cached
-    finish_reason: str | None
-    usage: dict | None               # verbatim, for the adapter's gates
-    timings: dict | None             # llama.cpp's timings, verbatim
-    tokens_cached: int | None        # the embedded engine's / llama.cpp's top-level field, verbatim
+    result: StreamResult             # text, token ids, each token's arrival (s since sent), usage, timings
     error: str | None = None
     error_kind: str | None = None
-    text: str = ""                   # the output, for the validation cases (private)
-    token_ids: list[int] = field(default_factory=list)  # its token ids, where the engine streams them
 
     @property
     def ok(self) -> bool:
         return self.error is None
 
+    @property
+    def streamed_tokens(self) -> int:
+        return len(self.result.token_times)
+
+    @property
+    def usage(self) -> dict | None:
+        """The engine's usage, verbatim (for the adapter's gates)."""
+        return self.result.usage if isinstance(self.result.usage, dict) else None
+
+    @property
+    def prompt_tokens(self) -> int | None:
+        return (self.usage or {}).get("prompt_tokens")
+
+    @property
+    def completion_tokens(self) -> int | None:
+        return (self.usage or {}).get("completion_tokens")
+
+    @property
+    def cached_tokens(self) -> int | None:
+        """usage.prompt_tokens_details.cached_tokens, else the top-level tokens_cached."""
+        return _cached(self.usage, self.result.tokens_cached)
+
+    @property
+    def timings(self) -> dict | None:
+        """llama.cpp's timings, verbatim."""
+        return self.result.timings
+
+    def times(self) -> dict:
+        """The request's raw times, as a level record keeps them for the statistics: ``scheduled_s``,
+        ``sent_s``, ``end_s`` (since the level started), ``token_s`` (each token's arrival since the
+        request was sent), the engine's ``completion_tokens``, the error and its kind."""
+        return {"index": self.index, "warmup": self.warmup, "stream": self.stream, "scheduled_s": self.scheduled_s,
+                "sent_s": self.sent_s, "end_s": self.end_s, "token_s": list(self.result.token_times),
+                "completion_tokens": self.completion_tokens, "error_kind": self.error_kind, "error": self.error}
+
     def to_dict(self) -> dict:
-        return {**asdict(self), "ok": self.ok}
+        """Everything about the request (the level's private body): its times, the engine's counts,
+        usage and timings verbatim, the text and token ids."""
+        r = self.result
+        return {**self.times(), "streamed_tokens": self.streamed_tokens, "prompt_tokens": self.prompt_tokens,
+                "cached_tokens": self.cached_tokens, "finish_reason": r.finish_reason, "usage": self.usage,
+                "timings": r.timings, "tokens_cached": r.tokens_cached, "text": r.text, "token_ids": list(r.token_ids),
+                "ok": self.ok}
 
 
 @dataclass(frozen=True)
 class LevelRun:
-    """One level as the client ran it: the facts :mod:`pairbench.analysis.loadlevel` reads."""
+    """One level as the client ran it."""
 
-    mode: str                        # "concurrency" (closed loop) | "rate" (open loop)
-    concurrency: int | None
-    rate_rps: float | None           # the nominal rate of the schedule (open loop)
-    offered_rate_rps: float | None   # what the schedule offers: (n − 1) / its span
+    factor: str                      # the condition's load factor: "concurrency" (closed loop) | "rate" (open loop)
+    target: float | None             # its value: streams, or the schedule's nominal requests/s
+    offered_rate_rps: float | None   # open loop: what the schedule offers, (n − 1) / its span
     timeout_s: float
     warmup: int
     wall_s: float                    # first send → last request finished
     client_cpu_s: float              # this process's CPU time over the level (time.process_time)
     records: tuple[RequestRecord, ...] = field(default_factory=tuple)
 
+    def client(self) -> dict:
+        """What the statistics read of the level (:mod:`pairbench.analysis.loadlevel`): the wall and
+        client CPU time, the schedule's offered rate, and every request's raw times."""
+        return {"wall_s": self.wall_s, "cpu_s": self.client_cpu_s, "offered_rate_rps": self.offered_rate_rps,
+                "requests": [r.times() for r in self.records]}
+
     def to_dict(self) -> dict:
-        d = {k: getattr(self, k) for k in ("mode", "concurrency", "rate_rps", "offered_rate_rps", "timeout_s",
-                                           "warmup", "wall_s", "client_cpu_s")}
+        d = {k: getattr(self, k) for k in ("factor", "target", "offered_rate_rps", "timeout_s", "warmup", "wall_s",
+                                           "client_cpu_s")}
         d["records"] = [r.to_dict() for r in self.records]
         return d
 
@@ -126,36 +160,32 @@ class _Failure(Exception):
         self.kind = kind
 
 
-async def _stream(http: httpx.AsyncClient, url: str, req: LoadRequest, result: StreamResult, sent: float) -> None:
+async def _stream(http: httpx.AsyncClient, url: str, req: LoadRequest, result: StreamResult, sent: float,
+                  read_line: LineReader) -> None:
     """Read one streamed reply into *result* (token times relative to *sent*); raise :class:`_Failure`."""
     async with http.stream("POST", url + req.path, json=req.body) as resp:
         if resp.status_code != 200:
             await resp.aread()
             raise _Failure("http", f"HTTP {resp.status_code}: {resp.text[:200]}")
-        n_events = 0
         async for line in resp.aiter_lines():
             now = time.perf_counter() - sent
             try:
-                chunk = sse_event(line, n_events + 1)
+                if read_line(result, line, now):
+                    result.done = True
+                    return
             except ClientError as exc:
                 raise _Failure("malformed", str(exc)) from None
-            if chunk is None:
-                continue
-            n_events += 1
-            if chunk is ...:
-                result.done = True
-                return
-            absorb_chunk(result, chunk, now)
 
 
 async def _one(http: httpx.AsyncClient, url: str, req: LoadRequest, *, index: int, warmup: bool,
-               stream: int | None, t0: float, scheduled_s: float, timeout_s: float) -> RequestRecord:
+               stream: int | None, t0: float, scheduled_s: float, timeout_s: float,
+               read_line: LineReader) -> RequestRecord:
     result = StreamResult()
     sent = time.perf_counter()
     error = kind = None
     try:
         async with asyncio.timeout(timeout_s):
-            await _stream(http, url, req, result, sent)
+            await _stream(http, url, req, result, sent, read_line)
         if not result.done:
             kind, error = "dropped", f"stream ended without [DONE] after {len(result.token_times)} tokens"
     except TimeoutError:
@@ -167,31 +197,22 @@ async def _one(http: httpx.AsyncClient, url: str, req: LoadRequest, *, index: in
     except httpx.HTTPError as exc:  # RemoteProtocolError, ReadError: the connection broke mid-stream
         kind, error = "dropped", f"stream broke after {len(result.token_times)} tokens: {type(exc).__name__}: {exc}"
     end = time.perf_counter()
-    times = result.token_times
-    usage = result.usage if isinstance(result.usage, dict) else None
-    return RequestRecord(
-        index=index, warmup=warmup, stream=stream, scheduled_s=scheduled_s, sent_s=sent - t0, end_s=end - t0,
-        lag_ms=(sent - t0 - scheduled_s) * 1e3,
-        ttft_ms=times[0] * 1e3 if times and error is None else None,
-        itl_ms=[(b - a) * 1e3 for a, b in zip(times, times[1:])],
-        e2e_ms=(end - sent) * 1e3 if error is None else None,
-        streamed_tokens=len(times),
-        prompt_tokens=(usage or {}).get("prompt_tokens"), completion_tokens=(usage or {}).get("completion_tokens"),
-        cached_tokens=_cached(usage, result.tokens_cached), finish_reason=result.finish_reason,
-        usage=usage, timings=result.timings, tokens_cached=result.tokens_cached, error=error, error_kind=kind,
-        text=result.text, token_ids=list(result.token_ids))
+    result.e2e_s = end - sent
+    return RequestRecord(index=index, warmup=warmup, stream=stream, scheduled_s=scheduled_s, sent_s=sent - t0,
+                         end_s=end - t0, result=result, error=error, error_kind=kind)
 
 
 class LoadClient:
     """One event loop and one ``httpx.AsyncClient`` for a visit's levels against the server at *url*.
 
     ``with LoadClient(url) as lc: run = lc.closed_loop(requests, 8, timeout_s=60)``. Not thread-safe;
-    one level at a time.
+    one level at a time. *read_line* reads each line of a reply (default: server-sent events).
     """
 
-    def __init__(self, url: str, *, connect_timeout_s: float = 10.0):
+    def __init__(self, url: str, *, connect_timeout_s: float = 10.0, read_line: LineReader = read_sse_line):
         self.url = url.rstrip("/")
         self.connect_timeout_s = connect_timeout_s
+        self.read_line = read_line  # the stream's shape (the arm's adapter's ArmEngine.read_line)
         self._runner: asyncio.Runner | None = None
         self._http: httpx.AsyncClient | None = None
 
@@ -229,7 +250,7 @@ class LoadClient:
             raise ValueError(f"load.concurrency: must be a positive integer, got {concurrency!r}")
         _check(requests, timeout_s, warmup)
         self._ready()
-        http, url = self._http, self.url
+        http, url, read = self._http, self.url, self.read_line
 
         async def level():
             queue = iter(enumerate(requests))
@@ -240,7 +261,7 @@ class LoadClient:
                 free = 0.0  # the moment this stream became free, since t0
                 for i, req in queue:  # shared iterator: no await between next() and the send
                     rec = await _one(http, url, req, index=i, warmup=i < warmup, stream=k, t0=t0, scheduled_s=free,
-                                     timeout_s=timeout_s)
+                                     timeout_s=timeout_s, read_line=read)
                     records.append(rec)
                     free = rec.end_s
 
@@ -248,8 +269,8 @@ class LoadClient:
             return records, time.perf_counter() - t0, time.process_time() - cpu0
 
         records, wall, cpu = self._runner.run(level())
-        return _level("concurrency", records, wall, cpu, concurrency=concurrency, rate=None, offered=None,
-                      timeout_s=timeout_s, warmup=warmup)
+        return _level("concurrency", concurrency, records, wall, cpu, offered=None, timeout_s=timeout_s,
+                      warmup=warmup)
 
     def open_loop(self, requests: list[LoadRequest], offsets_s, *, timeout_s: float, warmup: int = 0,
                   rate_rps: float | None = None) -> LevelRun:
@@ -262,7 +283,7 @@ class LoadClient:
             raise ValueError("open loop: schedule offsets must be non-negative and non-decreasing")
         _check(requests, timeout_s, warmup)
         self._ready()
-        http, url = self._http, self.url
+        http, url, read = self._http, self.url, self.read_line
 
         async def level():
             tasks = []
@@ -272,15 +293,15 @@ class LoadClient:
                 if delay > 0:
                     await asyncio.sleep(delay)
                 tasks.append(asyncio.create_task(_one(http, url, req, index=i, warmup=i < warmup, stream=None,
-                                                      t0=t0, scheduled_s=off, timeout_s=timeout_s)))
+                                                      t0=t0, scheduled_s=off, timeout_s=timeout_s,
+                                                      read_line=read)))
             records = list(await asyncio.gather(*tasks))
             return records, time.perf_counter() - t0, time.process_time() - cpu0
 
         records, wall, cpu = self._runner.run(level())
         span = offsets[-1] - offsets[0] if offsets else 0.0
         offered = (len(offsets) - 1) / span if span > 0 else None
-        return _level("rate", records, wall, cpu, concurrency=None, rate=rate_rps, offered=offered,
-                      timeout_s=timeout_s, warmup=warmup)
+        return _level("rate", rate_rps, records, wall, cpu, offered=offered, timeout_s=timeout_s, warmup=warmup)
 
 
 def _check(requests: list[LoadRequest], timeout_s: float, warmup: int) -> None:
@@ -294,8 +315,7 @@ def _check(requests: list[LoadRequest], timeout_s: float, warmup: int) -> None:
         raise ValueError(f"load.warmup: must be an integer in [0, {len(requests)}), got {warmup!r}")
 
 
-def _level(mode, records, wall, cpu, *, concurrency, rate, offered, timeout_s, warmup) -> LevelRun:
+def _level(factor, target, records, wall, cpu, *, offered, timeout_s, warmup) -> LevelRun:
     # t0 (the level's 0) is read immediately before the first send, so wall_s spans first send → last end
-    return LevelRun(mode=mode, concurrency=concurrency, rate_rps=rate, offered_rate_rps=offered,
-                    timeout_s=float(timeout_s), warmup=warmup, wall_s=wall, client_cpu_s=cpu,
-                    records=tuple(sorted(records, key=lambda r: r.index)))
+    return LevelRun(factor=factor, target=target, offered_rate_rps=offered, timeout_s=float(timeout_s),
+                    warmup=warmup, wall_s=wall, client_cpu_s=cpu, records=tuple(sorted(records, key=lambda r: r.index)))

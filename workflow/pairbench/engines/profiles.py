@@ -31,15 +31,17 @@ import functools
 import json
 import os
 import re
+import string
 import sys
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import jsonschema
 import yaml
 
+from pairbench.core import conditions
 from pairbench.engines.specs import (ENV_DIR, PLACEHOLDERS, BuildRecipe, BuildSpec, ColdCacheSpec, CrosscheckSpec,
                                      EngineError, ExternalEngineNotAllowed, FlushSpec, InstallRecipe, InstallSpec,
                                      LaunchSpec, TokenizeSpec, check_placeholders, env_python, is_none_placeholder,
@@ -262,16 +264,27 @@ class EngineProfile:
         }
 
     # ---- requests ------------------------------------------------------------------------
-    def request_fields(self, output_tokens: int) -> dict:
-        """Fields merged into every generation request: cache off + output length forced."""
+    def request_fields(self, factors: Mapping[str, Any]) -> dict:
+        """Fields merged into every generation request (cache off, output length forced), their
+        templates filled with the condition's *factors* (``{output_tokens}``, and any condition
+        factor the profile names: ``temperature: "{temperature}"``). A field whose one placeholder is
+        a factor this condition lacks is left out, so the harness's default stands."""
         req = self.data["request"]
         fields = {**req["fields"], **req["output_length"]["fields"]}
-        return render(fields, {"output_tokens": output_tokens}, where=f"{self.name}.request")
+        values = {**{f.name: None for f in conditions.FACTORS}, **factors}
+        rendered = render(fields, values, where=f"{self.name}.request")
+        return {k: v for k, v in rendered.items() if v is not None or fields[k] is None}
 
     def generation_body(self, *, messages: list[dict] | None = None, prompt: str | None = None,
-                        max_tokens: int, seed: int, stream: bool = True) -> tuple[str, dict]:
-        """``(path, body)`` of one measured request in this engine's dialect."""
-        body: dict[str, Any] = {"max_tokens": max_tokens, "temperature": 0, "seed": seed, "stream": stream}
+                        factors: Mapping[str, Any], seed: int, stream: bool = True) -> tuple[str, dict]:
+        """``(path, body)`` of one measured request in this engine's dialect, under a condition whose
+        factor values are *factors* (``output_tokens`` at least): greedy, seeded, ``max_tokens`` the
+        output length, then the profile's request fields (:meth:`request_fields`), which win."""
+        if "output_tokens" not in factors:
+            raise EngineError(f"engine {self.name}: a request needs the condition's output_tokens "
+                              f"(given: {', '.join(sorted(factors)) or 'none'})")
+        body: dict[str, Any] = {"max_tokens": factors["output_tokens"], "temperature": 0, "seed": seed,
+                                "stream": stream}
         if self.api_mode == "chat":
             if messages is None:
                 raise EngineError(f"engine {self.name}: chat mode needs messages")
@@ -282,7 +295,7 @@ class EngineProfile:
             body["prompt"] = prompt
         if stream and self.stream_usage:
             body["stream_options"] = {"include_usage": True}
-        body.update(self.request_fields(max_tokens))
+        body.update(self.request_fields(factors))
         return self.generate_path, body
 
     def tokenize_request(self, *, text: str | None = None, messages: list[dict] | None = None) -> tuple[str, dict]:
@@ -359,6 +372,7 @@ def _check_consistency(data: dict, path: Path) -> None:
                 raise EngineError(f"{path}: build.cmake.flags[{i}]: the compiler launcher is set by "
                                   "build.cmake.compiler_cache, not by a flag")
     sent = {**data["request"]["fields"], **data["request"]["output_length"]["fields"]}
+    _check_request_placeholders(sent, path)
     for k, v in (data["prefix_cache"].get("request_fields") or {}).items():
         if sent.get(k) != v:
             raise EngineError(f"{path}: prefix_cache.request_fields.{k} = {v!r} is not sent "
@@ -393,6 +407,27 @@ def _check_consistency(data: dict, path: Path) -> None:
         if data["tokens"]["prompt"] == "tokenize":
             raise EngineError(f"{path}: tokenize.route model with tokens.prompt tokenize would check the "
                               "prompt count against the same local tokenizer; the reply must carry the count")
+
+
+def _check_request_placeholders(fields: dict, path: Path) -> None:
+    """A request field's placeholders are condition factors (:data:`pairbench.core.conditions.FACTORS`):
+    what one request is measured under is all a request template may name."""
+    known = [f.name for f in conditions.FACTORS]
+
+    def walk(obj, where: str) -> None:
+        if isinstance(obj, dict):
+            for k, v in obj.items():
+                walk(v, f"{where}.{k}")
+        elif isinstance(obj, list):
+            for i, v in enumerate(obj):
+                walk(v, f"{where}[{i}]")
+        elif isinstance(obj, str):
+            for _, name, _, _ in string.Formatter().parse(obj):
+                if name is not None and name not in known:
+                    raise EngineError(f"{path}: {where}: unknown placeholder {{{name}}} in {obj!r} (a request "
+                                      f"field may name a condition factor: {', '.join('{%s}' % k for k in known)})")
+
+    walk(fields, "request")
 
 
 def _check_install(data: dict, path: Path) -> None:

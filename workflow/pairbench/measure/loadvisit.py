@@ -8,23 +8,27 @@ order, reversed in the next, both arms of a round alike):
    slots in use and queue, llama-server's ``/slots``, vLLM's scheduler gauges; without one the
    record says *unverified*), and records how the prefix cache is kept out (off in every request, or
    by a launch flag, from the profile; *unproven* where only a per-request flush would defeat it);
-2. builds the level's requests from its fixture (one prompt per request, each with its own salt, or
-   the round's one prompt with ``load.prefix: shared``) through the arm's adapter, exactly as a steady
-   request is built (:meth:`pairbench.engines.adapter.ArmEngine.request`);
-3. runs them on the load client (:mod:`pairbench.engines.loadclient`): closed loop at the level's
+2. prepares the level's requests from its fixture (one prompt per request, each with its own salt,
+   or the round's one prompt with ``load.prefix: shared``) through the arm's adapter, exactly as a
+   steady request is prepared (:meth:`pairbench.engines.adapter.ArmEngine.prepare`: the body from the
+   condition, the server's prompt count where the reply carries none);
+3. runs them on the load client (:mod:`pairbench.engines.loadclient`, every line read by the
+   adapter's :meth:`~pairbench.engines.adapter.ArmEngine.read_line`): closed loop at the level's
    concurrency, or open loop on the level's arrival schedule, a pure function of (seed, round,
    level) (:func:`pairbench.core.schedule.arrivals`, :func:`~pairbench.core.schedule.derive_seed`);
-4. computes the level's metrics and validity by :mod:`pairbench.analysis.loadlevel`'s definitions
-   (handed in by the stage as a :class:`LevelJudge`: imports flow down, and ``analysis`` stands
-   above ``measure``), and gates EVERY request through the adapter (native prompt and completion
-   tokens; a cold cache from the engine's own per-request counts).
+4. gates EVERY request through the adapter (:meth:`~pairbench.engines.adapter.ArmEngine.judge`:
+   native prompt and completion tokens; a cold cache from the engine's own per-request counts).
 
 Each level gives one *level record* (``kind: level``: the condition and its factors, the round and
-arm, the level's metrics, the aggregated gates with per-gate counts of failing requests, validity
-``{ok, failed, messages}``; ``ok`` = every gate and validity passed) and a private body with every
-request (``private/levels/<visit>-<condition>.json``). The first measured request's text and token
-ids are the level's output, on which validation runs its cases. A level whose requests failed, or
-that the client rather than the engine paced, is kept and fails validity, never silently.
+arm, the aggregated gates with per-gate counts of failing requests, ``ok`` = no gate failed, the idle
+wait and the cache state, and under ``client`` the raw times the statistics read: the level's wall
+and client CPU time and, per request, when it was due, sent and ended and when each token arrived)
+and a private body with everything of every request (``private/levels/<visit>-<condition>.json``).
+The level's metrics (throughput, TTFT/ITL/e2e percentiles, goodput) and its validity (the client
+paced it, requests failed, the load was not held) are not computed here: :mod:`pairbench.analysis.loadlevel`
+computes them from the raw times when the visit is read, so a change to a definition reruns
+``stats``, never a visit. The first measured request's text and token ids are the level's output, on
+which validation runs its cases.
 """
 
 from __future__ import annotations
@@ -39,16 +43,12 @@ from pairbench.core.artifacts import sha256_bytes
 from pairbench.core.conditions import Condition
 from pairbench.core.schedule import arrivals, derive_seed
 from pairbench.engines.adapter import ArmEngine
+from pairbench.engines.exchange import Link, Prepared
 from pairbench.engines.loadclient import LevelRun, LoadClient, LoadRequest
 from pairbench.engines.profiles import EngineError
 
 progress_log = logging.getLogger("pairbench.progress")
 GATES = ("prompt_tokens", "completion_tokens", "cold_cache")
-
-
-# A level's metrics and validity (:mod:`pairbench.analysis.loadlevel`), handed in by the stage:
-# ``judge(run_dict, cond) -> (metrics dict, {"ok", "failed", "messages"})``.
-LevelJudge = Callable[[dict, Condition], tuple[dict, dict]]
 
 
 def level_prompts(prompts_round: dict, n: int) -> list[dict]:
@@ -75,19 +75,17 @@ def digest(obj) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
-def gate_requests(engine: ArmEngine, run: LevelRun, cond: Condition, counts: list[int | None]) -> list[dict]:
-    """Every request through the adapter's gates: ``[{"index", "gates", "flags", "facts"}]``. A failed
-    request has its gates None (its error fails the level's validity)."""
+def gate_requests(engine: ArmEngine, run: LevelRun, cond: Condition, prepared: list[Prepared]) -> list[dict]:
+    """Every request through the adapter's gates (:meth:`ArmEngine.judge`): ``[{"index", "gates",
+    "flags", "facts"}]``. A failed request has its gates None (the statistics count it as an error)."""
     out = []
     for r in run.records:
         if not r.ok:
             out.append({"index": r.index, "gates": {g: None for g in GATES}, "flags": [f"request failed: {r.error}"],
                         "facts": None})
             continue
-        gates, flags, facts = engine.gates({"usage": r.usage, "timings": r.timings, "tokens_cached": r.tokens_cached},
-                                           length=cond.input_tokens, output_tokens=cond.output_tokens,
-                                           streamed_tokens=r.streamed_tokens, tokenize_count=counts[r.index])
-        out.append({"index": r.index, "gates": gates, "flags": flags, "facts": facts})
+        ex = engine.judge(r.result, cond, prepared[r.index].tokenize_count)
+        out.append({"index": r.index, "gates": ex.gates, "flags": ex.flags, "facts": ex.facts})
     return out
 
 
@@ -117,7 +115,7 @@ def _output(run: LevelRun, gated: list[dict]) -> tuple[dict, dict | None]:
     rec = next((r for r in run.records if not r.warmup and r.ok), None)
     if rec is None:
         return {"text": "", "token_ids": []}, None
-    return {"text": rec.text, "token_ids": list(rec.token_ids)}, gated[rec.index]["facts"]
+    return {"text": rec.result.text, "token_ids": list(rec.result.token_ids)}, gated[rec.index]["facts"]
 
 
 @dataclass
@@ -130,13 +128,11 @@ class Level:
     fixture_round: dict
 
 
-def run_level(engine: ArmEngine, lc: LoadClient, http, url: str, level: Level, *, plan: dict, round_: int,
-              judge: LevelJudge) -> tuple[dict, dict, dict]:
-    """Measure one level: ``(record fields, output, private body)`` (the caller adds the visit's keys)."""
+def _run(engine: ArmEngine, lc: LoadClient, link: Link, level: Level, plan: dict, round_: int):
+    """Prepare and send one level's requests: ``(prepared, run, schedule)``."""
     load, cond = plan["load"], level.cond
-    idle = _idle(engine, http, url, load["timeout_s"])
-    counts = [engine.prompt_count(http, url, p["messages"]) for p in level.prompts]  # None: the reply has it
-    requests = [LoadRequest(*engine.request(p["messages"], cond.output_tokens, plan["seed"])) for p in level.prompts]
+    prepared = [engine.prepare(p["messages"], cond, plan["seed"], link) for p in level.prompts]
+    requests = [LoadRequest(p.path, p.body) for p in prepared]
     factor, value = cond.load
     schedule = schedule_for(plan, cond, round_, len(requests))
     progress_log.info("[measure] level %s (%d/%d): %d requests", cond.id, level.position + 1, len(plan["conditions"]),
@@ -146,59 +142,50 @@ def run_level(engine: ArmEngine, lc: LoadClient, http, url: str, level: Level, *
     else:
         run = lc.open_loop(requests, schedule.offsets_s, timeout_s=load["timeout_s"], warmup=load["warmup"],
                            rate_rps=value)
-    run_dict = run.to_dict()
-    metrics, validity = judge(run_dict, cond)
-    gated = gate_requests(engine, run, cond, counts)
+    return prepared, run, schedule
+
+
+def run_level(engine: ArmEngine, lc: LoadClient, link: Link, level: Level, *, plan: dict, visit: dict,
+              attempt: int) -> tuple[dict, dict, dict]:
+    """Measure one level of *visit*: ``(level record, output, private body)``."""
+    load, cond = plan["load"], level.cond
+    idle = _idle(engine, link, load["timeout_s"])
+    prepared, run, schedule = _run(engine, lc, link, level, plan, visit["round"])
+    gated = gate_requests(engine, run, cond, prepared)
     gates, failures, flags = aggregate_gates(gated)
     output, facts = _output(run, gated)
     first = level.fixture_round.get("requests", [level.fixture_round] * (load["warmup"] + 1))
-    busy = _started_busy(cond, idle)
     slots = engine.slots
     rec = {
-        "condition": cond.id, **dict(cond.values), "kind": "level", "position": level.position,
+        "condition": cond.id, **dict(cond.values), "round": visit["round"], "arm": visit["arm"], "kind": "level",
+        "visit_index": visit["index"], "attempt": attempt, "repeat": 1, "position": level.position,
         "prompt_sha256": first[min(load["warmup"], len(first) - 1)]["prompt_sha256"],
         "output_sha256": sha256_bytes(output["text"].encode()),
         "prompt_tokens": (facts or {}).get("prompt_tokens"), "completion_tokens": (facts or {}).get("completion_tokens"),
         "tokens_cached": (facts or {}).get("tokens_cached"),
-        "metrics": metrics, "validity": validity, "gates": gates, "gate_failures": failures,
-        "flags": flags + list(validity["messages"]) + ([busy] if busy else []),
-        "ok": validity["ok"] and all(g is not False for g in gates.values()) and not busy,
+        "client": run.client(), "gates": gates, "gate_failures": failures, "flags": flags,
+        "ok": all(g is not False for g in gates.values()),
         "idle": idle, "cache": engine.cache_state(), "prefix": load["prefix"], "slots": slots,
-        "queued": bool(factor == "concurrency" and slots is not None and value > slots),
+        "queued": bool(cond.load[0] == "concurrency" and slots is not None and cond.load[1] > slots),
         "schedule": None if schedule is None else {k: v for k, v in schedule.to_dict().items() if k != "offsets_s"}
         | {"offsets_sha256": digest(list(schedule.offsets_s))},
     }
-    private = {"condition": cond.id, "level": run_dict, "gates": gated,
+    private = {"condition": cond.id, "level": run.to_dict(), "gates": gated,
                "schedule": None if schedule is None else schedule.to_dict()}
     rec["requests_sha256"] = digest(private)
     return rec, output, private
 
 
-def started_busy(idle: dict) -> bool:
-    """Whether a level may have started on a busy server (*idle*: its record's ``idle``): still busy
-    when the idle wait gave up, or its probe unreadable. An engine without a probe cannot tell: its
-    levels count, and the report says how many were verified idle."""
-    return not (idle.get("verified") or str(idle.get("how", "")).startswith("no idle probe"))
-
-
-def _started_busy(cond: Condition, idle: dict) -> str | None:
-    """Why level *cond* does not count because it may have started on a busy server, else None."""
-    if not started_busy(idle):
-        return None
-    return (f"validity idle: level {cond.id} started on a server that was not shown idle "
-            f"({idle.get('how')}; last report {idle.get('busy')})")[:300]
-
-
-def _idle(engine: ArmEngine, http, url: str, timeout_s: float) -> dict:
+def _idle(engine: ArmEngine, link: Link, timeout_s: float) -> dict:
     """The idle wait before a level; a probe that cannot be read is disclosed, not a failed visit."""
     try:
-        return engine.wait_idle(http, url, timeout_s)
+        return engine.wait_idle(link.http, link.url, timeout_s)
     except (EngineError, ValueError) as exc:
         return {"verified": False, "waited_s": 0.0, "busy": None, "how": f"idle probe failed: {exc}"[:300]}
 
 
-def measure_levels(engine: ArmEngine, url: str, http, *, visit: dict, plan: dict, prompts: dict, fixtures: dict,
-                   only: set[str] | None, judge: LevelJudge, alive: Callable[[], bool],
+def measure_levels(engine: ArmEngine, link: Link, *, visit: dict, plan: dict, prompts: dict, fixtures: dict,
+                   only: set[str] | None, attempt: int, alive: Callable[[], bool],
                    where: Callable[[Condition], str]) -> tuple[list[dict], dict]:
     """Every level of one visit in its round's order: ``(records, {condition id: output + "level"})``.
     Raises ``RuntimeError`` (the caller's visit error) when the server dies during a level."""
@@ -207,13 +194,13 @@ def measure_levels(engine: ArmEngine, url: str, http, *, visit: dict, plan: dict
     order = [c for c in plan["load"]["level_orders"][str(round_)] if only is None or c in only]
     by_id = {c["id"]: Condition.from_dict(c) for c in plan["conditions"]}
     records, outputs = [], {}
-    with LoadClient(url, connect_timeout_s=10.0) as lc:
+    with LoadClient(link.url, connect_timeout_s=10.0, read_line=engine.read_line) as lc:
         for pos, cid in enumerate(order):
             cond = by_id[cid]
             prnd = next(r for r in prompts[cid]["rounds"] if r["round"] == round_)
             frnd = next(r for r in fixtures[cid]["rounds"] if r["round"] == round_)
             level = Level(cond=cond, position=pos, prompts=level_prompts(prnd, n), fixture_round=frnd)
-            rec, output, private = run_level(engine, lc, http, url, level, plan=plan, round_=round_, judge=judge)
+            rec, output, private = run_level(engine, lc, link, level, plan=plan, visit=visit, attempt=attempt)
             if not alive():
                 raise RuntimeError(f"{where(cond)}: engine fault: the server exited during the level")
             records.append(rec)

@@ -4,8 +4,10 @@ A *visit* (``measure/r<NN>-<arm>.json``) launches the arm's server from ``src/<a
 short first request (kept apart as a first-request diagnostic: it pays for lazy initialisation and
 is never a steady sample), then one steady streamed request per condition (its fixture), then stops
 the server. Every engine, the embedded one included, is driven through its profile's adapter
-(:class:`pairbench.engines.adapter.ArmEngine`): the request dialect (greedy, exact output length,
-prefix cache off), the tokenizer route and the three gates (docs/contracts.md §2):
+(:class:`pairbench.engines.adapter.ArmEngine`), and every steady request is one exchange
+(:meth:`~pairbench.engines.adapter.ArmEngine.exchange`): the request built from the condition in the
+engine's dialect (greedy, exact output length, prefix cache off), the prompt counted, the stream
+read, and the three gates (docs/contracts.md §2):
 
 - ``prompt_tokens``: the engine's native prompt count equals the condition's ``input_tokens``;
 - ``completion_tokens``: its completion count (and the tokens streamed) equal its ``output_tokens``;
@@ -33,11 +35,12 @@ from pairbench.core import conditions
 from pairbench.core.artifacts import sha256_bytes
 from pairbench.core.conditions import Condition
 from pairbench.engines.adapter import ArmEngine
-from pairbench.engines.client import ClientError, StreamResult, http, stream_chat
+from pairbench.engines.client import ClientError, StreamResult, http
 from pairbench.engines.evidence import count_log_prefix_hits
+from pairbench.engines.exchange import Exchange, Link
 from pairbench.engines.profiles import EngineError
 from pairbench.engines.server import ServerError
-from pairbench.measure import hostload, loadvisit
+from pairbench.measure import hostload, loadvisit, node
 
 progress_log = logging.getLogger("pairbench.progress")
 
@@ -61,6 +64,7 @@ class RequestProgress:
 
 FIRST_REQUEST = [{"role": "user", "content": "Write one short sentence about rivers."}]
 FIRST_REQUEST_TOKENS = 8
+FIRST_CONDITION = Condition.of(output_tokens=FIRST_REQUEST_TOKENS)  # its prompt's length is not planned
 
 
 def engine_timings(timings: dict | None) -> dict | None:
@@ -92,19 +96,22 @@ def client_timings(result: StreamResult, prompt_tokens: int) -> dict:
             "prefill_tok_s": prompt_tokens / ttft if ttft else None, "decode_tok_s": decode}
 
 
-def steady_record(result: StreamResult, *, condition: Condition, round_: int, arm: str, prompt_sha256: str,
-                  gated: tuple) -> dict:
-    """One steady record (docs/contracts.md §2) of a completed request. (A request that failed is an
-    engine fault: :func:`run_visit` raises :class:`VisitError` instead.)
+def steady_record(ex: Exchange, *, condition: Condition, visit: dict, attempt: int, repeat: int,
+                  prompt_sha256: str, alive: bool = True) -> dict:
+    """One steady record (docs/contracts.md §2) of a completed exchange, whole: the one place a
+    steady record is assembled. (A request that failed is an engine fault: :func:`run_visit` raises
+    :class:`VisitError` instead.)
 
-    *gated* is the engine's ``(gates, flags, facts)`` from :meth:`ArmEngine.gates`; a gate it cannot
-    decide is None (e.g. ``cold_cache`` where the engine gives no evidence): the record is flagged,
-    and only a gate that is False makes it not ok.
+    A gate the engine cannot decide is None (e.g. ``cold_cache`` where the engine gives no evidence):
+    the record is flagged, and only a gate that is False makes it not ok. A server that exited
+    during the request (*alive* false afterwards) makes it not ok either.
     """
-    gates, flags, facts = gated
+    result, facts = ex.result, ex.facts
     mem = result.memory or {}
+    flags = list(ex.flags) + ([] if alive else ["server: exited during the request"])
     return {
-        "condition": condition.id, **dict(condition.values), "round": round_, "arm": arm, "kind": "steady",
+        "condition": condition.id, **dict(condition.values), "round": visit["round"], "arm": visit["arm"],
+        "kind": "steady", "visit_index": visit["index"], "attempt": attempt, "repeat": repeat,
         "prompt_sha256": prompt_sha256,
         "output_sha256": sha256_bytes(result.text.encode()),
         "prompt_tokens": facts["prompt_tokens"],
@@ -114,42 +121,31 @@ def steady_record(result: StreamResult, *, condition: Condition, round_: int, ar
         "engine": engine_timings(result.timings),
         "kv_bytes": mem.get("kv_bytes"),
         "peak_rss_bytes": mem.get("peak_rss_bytes"),
-        "gates": gates,
+        "gates": ex.gates,
         "flags": flags,
-        "ok": all(g is not False for g in gates.values()),
+        "ok": ex.ok and alive,
     }
 
 
-def _reply(result: StreamResult) -> dict:
-    """The final reply's top-level fields, where the engine's profile looks for its evidence."""
-    return {"usage": result.usage, "timings": result.timings, "tokens_cached": result.tokens_cached}
-
-
-def diagnostic_request(url: str, timeout: float, seed: int, engine: ArmEngine) -> dict:
+def diagnostic_request(link: Link, seed: int, engine: ArmEngine) -> dict:
     """The first request of a launch: timed, recorded apart, never a steady sample."""
-    path, body = engine.request(FIRST_REQUEST, FIRST_REQUEST_TOKENS, seed)
+    path, body = engine.request(FIRST_REQUEST, FIRST_CONDITION, seed)
     try:
-        r = stream_chat(url, body, timeout, path=path)
+        r = engine.stream(link, path, body)
     except ClientError as exc:
         return {"ok": False, "error": str(exc), "ttft_ms": None, "e2e_ms": None, "completion_tokens": None,
                 "prompt_tokens": None, "tokens_cached": None}
     return {"ok": bool(r.token_times), "error": None, "ttft_ms": r.ttft_s * 1e3 if r.ttft_s is not None else None,
-            "e2e_ms": r.e2e_s * 1e3, **engine.counts(_reply(r), streamed_tokens=len(r.token_times))}
+            "e2e_ms": r.e2e_s * 1e3, **engine.counts(r.reply(), streamed_tokens=len(r.token_times))}
 
 
-def steady_request(engine: ArmEngine, srv, client, *, messages: list[dict], cond: Condition, seed: int,
-                   timeout: float, server_log: Path, label: str, where: str) -> tuple[StreamResult, tuple]:
-    """One steady streamed request and the engine's gates on its reply: ``(result, gated)``.
-
-    An engine fault (the request fails, the stream breaks or stalls) raises :class:`VisitError`
-    naming *where*, with the server's exit status if it died.
-    """
+def steady_exchange(engine: ArmEngine, srv, link: Link, *, messages: list[dict], cond: Condition, seed: int,
+                    label: str, where: str) -> Exchange:
+    """One steady exchange (:meth:`ArmEngine.exchange`). An engine fault (the request fails, the
+    stream breaks, stalls or cannot be read) raises :class:`VisitError` naming *where*, with the
+    server's exit status if it died."""
     try:
-        path, body = engine.request(messages, cond.output_tokens, seed)
-        n_tok = engine.prompt_count(client, srv.url, messages)  # None: the reply has it
-        engine.flush(client, srv.url)  # unmeasured; only for engines that need it
-        req_log = server_log.stat().st_size
-        result = stream_chat(srv.url, body, timeout, path=path, on_token=RequestProgress(label, cond.output_tokens))
+        return engine.exchange(messages, cond, seed, link=link, on_token=RequestProgress(label, cond.output_tokens))
     except (ClientError, EngineError) as exc:
         try:  # a crashed server may take a moment to be reaped
             code = srv.proc.wait(timeout=1.0)
@@ -157,14 +153,6 @@ def steady_request(engine: ArmEngine, srv, client, *, messages: list[dict], cond
             code = None
         state = "" if code is None else f"; the server exited with status {code}"
         raise VisitError(f"{where}: engine fault: {exc}{state}") from None
-    log_text = None
-    if engine.needs_log:  # what the server logged during this one request
-        with open(server_log, "rb") as fh:
-            fh.seek(req_log)
-            log_text = fh.read().decode(errors="replace")
-    gated = engine.gates(_reply(result), length=cond.input_tokens, output_tokens=cond.output_tokens,
-                         streamed_tokens=len(result.token_times), tokenize_count=n_tok, log_text=log_text)
-    return result, gated
 
 
 def _host(start: dict, server_cpus, client_cpus, server_cfg: dict, quiet: dict) -> dict:
@@ -192,14 +180,15 @@ def _server(engine: ArmEngine, srv, server_log: Path, log_start: int) -> dict:
 
 def run_visit(*, visit: dict, engine: ArmEngine, plan: dict, prompts: dict[str, dict], fixtures: dict[str, dict],
               server_cfg: dict, server_log: Path, inputs: dict, attempt: int = 1, pid_path: Path | None = None,
-              only: list[str] | None = None, judge=None) -> tuple[dict, dict[str, dict]]:
-    """Measure one visit. Returns ``(measure_body, {condition id: {"text", "token_ids"[, "repeats"]}})``.
+              only: list[str] | None = None, secret: bytes = b"") -> tuple[dict, dict[str, dict]]:
+    """Measure one visit. Returns ``(measure_body, {condition id: {"text", "token_ids", "node"[, "repeats"]}})``.
 
     *prompts* maps condition id to the private prompts body; *fixtures* maps it to the fixture body.
     *attempt* is Snakemake's attempt number (1 = first); *pid_path* the server's pid file (see
     :mod:`pairbench.integrity.recovery`); *only* a subset of the plan's condition ids for a partial
-    visit (a validation retry; default: every condition), measured in plan order. Raises
-    :class:`VisitError` on an engine fault.
+    visit (a validation retry; default: every condition), measured in plan order; *secret* the run's
+    secret that the node's public pseudonym is made with (:mod:`pairbench.measure.node`: the body
+    records the pseudonym, each output the real host name). Raises :class:`VisitError` on an engine fault.
 
     The plan's ``repeats`` steady requests per condition are sent repeats-outer (every condition once,
     then again), so the machine's drift over the visit touches every condition alike; the outputs of
@@ -207,9 +196,8 @@ def run_visit(*, visit: dict, engine: ArmEngine, plan: dict, prompts: dict[str, 
     process on the other for the visit (:mod:`pairbench.measure.hostload`); the load average and
     CPU state at start and end are recorded under ``host``.
 
-    A load run's visit (``plan["load"]``) measures its levels instead (:mod:`pairbench.measure.loadvisit`,
-    *judge* its metrics and validity): one level record each, and each output carries the level's
-    private request body under ``"level"``.
+    A load run's visit (``plan["load"]``) measures its levels instead (:mod:`pairbench.measure.loadvisit`):
+    one level record each, and each output carries the level's private request body under ``"level"``.
     """
     round_, arm = visit["round"], visit["arm"]
 
@@ -228,30 +216,27 @@ def run_visit(*, visit: dict, engine: ArmEngine, plan: dict, prompts: dict[str, 
     t_visit = time.perf_counter()
     log_start = server_log.stat().st_size if server_log.exists() else 0
     conds = [c for c in conditions.from_plan(plan) if only is None or c.id in set(only)]
-    client = http()
     try:
         with srv:
-            version = engine.version(client, srv.url)
-            first = diagnostic_request(srv.url, server_cfg["request_timeout_s"], plan["seed"], engine)
+            link = Link(srv.url, http(), server_cfg["request_timeout_s"], server_log)
+            version = engine.version(link.http, link.url)
+            first = diagnostic_request(link, plan["seed"], engine)
             if plan.get("load"):
                 try:
                     records, outputs = loadvisit.measure_levels(
-                        engine, srv.url, client, visit=visit, plan=plan, prompts=prompts, fixtures=fixtures,
-                        only=None if only is None else set(only), judge=judge, alive=srv.alive, where=where)
+                        engine, link, visit=visit, plan=plan, prompts=prompts, fixtures=fixtures,
+                        only=None if only is None else set(only), attempt=attempt, alive=srv.alive, where=where)
                 except RuntimeError as exc:
                     raise VisitError(str(exc)) from None
-                for rec in records:
-                    rec.update({"round": round_, "arm": arm, "visit_index": visit["index"], "attempt": attempt,
-                                "repeat": 1})
             else:
-                records, outputs = _steady(engine, srv, client, visit=visit, plan=plan, prompts=prompts,
-                                           fixtures=fixtures, conds=conds, server_cfg=server_cfg,
-                                           server_log=server_log, attempt=attempt, where=where)
+                records, outputs = _steady(engine, srv, link, visit=visit, plan=plan, prompts=prompts,
+                                           fixtures=fixtures, conds=conds, attempt=attempt, where=where)
     except ServerError as exc:
         raise VisitError(f"{where(conds[0])}: the engine failed to start: {exc}") from None
     finally:
         if restore is not None:
             hostload.pin_self(restore)
+    host = node.hostname()  # where it ran: the pseudonym is public, the real name only in the private outputs
     body = {
         "visit": {k: visit[k] for k in ("index", "round", "arm", "position", "id")},
         "attempt": attempt,
@@ -259,18 +244,18 @@ def run_visit(*, visit: dict, engine: ArmEngine, plan: dict, prompts: dict[str, 
         "native_version": version,
         "first_request": first,
         "records": records,
-        "host": _host(start, server_cpus, client_cpus, server_cfg, quiet),
+        "host": {**_host(start, server_cpus, client_cpus, server_cfg, quiet), "node": node.pseudonym(host, secret)},
         "complete": all(r["prompt_tokens"] is not None for r in records),
         "duration_s": time.perf_counter() - t_visit,
         "started_unix": started_unix,
         "ended_unix": time.time(),
         "inputs": inputs,
     }
-    return body, outputs
+    return body, {c: {**texts, "node": host} for c, texts in outputs.items()}
 
 
-def _steady(engine: ArmEngine, srv, client, *, visit: dict, plan: dict, prompts: dict, fixtures: dict,
-            conds: list[Condition], server_cfg: dict, server_log: Path, attempt: int, where) -> tuple[list, dict]:
+def _steady(engine: ArmEngine, srv, link: Link, *, visit: dict, plan: dict, prompts: dict, fixtures: dict,
+            conds: list[Condition], attempt: int, where) -> tuple[list, dict]:
     """The steady requests of a visit: ``repeats`` per condition, repeats outer."""
     round_, arm = visit["round"], visit["arm"]
     repeats = int(plan.get("repeats", 1))
@@ -281,17 +266,11 @@ def _steady(engine: ArmEngine, srv, client, *, visit: dict, plan: dict, prompts:
         label = f"{visit['id']} arm={arm} round={round_} condition={cond.id}" + (
             f" repeat={repeat}/{repeats}" if repeats > 1 else "")
         progress_log.info("[measure] %s: request sent (attempt %d)", label, attempt)
-        result, gated = steady_request(engine, srv, client, messages=rnd["messages"], cond=cond,
-                                       seed=plan["seed"], timeout=server_cfg["request_timeout_s"],
-                                       server_log=server_log, label=label, where=where(cond))
-        rec = steady_record(result, condition=cond, round_=round_, arm=arm,
-                            prompt_sha256=fx["prompt_sha256"], gated=gated)
-        rec.update({"visit_index": visit["index"], "attempt": attempt, "repeat": repeat})
-        if not srv.alive():
-            rec["flags"].append("server: exited during the request")
-            rec["ok"] = False
-        records.append(rec)
-        texts = {"text": result.text, "token_ids": result.token_ids}
+        ex = steady_exchange(engine, srv, link, messages=rnd["messages"], cond=cond, seed=plan["seed"], label=label,
+                             where=where(cond))
+        records.append(steady_record(ex, condition=cond, visit=visit, attempt=attempt, repeat=repeat,
+                                     prompt_sha256=fx["prompt_sha256"], alive=srv.alive()))
+        texts = {"text": ex.result.text, "token_ids": ex.result.token_ids}
         if repeat == 1:
             outputs[cond.id] = texts
         else:
@@ -305,11 +284,11 @@ def run_warmup(*, arm: str, engine: ArmEngine, plan: dict, server_cfg: dict, ser
     The smoke check sends the same short request twice with the prefix cache off and checks the
     engine generated exactly what was asked and reused nothing the second time.
     """
-    timeout = server_cfg["request_timeout_s"]
     with engine.server(server_log, server_cfg) as srv:  # healthy: its probe answered 200
-        version = engine.version(http(), srv.url)
-        first = diagnostic_request(srv.url, timeout, plan["seed"], engine)
-        smoke = [diagnostic_request(srv.url, timeout, plan["seed"], engine) for _ in range(2)]
+        link = Link(srv.url, http(), server_cfg["request_timeout_s"], Path(server_log))
+        version = engine.version(link.http, link.url)
+        first = diagnostic_request(link, plan["seed"], engine)
+        smoke = [diagnostic_request(link, plan["seed"], engine) for _ in range(2)]
     problems = []
     for i, d in enumerate(smoke, start=1):
         if not d["ok"]:

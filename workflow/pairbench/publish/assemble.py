@@ -21,6 +21,7 @@ import pandas as pd
 import yaml
 
 from pairbench.analysis import tables as pb_tables
+from pairbench.analysis.loadlevel import judged
 from pairbench.core import naming
 from pairbench.core.artifacts import read_artifact, sha256_file, write_artifact
 from pairbench.core.layout import LOAD_PLOTS, LOAD_TABLES, PLOTS, TABLES, Layout
@@ -57,7 +58,7 @@ class Run:
             warmups={a: read_artifact(layout.warmup(a), "warmup") for a in arms},
             fixtures={c: read_artifact(layout.fixture(c), "fixture") for c in conds},
             prompts={c: read_artifact(layout.prompts(c), "prompts") for c in conds},
-            measures=[read_artifact(p, "measure") for p in measures],
+            measures=[judged(read_artifact(p, "measure"), plan) for p in measures],  # load levels: metrics
             validations={naming.validation_key(v): v for v in (read_artifact(p, "validate") for p in validations)},
             summary=read_artifact(layout.summary, "summary"),
             crosscheck=read_artifact(crosscheck, "crosscheck_summary") if crosscheck else None)

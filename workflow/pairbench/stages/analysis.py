@@ -11,6 +11,7 @@ from pairbench.core import naming
 from pairbench.analysis import crosscheck as pb_crosscheck
 from pairbench.analysis import adaptive as pb_adaptive
 from pairbench.analysis import loadstats as pb_loadstats
+from pairbench.analysis.loadlevel import judged
 from pairbench.analysis import plots as pb_plots
 from pairbench.analysis import runfacts as pb_runfacts
 from pairbench.analysis import stats as pb_stats
@@ -52,7 +53,7 @@ def stats_stage(*, summary: str, measurements: str, summary_csv: str, paired_csv
     """
     gates = {"allow_unproven_cold_cache": False, **(gates or {})}
     plan_body = read_artifact(plan, "plan")
-    measure_bodies = [read_artifact(p, "measure") for p in measures]
+    measure_bodies = [judged(read_artifact(p, "measure"), plan_body) for p in measures]  # load levels: metrics
     validation_bodies = read_validations(validations)
     df = pb_tables.measurements_frame(measure_bodies, validation_bodies,
                                       allow_unproven_cold_cache=gates["allow_unproven_cold_cache"])
@@ -100,7 +101,7 @@ def adapt_stage(*, adapt: str, plan: str, measures: list[str], validations: list
     measurement and validation so far."""
     gates = {"allow_unproven_cold_cache": False, **(gates or {})}
     plan_body = read_artifact(plan, "plan")
-    measure_bodies = [read_artifact(p, "measure") for p in measures]
+    measure_bodies = [judged(read_artifact(p, "measure"), plan_body) for p in measures]  # load levels: metrics
     df = pb_tables.measurements_frame(measure_bodies, read_validations(validations),
                                       allow_unproven_cold_cache=gates["allow_unproven_cold_cache"])
     rounds_done = max(m["visit"]["round"] for m in measure_bodies)

@@ -8,6 +8,7 @@ import shutil
 import time
 from pathlib import Path
 
+from pairbench.analysis.loadlevel import judged
 from pairbench.core import naming
 from pairbench.core.artifacts import read_artifact, sha256_file, write_artifact
 from pairbench.validate import cases as pb_cases
@@ -16,14 +17,15 @@ from pairbench.validate import retries
 log = logging.getLogger("pairbench")
 
 
-def validate_stage(*, validate: str, measure: str, outputs: str | list[str], fixtures: list[str],
+def validate_stage(*, validate: str, measure: str, plan: str, outputs: str | list[str], fixtures: list[str],
                    baseline_outputs: list[str], cases: list[str], options: dict) -> None:
     """Run the configured functional cases on every steady record of one visit, or of one of its
-    validation retries (*outputs* is then the retry's outputs folder)."""
-    measure_body = read_artifact(measure, "measure")
+    validation retries (*outputs* is then the retry's outputs folder). A load level's gate result
+    includes its validity, judged by the plan (pairbench.analysis.loadlevel.judged)."""
+    measure_body = judged(read_artifact(measure, "measure"), read_artifact(plan, "plan"))
     output_paths = [str(f) for p in ([outputs] if isinstance(outputs, str) else outputs)
                     for f in (sorted(Path(p).glob("*.json")) if Path(p).is_dir() else [p])]
-    inputs = {"measure": sha256_file(measure)}
+    inputs = {"measure": sha256_file(measure), "plan": sha256_file(plan)}
 
     def load(paths: list[str], kind: str, role: str) -> dict[str, dict]:
         out = {}
