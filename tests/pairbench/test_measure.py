@@ -71,7 +71,11 @@ def test_repeats_send_every_condition_in_turn_and_record_the_host(tmp_path, embe
         assert outputs[c.id]["repeats"][0]["token_ids"] == outputs[c.id]["token_ids"]  # greedy: the same output
     host = body["host"]
     assert set(host) == {"load1_start", "load1_end", "cpus", "cpu_mhz", "governor", "server_cpus", "client_cpus",
-                         "external_load", "external_load_threshold", "quiet"}
+                         "external_load", "external_load_threshold", "quiet", "node"}
+    # the visit's record is whole: the public pseudonym in the body, the real host name only in the outputs
+    import socket
+    assert host["node"].startswith("node-") and socket.gethostname() not in host["node"]
+    assert {outputs[c.id]["node"] for c in CONDS} == {socket.gethostname()}
     assert host["quiet"]["max_wait_s"] is None and host["quiet"]["waited_s"] == 0.0  # no server.quiet_wait_s
     cpus = sorted(os.sched_getaffinity(0))
     if len(cpus) >= 2:  # pinned for the visit, then the client's own affinity is back
