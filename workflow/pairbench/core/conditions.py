@@ -9,7 +9,11 @@ factor), statistics keys, the report and ``verify``.
 
 The statistics, the report and ``verify`` never name a factor: they iterate conditions and read
 :func:`label` and :data:`FACTORS`. Adding a factor is one entry in :data:`FACTORS` plus where its
-config key is read (:func:`conditions`), and where the measurement acts on it.
+config key is read (:func:`conditions`), and where the measurement acts on it. A *request-visible*
+factor (``request=True``: a temperature, say) acts through the request alone: every engine profile's
+request template names it (``temperature: "{temperature}"``) and the adapter fills it from the
+condition (:meth:`pairbench.engines.adapter.ArmEngine.request`), so nothing under ``measure/`` changes;
+an engine whose profile does not name it refuses the request rather than measure without it.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ class Factor:
     config_key: str  # where the config lists its levels
     phrase: str  # the report's words for one value, "{} input tokens"
     kind: type = int
+    request: bool = False  # request-visible: sent to the engine through its profile's request template
 
 
 FACTORS: tuple[Factor, ...] = (

@@ -264,6 +264,25 @@ class EngineProfile:
         }
 
     # ---- requests ------------------------------------------------------------------------
+    @cached_property
+    def templated_factors(self) -> frozenset[str]:
+        """The condition factors the profile's request fields name as placeholders."""
+        req = self.data["request"]
+        found: set[str] = set()
+
+        def walk(obj) -> None:
+            if isinstance(obj, dict):
+                for v in obj.values():
+                    walk(v)
+            elif isinstance(obj, list):
+                for v in obj:
+                    walk(v)
+            elif isinstance(obj, str):
+                found.update(n for _, n, _, _ in string.Formatter().parse(obj) if n is not None)
+
+        walk({**req["fields"], **req["output_length"]["fields"]})
+        return frozenset(found)
+
     def request_fields(self, factors: Mapping[str, Any]) -> dict:
         """Fields merged into every generation request (cache off, output length forced), their
         templates filled with the condition's *factors* (``{output_tokens}``, and any condition
@@ -283,6 +302,12 @@ class EngineProfile:
         if "output_tokens" not in factors:
             raise EngineError(f"engine {self.name}: a request needs the condition's output_tokens "
                               f"(given: {', '.join(sorted(factors)) or 'none'})")
+        unsent = [n for n in factors if n in conditions.BY_NAME and conditions.BY_NAME[n].request
+                  and n not in self.templated_factors]
+        if unsent:
+            raise EngineError(f"{self.path or self.name}: the condition's request-visible factor(s) "
+                              f"{', '.join(unsent)} reach no request field: name each in request.fields "
+                              f"(e.g. {unsent[0]}: \"{{{unsent[0]}}}\"), or the engine would be measured without it")
         body: dict[str, Any] = {"max_tokens": factors["output_tokens"], "temperature": 0, "seed": seed,
                                 "stream": stream}
         if self.api_mode == "chat":
