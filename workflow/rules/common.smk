@@ -269,7 +269,7 @@ def visit_params(cfg):
     """The params every visit's job takes (pairbench.stages.measure.measure_stage's keywords; its
     paths come from the run layout at res_dir)."""
     return dict(
-        res_dir=L.res,
+        res_dir=lambda wc, output: str(Path(output.measure).parent.parent),  # results/<label>
         visit=lambda wc: visit_by_id(cfg, wc.visit),
         arm_config=lambda wc: cfg["arms"][visit_by_id(cfg, wc.visit)["arm"]],
         server=cfg["server"],

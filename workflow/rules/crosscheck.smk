@@ -15,7 +15,8 @@ rule crosscheck:
         crosschecks=[L.crosscheck(a) for a in crosscheck_arms(CFG)],
         raw=[L.crosscheck_raw(a) for a in crosscheck_arms(CFG)],
     params:
-        res_dir=L.res,  # every path through the run layout (pairbench.stages.measure.crosscheck_stage)
+        # every path through the run layout (pairbench.stages.measure.crosscheck_stage): results/<label>
+        res_dir=lambda wc, output: str(Path(output.crosschecks[0]).parent.parent),
         arms=crosscheck_arms(CFG),
         arm_configs={a: CFG["arms"][a] for a in crosscheck_arms(CFG)},
         rounds=CFG["crosscheck"]["rounds"],

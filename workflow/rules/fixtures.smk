@@ -13,7 +13,8 @@ rule fixtures:
         fixtures=fixtures(CFG),
         prompts=prompts(CFG),
     params:
-        res_dir=L.res,  # every path through the run layout (pairbench.stages.measure.fixtures_stage)
+        # every path through the run layout (pairbench.stages.measure.fixtures_stage): results/<label>
+        res_dir=lambda wc, output: str(Path(output.fixtures[0]).parent.parent),
         arms=arms(CFG),
         server=CFG["server"],
         arm_configs=CFG["arms"],

@@ -11,7 +11,8 @@ rule warmup:
     output:
         warmup=L.warmup("{arm}"),
     params:
-        res_dir=L.res,  # every path through the run layout (pairbench.stages.measure.warmup_stage)
+        # every path through the run layout (pairbench.stages.measure.warmup_stage): results/<label>
+        res_dir=lambda wc, output: str(Path(output.warmup).parent.parent),
         arm=lambda wc: wc.arm,
         arm_config=lambda wc: CFG["arms"][wc.arm],
         server=CFG["server"],
