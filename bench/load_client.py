@@ -78,14 +78,14 @@ def prompt_requests(n: int, prompt_tokens: int, output_tokens: int, salt: str) -
 
 
 def summarize(label: str, run) -> dict:
-    m = level_metrics(run.to_dict(), level=label, percentiles=(50, 99))
+    m = level_metrics(run.client(), level=label.split("#")[0], percentiles=(50, 99))  # "c8#1": level c8, repetition 1
     row = {"level": label, "requests": m.n_requests, "ok": m.n_ok, "errors": m.n_errors,
            "output_tokens": sum(r.streamed_tokens for r in run.records), "wall_s": round(m.wall_s, 3),
            "client_cpu_ms_per_request": round(m.client_cpu_ms_per_request, 2),
-           "client_cpu_share": round(m.client_cpu_share, 3), "lag_p99_ms": round(m.lag_p99_ms, 2),
-           "lag_max_ms": round(m.lag_max_ms, 2), "output_tok_s": round(m.output_tok_s or 0, 1),
-           "achieved_concurrency": None if m.achieved_concurrency is None else round(m.achieved_concurrency, 3),
-           "achieved_rate_rps": None if m.achieved_rate_rps is None else round(m.achieved_rate_rps, 3),
+           "client_cpu_share": round(m["client_cpu_share"], 3), "lag_p99_ms": round(m["lag_p99_ms"], 2),
+           "lag_max_ms": round(m.lag_max_ms, 2), "output_tok_s": round(m["output_tok_s"] or 0, 1),
+           "achieved_concurrency": None if m["achieved_concurrency"] is None else round(m["achieved_concurrency"], 3),
+           "achieved_rate_rps": None if m["achieved_rate_rps"] is None else round(m["achieved_rate_rps"], 3),
            "offered_rate_rps": None if m.offered_rate_rps is None else round(m.offered_rate_rps, 3)}
     print("  ".join(f"{k}={v}" for k, v in row.items()), flush=True)
     return row

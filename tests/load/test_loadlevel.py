@@ -51,9 +51,9 @@ def test_closed_loop_metrics_by_hand():
     m = level_metrics(closed(), level="in32-out3-c2", slo=SLO_, percentiles=(50, 99))
     assert (m.n_requests, m.n_measured, m.n_ok, m.n_itl, m.n_errors) == (4, 4, 4, 8, 0)
     assert m.window_s == pytest.approx(0.300)
-    assert m.output_tok_s == pytest.approx(12 / 0.300)           # 12 tokens in the window
-    assert m.requests_s == pytest.approx(4 / 0.300)
-    lat = m.latency_ms
+    assert m["output_tok_s"] == pytest.approx(12 / 0.300)           # 12 tokens in the window
+    assert m["requests_s"] == pytest.approx(4 / 0.300)
+    lat = m.values
     # TTFT 50 60 100 120: p50 at rank 1.5 -> 80; p99 at rank 2.97 -> 100 + 0.97 * 20
     assert lat["ttft_p50_ms"] == pytest.approx(80.0) and lat["ttft_p99_ms"] == pytest.approx(119.4)
     # gaps 10 10 10 20 20 20 30 30: p50 at rank 3.5 -> 20; p99 at rank 6.93 -> 30
@@ -63,15 +63,15 @@ def test_closed_loop_metrics_by_hand():
     # TPOT (e2e - ttft) / 2: 20, 39.5, 24, 18 -> sorted 18 20 24 39.5
     assert lat["tpot_p50_ms"] == pytest.approx(22.0) and lat["tpot_p99_ms"] == pytest.approx(39.035)
     # good: r0 (ttft 100 <= 100, tpot 20), r2, r3; r1's TTFT 120 misses
-    assert m.slo_attainment == pytest.approx(0.75)
-    assert m.goodput_rps == pytest.approx(3 / 0.300)
+    assert m["slo_attainment"] == pytest.approx(0.75)
+    assert m["goodput_rps"] == pytest.approx(3 / 0.300)
     # in flight over [0, 0.204]: r0 0.140 + r1 0.199 + r2 0.062 + r3 0 = 0.401
-    assert m.achieved_concurrency == pytest.approx(0.401 / 0.204)
-    assert m.lag_p99_ms == pytest.approx(3.94) and m.lag_max_ms == pytest.approx(4.0)
-    assert m.client_cpu_share == pytest.approx(0.1) and m.client_cpu_ms_per_request == pytest.approx(7.5)
+    assert m["achieved_concurrency"] == pytest.approx(0.401 / 0.204)
+    assert m["lag_p99_ms"] == pytest.approx(3.94) and m.lag_max_ms == pytest.approx(4.0)
+    assert m["client_cpu_share"] == pytest.approx(0.1) and m.client_cpu_ms_per_request == pytest.approx(7.5)
     d = m.to_dict()
     json.dumps(d)  # plain JSON
-    assert d["ttft_p99_ms"] == lat["ttft_p99_ms"] and d["output_tok_s"] == m.output_tok_s
+    assert d["ttft_p99_ms"] == lat["ttft_p99_ms"] and d["output_tok_s"] == m["output_tok_s"]
 
 
 def test_percentile_is_numpy_linear():
@@ -86,10 +86,10 @@ def test_warmup_requests_load_the_server_but_are_not_measured():
                       level="c2", slo=SLO_, percentiles=(50,))
     assert (m.n_measured, m.n_ok) == (3, 3)
     assert m.window_s == pytest.approx(0.299)                    # first measured send (r1, 0.001) -> 0.300
-    assert m.output_tok_s == pytest.approx(12 / 0.299)           # r0's tokens arrive inside the window too
-    assert m.requests_s == pytest.approx(3 / 0.299)
-    assert m.latency_ms["ttft_p50_ms"] == pytest.approx(60.0)   # of 50, 60, 120
-    assert m.slo_attainment == pytest.approx(2 / 3)             # r2, r3 good; r1 not
+    assert m["output_tok_s"] == pytest.approx(12 / 0.299)           # r0's tokens arrive inside the window too
+    assert m["requests_s"] == pytest.approx(3 / 0.299)
+    assert m["ttft_p50_ms"] == pytest.approx(60.0)   # of 50, 60, 120
+    assert m["slo_attainment"] == pytest.approx(2 / 3)             # r2, r3 good; r1 not
 
 
 def test_a_valid_level_passes_every_check():
@@ -103,8 +103,8 @@ def test_a_failed_request_fails_the_level_and_is_never_a_sample():
                             "after 2 tokens", kind="dropped")
     m = level_metrics(run, level="in32-out3-c2", slo=SLO_, percentiles=(50,))
     assert (m.n_ok, m.n_errors, m.errors) == (3, 1, {"dropped": 1})
-    assert m.latency_ms["ttft_p50_ms"] == pytest.approx(100.0)  # of 50, 100, 120
-    assert m.slo_attainment == pytest.approx(2 / 4)            # the failed request counts, and is not good
+    assert m["ttft_p50_ms"] == pytest.approx(100.0)  # of 50, 100, 120
+    assert m["slo_attainment"] == pytest.approx(2 / 4)            # the failed request counts, and is not good
     v = check(m)
     assert v.failed == ("errors",)
     assert v.messages[0].startswith("level in32-out3-c2: 1 of 4 requests failed (1 dropped)")
@@ -135,7 +135,7 @@ def test_closed_loop_short_of_its_streams():
     run["requests"][2] = rec(2, stream=0, due=0.140, sent=0.180, ttft=50.0, gaps=(20.0, 20.0), end=0.278)
     m = level_metrics(run, level="c2", percentiles=(50,))
     # in flight over [0, 0.204]: 0.140 + 0.199 + 0.024 = 0.363
-    assert m.achieved_concurrency == pytest.approx(0.363 / 0.204)
+    assert m["achieved_concurrency"] == pytest.approx(0.363 / 0.204)
     v = check(m, Bounds(lag_p99_ms=100))
     assert v.failed == ("achieved_load",)
     assert v.messages[0] == "level c2: achieved concurrency 1.78 of 2 streams (below 95% of the target)"
@@ -149,7 +149,7 @@ def open_run(sends):
 
 def test_open_loop_on_schedule():
     m = level_metrics(open_run([0.001, 0.502, 1.003]), level="in32-out2-r2", percentiles=(50,))
-    assert m.achieved_rate_rps == pytest.approx(2 / 1.002)
+    assert m["achieved_rate_rps"] == pytest.approx(2 / 1.002)
     assert m.lag_max_ms == pytest.approx(3.0)
     assert check(m).ok
 
@@ -167,12 +167,12 @@ def test_open_loop_behind_schedule():
 
 def test_no_slo_no_attainment():
     m = level_metrics(closed(), level="c2", percentiles=(50,))
-    assert m.slo_attainment is None and m.goodput_rps is None and m.slo is None
+    assert m["slo_attainment"] is None and m["goodput_rps"] is None and m.slo is None
 
 
 def test_closed_loop_with_no_more_requests_than_streams():
     m = level_metrics(closed(), level="c4", percentiles=(50,))  # the level's id says 4 streams
-    assert m.achieved_concurrency is None
+    assert m["achieved_concurrency"] is None
     v = check(m)
     assert v.failed == ("achieved_load",)
     assert v.messages[0] == "level c4: 4 requests for 4 streams all went out at once: too few to hold the streams busy"

@@ -55,16 +55,11 @@ import numpy as np
 
 from pairbench.core import loadconfig
 from pairbench.core.conditions import parse_id
-from pairbench.core.metrics import METRICS, Metric
+from pairbench.core.metrics import LEVEL_LATENCIES, NAMES as N, latency_metric
 from pairbench.core.slo import SLO, min_requests, tpot_ms
 
 PERCENTILE_METHOD = "linear"  # numpy's default, Hyndman & Fan (1996) type 7; vLLM's np.percentile
 DEFAULT_PERCENTILES = (50, 99)
-LATENCIES = ("ttft", "itl", "tpot", "e2e")
-
-# The load metrics are the registry's level-scope metrics (pairbench.core.metrics.METRICS, scope
-# "level"): each is a key of LevelMetrics.to_dict(), which a level record holds under "metrics".
-LOAD_METRICS: dict[str, Metric] = {name: m for name, m in METRICS.items() if m.scope == "level"}
 
 
 def percentile(values, q: float) -> float | None:
@@ -74,7 +69,7 @@ def percentile(values, q: float) -> float | None:
 
 
 def pkey(q: float) -> str:
-    """``p50``, ``p99``, ``p99_9``: a percentile's name in a key."""
+    """``p50``, ``p99``, ``p99_9``: a percentile's name (in a message)."""
     return "p" + f"{q:g}".replace(".", "_")
 
 
@@ -91,7 +86,9 @@ class Bounds:
 
 @dataclass(frozen=True)
 class LevelMetrics:
-    """A level's figures; ``to_dict`` is flat JSON with units in the names."""
+    """A level's figures: the registry's level metrics (pairbench.core.metrics, scope ``level``) in
+    ``values`` by name (``m[NAMES.output_tok_s]``), and the counts, windows and facts beside them;
+    ``to_dict`` is flat JSON with units in the names."""
 
     level: str
     factor: str                        # the level's load factor: concurrency (closed loop) or rate (open loop)
@@ -102,29 +99,23 @@ class LevelMetrics:
     n_ok: int
     n_itl: int
     n_errors: int
+    values: dict = field(default_factory=dict)   # registry metric name → value (None: cannot be computed)
     errors: dict = field(default_factory=dict)   # kind → count, every request of the level
     first_error: str | None = None
     wall_s: float = 0.0
     window_s: float | None = None
-    output_tok_s: float | None = None
-    requests_s: float | None = None
-    latency_ms: dict = field(default_factory=dict)  # "ttft_p99_ms" → value
     slo: dict | None = None
-    slo_attainment: float | None = None
-    goodput_rps: float | None = None
-    achieved_concurrency: float | None = None
     offered_rate_rps: float | None = None
-    achieved_rate_rps: float | None = None
-    lag_p99_ms: float | None = None
     lag_max_ms: float | None = None
-    client_cpu_s: float = 0.0
-    client_cpu_share: float | None = None
     client_cpu_ms_per_request: float | None = None
+
+    def __getitem__(self, name: str):
+        return self.values[name]
 
     def to_dict(self) -> dict:
         d = asdict(self)
         d["percentiles"] = list(self.percentiles)
-        d.update(d.pop("latency_ms"))
+        d.update(d.pop("values"))
         return d
 
 
@@ -144,18 +135,18 @@ class Validity:
         return {"level": self.level, "ok": self.ok, "failed": list(self.failed), "messages": list(self.messages)}
 
 
-def ttft_ms(r: Mapping) -> float | None:
+def first_token_ms(r: Mapping) -> float | None:
     """A request's time to first token: its first token's arrival since its send (None: no token)."""
     return r["token_s"][0] * 1e3 if r["token_s"] else None
 
 
-def itl_ms(r: Mapping) -> list[float]:
+def gaps_ms(r: Mapping) -> list[float]:
     """A request's inter-token gaps: between consecutive tokens' arrivals."""
     t = r["token_s"]
     return [(b - a) * 1e3 for a, b in zip(t, t[1:])]
 
 
-def e2e_ms(r: Mapping) -> float:
+def end_to_end_ms(r: Mapping) -> float:
     """A request's end-to-end time: its end since its send."""
     return (r["end_s"] - r["sent_s"]) * 1e3
 
@@ -187,41 +178,43 @@ def level_metrics(client: Mapping, *, level: str, slo: SLO | None = None,
     ok = [r for r in measured if r["error"] is None]
     errors = [r for r in records if r["error"] is not None]
     series = _series(ok)
-    lat = {f"{name}_{pkey(q)}_ms": percentile([v for v in series[name] if v is not None], q)
-           for name in LATENCIES for q in percentiles}
+    values = {latency_metric(name, q): percentile([v for v in series[name] if v is not None], q)
+              for name in LEVEL_LATENCIES for q in percentiles}
     t0 = min(r["sent_s"] for r in measured)
     t1 = max(r["end_s"] for r in measured)
     window = t1 - t0 if t1 > t0 else None
-    out_tok = req_s = good_rps = attain = None
+    values[N.output_tok_s] = values[N.requests_s] = values[N.goodput_rps] = values[N.slo_attainment] = None
     if window:
         n_tok = sum(int(np.count_nonzero((t >= t0) & (t <= t1)))
                     for t in (r["sent_s"] + np.asarray(r["token_s"], dtype=float) for r in records if r["error"] is None))
-        out_tok, req_s = n_tok / window, len(ok) / window
+        values[N.output_tok_s], values[N.requests_s] = n_tok / window, len(ok) / window
     if slo is not None:
         good = sum(slo.good(ttft_ms=a, tpot_ms=t, e2e_ms=e) for a, t, e in zip(series["ttft"], series["tpot"],
                                                                                series["e2e"]))
-        attain = good / len(measured)
-        good_rps = good / window if window else None
-    achieved_c, achieved_r = _achieved(records, factor, target)
+        values[N.slo_attainment] = good / len(measured)
+        values[N.goodput_rps] = good / window if window else None
+    values[N.achieved_concurrency], values[N.achieved_rate_rps] = _achieved(records, factor, target)
     lags = [lag_ms(r) for r in records]
     wall, cpu = float(client["wall_s"]), float(client["cpu_s"])
+    values.update({N.lag_p99_ms: percentile(lags, 99), N.client_cpu_s: cpu,
+                   N.client_cpu_share: cpu / wall if wall > 0 else None})
     return LevelMetrics(
         level=level, factor=factor, target=target, percentiles=tuple(percentiles), n_requests=len(records),
-        n_measured=len(measured), n_ok=len(ok), n_itl=len(series["itl"]), n_errors=len(errors),
+        n_measured=len(measured), n_ok=len(ok), n_itl=len(series["itl"]), n_errors=len(errors), values=values,
         errors=dict(Counter(r["error_kind"] for r in errors)), first_error=errors[0]["error"] if errors else None,
-        wall_s=wall, window_s=window, output_tok_s=out_tok, requests_s=req_s, latency_ms=lat,
-        slo=slo.to_dict() if slo else None, slo_attainment=attain, goodput_rps=good_rps,
-        achieved_concurrency=achieved_c, offered_rate_rps=client.get("offered_rate_rps"), achieved_rate_rps=achieved_r,
-        lag_p99_ms=percentile(lags, 99), lag_max_ms=max(lags), client_cpu_s=cpu,
-        client_cpu_share=cpu / wall if wall > 0 else None, client_cpu_ms_per_request=cpu * 1e3 / len(records))
+        wall_s=wall, window_s=window, slo=slo.to_dict() if slo else None,
+        offered_rate_rps=client.get("offered_rate_rps"), lag_max_ms=max(lags),
+        client_cpu_ms_per_request=cpu * 1e3 / len(records))
 
 
 def _series(ok: list[Mapping]) -> dict[str, list]:
-    """Per latency, the values of the measured requests that completed (``itl``: every gap, pooled)."""
-    ttft = [ttft_ms(r) for r in ok]
-    e2e = [e2e_ms(r) for r in ok]
-    return {"ttft": ttft, "itl": [g for r in ok for g in itl_ms(r)], "e2e": e2e,
-            "tpot": [tpot_ms(ttft_ms=a, e2e_ms=e, output_tokens=_out_tokens(r)) for r, a, e in zip(ok, ttft, e2e)]}
+    """Per latency (:data:`pairbench.core.metrics.LEVEL_LATENCIES`), the values of the measured
+    requests that completed (``itl``: every gap, pooled)."""
+    ttft = [first_token_ms(r) for r in ok]
+    e2e = [end_to_end_ms(r) for r in ok]
+    tpot = [tpot_ms(ttft_ms=a, e2e_ms=e, output_tokens=_out_tokens(r)) for r, a, e in zip(ok, ttft, e2e)]
+    series = dict(zip(LEVEL_LATENCIES, (ttft, [g for r in ok for g in gaps_ms(r)], tpot, e2e)))
+    return series
 
 
 def _achieved(records: list[Mapping], factor: str, target) -> tuple[float | None, float | None]:
@@ -261,24 +254,26 @@ def check(m: LevelMetrics, bounds: Bounds = Bounds()) -> Validity:
         fail("too_few_requests", f"{m.n_ok} measured requests completed, too few for {worst} (needs {need})")
     elif 0 < m.n_itl < need:  # no gaps at all only when every request has one output token
         fail("too_few_requests", f"{m.n_itl} inter-token gaps, too few for {worst} ITL (needs {need})")
-    if m.lag_p99_ms is not None and m.lag_p99_ms > bounds.lag_p99_ms:
+    lag, lag_bound = m[N.lag_p99_ms], bounds.lag_p99_ms
+    if lag is not None and lag > lag_bound:
         what = "schedule lag" if m.factor == "rate" else "client turnaround (send after a stream became free)"
-        fail("schedule_lag", f"p99 {what} {m.lag_p99_ms:.1f} ms exceeds {bounds.lag_p99_ms:g} ms: the client, "
-                             f"not the engine, set the pace")
-    if m.client_cpu_share is not None and m.client_cpu_share >= bounds.client_cpu_share:
-        fail("client_cpu", f"the client used {m.client_cpu_share:.2f} of a CPU core (bound {bounds.client_cpu_share:g}):"
-                           f" the client may be the bottleneck")
-    tol = bounds.load_tolerance
+        fail("schedule_lag", f"p99 {what} {lag:.1f} ms exceeds {lag_bound:g} ms: the client, not the engine, set "
+                             f"the pace")
+    share, share_bound = m[N.client_cpu_share], bounds.client_cpu_share
+    if share is not None and share >= share_bound:
+        fail("client_cpu", f"the client used {share:.2f} of a CPU core (bound {share_bound:g}): the client may be "
+                           f"the bottleneck")
+    tol, conc, rate = bounds.load_tolerance, m[N.achieved_concurrency], m[N.achieved_rate_rps]
     if m.factor == "concurrency":
-        if m.achieved_concurrency is None:
+        if conc is None:
             fail("achieved_load", f"{m.n_requests} requests for {m.target} streams all went out at once: "
                                   f"too few to hold the streams busy")
-        elif m.achieved_concurrency < (1 - tol) * m.target:
-            fail("achieved_load", f"achieved concurrency {m.achieved_concurrency:.2f} of {m.target} streams "
+        elif conc < (1 - tol) * m.target:
+            fail("achieved_load", f"achieved concurrency {conc:.2f} of {m.target} streams "
                                   f"(below {1 - tol:.0%} of the target)")
-    elif m.offered_rate_rps and m.achieved_rate_rps is not None:
-        if abs(m.achieved_rate_rps / m.offered_rate_rps - 1) > tol:
-            fail("achieved_load", f"achieved rate {m.achieved_rate_rps:.3g} req/s against the schedule's "
+    elif m.offered_rate_rps and rate is not None:
+        if abs(rate / m.offered_rate_rps - 1) > tol:
+            fail("achieved_load", f"achieved rate {rate:.3g} req/s against the schedule's "
                                   f"{m.offered_rate_rps:.3g} (more than {tol:.0%} off)")
     elif m.n_requests >= 2:
         fail("achieved_load", "the schedule offers no rate (its sends are all at one instant)")

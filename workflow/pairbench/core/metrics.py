@@ -21,6 +21,7 @@ too (``fact``), shown and disclosed, never tested.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any
 
 
@@ -53,6 +54,14 @@ def _metrics(*ms: Metric) -> dict[str, Metric]:
 # The latency percentiles a load level may state as metrics (config load.percentiles is a subset).
 PERCENTILES = (50, 90, 99)
 SCOPES = ("request", "level")
+# A load level's latencies, each stated at percentiles (pairbench.analysis.loadlevel defines them)
+LEVEL_LATENCIES = ("ttft", "itl", "tpot", "e2e")
+
+
+def latency_metric(latency: str, q: float) -> str:
+    """The name of a load level's latency percentile: ``latency_metric("ttft", 99) == "ttft_p99_ms"``
+    (``p99_9`` for 99.9)."""
+    return f"{latency}_p{q:g}_ms".replace(".", "_")
 
 
 def _level(name: str, unit: str, higher: bool, label: str, question: str, fact: bool = False) -> Metric:
@@ -76,10 +85,10 @@ METRICS: dict[str, Metric] = _metrics(
     _level("goodput_rps", "req/s", True, "goodput (requests meeting the SLO)", "goodput"),
     _level("slo_attainment", "share", True, "SLO attainment", "goodput"),
     # per percentile one question; ITL and TPOT measure decode latency from two sides (gaps, means)
-    *(_level(f"{lat}_p{q}_ms", "ms", False, f"p{q} {words}", f"{question} p{q}")
-      for lat, words, question in (("ttft", "time to first token", "ttft"), ("itl", "inter-token latency", "decode"),
-                                   ("tpot", "time per output token", "decode"),
-                                   ("e2e", "end-to-end latency", "e2e"))
+    *(_level(latency_metric(lat, q), "ms", False, f"p{q} {words}", f"{question} p{q}")
+      for lat, words, question in zip(LEVEL_LATENCIES, ("time to first token", "inter-token latency",
+                                                        "time per output token", "end-to-end latency"),
+                                      ("ttft", "decode", "decode", "e2e"))
       for q in PERCENTILES),
     _level("achieved_concurrency", "streams", True, "achieved concurrency", "achieved load", fact=True),
     _level("achieved_rate_rps", "req/s", True, "achieved request rate", "achieved load", fact=True),
@@ -87,6 +96,10 @@ METRICS: dict[str, Metric] = _metrics(
     _level("client_cpu_s", "s", False, "client CPU time", "client", fact=True),
     _level("client_cpu_share", "share", False, "client CPU share of a core", "client", fact=True),
 )
+NAMES = SimpleNamespace(**{name: name for name in METRICS})
+"""The registry's names as attributes (``NAMES.ttft_ms == "ttft_ms"``): code that writes or reads a
+metric names it through here, so a name the registry lacks fails where it is used (AttributeError)
+instead of adding a field no table, schema or verdict knows."""
 SPEED_METRICS = tuple(m for m, v in METRICS.items() if not v.memory and not v.fact)
 MEMORY_METRICS = tuple(m for m, v in METRICS.items() if v.memory)
 LEVEL_METRICS = tuple(m for m, v in METRICS.items() if v.scope == "level")

@@ -131,18 +131,18 @@ class LevelRun:
     timeout_s: float
     warmup: int
     wall_s: float                    # first send → last request finished
-    client_cpu_s: float              # this process's CPU time over the level (time.process_time)
+    cpu_s: float                     # this process's CPU time over the level (time.process_time)
     records: tuple[RequestRecord, ...] = field(default_factory=tuple)
 
     def client(self) -> dict:
         """What the statistics read of the level (:mod:`pairbench.analysis.loadlevel`): the wall and
         client CPU time, the schedule's offered rate, and every request's raw times."""
-        return {"wall_s": self.wall_s, "cpu_s": self.client_cpu_s, "offered_rate_rps": self.offered_rate_rps,
+        return {"wall_s": self.wall_s, "cpu_s": self.cpu_s, "offered_rate_rps": self.offered_rate_rps,
                 "requests": [r.times() for r in self.records]}
 
     def to_dict(self) -> dict:
         d = {k: getattr(self, k) for k in ("factor", "target", "offered_rate_rps", "timeout_s", "warmup", "wall_s",
-                                           "client_cpu_s")}
+                                           "cpu_s")}
         d["records"] = [r.to_dict() for r in self.records]
         return d
 
@@ -318,4 +318,4 @@ def _check(requests: list[LoadRequest], timeout_s: float, warmup: int) -> None:
 def _level(factor, target, records, wall, cpu, *, offered, timeout_s, warmup) -> LevelRun:
     # t0 (the level's 0) is read immediately before the first send, so wall_s spans first send → last end
     return LevelRun(factor=factor, target=target, offered_rate_rps=offered, timeout_s=float(timeout_s),
-                    warmup=warmup, wall_s=wall, client_cpu_s=cpu, records=tuple(sorted(records, key=lambda r: r.index)))
+                    warmup=warmup, wall_s=wall, cpu_s=cpu, records=tuple(sorted(records, key=lambda r: r.index)))

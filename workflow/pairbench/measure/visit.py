@@ -34,6 +34,7 @@ from pathlib import Path
 from pairbench.core import conditions
 from pairbench.core.artifacts import sha256_bytes
 from pairbench.core.conditions import Condition
+from pairbench.core.metrics import METRICS, NAMES as N
 from pairbench.engines.adapter import ArmEngine
 from pairbench.engines.client import ClientError, StreamResult, http
 from pairbench.engines.evidence import count_log_prefix_hits
@@ -67,6 +68,10 @@ FIRST_REQUEST_TOKENS = 8
 FIRST_CONDITION = Condition.of(output_tokens=FIRST_REQUEST_TOKENS)  # its prompt's length is not planned
 
 
+# where a record's engine block holds the engine's own rates (the registry's engine_* metrics)
+ENGINE_PREFILL, ENGINE_DECODE = (METRICS[n].record[-1] for n in (N.engine_prefill_tok_s, N.engine_decode_tok_s))
+
+
 def engine_timings(timings: dict | None) -> dict | None:
     if not timings or timings.get("predicted_ms") is None:
         return None
@@ -81,8 +86,8 @@ def engine_timings(timings: dict | None) -> dict | None:
     # disagree with the client's (completion_tokens - 1) / (last - first token) by exactly that.
     n = t.get("predicted_n")
     return {"prompt_n": t.get("prompt_n"), "prompt_ms": t.get("prompt_ms"), "predicted_n": n,
-            "predicted_ms": t.get("predicted_ms"), "prefill_tok_s": rate(t.get("prompt_n"), t.get("prompt_ms")),
-            "decode_tok_s": rate(n - 1 if n else n, t.get("predicted_ms"))}
+            "predicted_ms": t.get("predicted_ms"), ENGINE_PREFILL: rate(t.get("prompt_n"), t.get("prompt_ms")),
+            ENGINE_DECODE: rate(n - 1 if n else n, t.get("predicted_ms"))}
 
 
 def client_timings(result: StreamResult, prompt_tokens: int) -> dict:
@@ -92,8 +97,8 @@ def client_timings(result: StreamResult, prompt_tokens: int) -> dict:
     decode = None
     if len(times) >= 2 and times[-1] > times[0]:
         decode = (len(times) - 1) / (times[-1] - times[0])
-    return {"ttft_ms": ttft * 1e3 if ttft is not None else None, "e2e_ms": result.e2e_s * 1e3,
-            "prefill_tok_s": prompt_tokens / ttft if ttft else None, "decode_tok_s": decode}
+    return {N.ttft_ms: ttft * 1e3 if ttft is not None else None, N.e2e_ms: result.e2e_s * 1e3,
+            N.prefill_tok_s: prompt_tokens / ttft if ttft else None, N.decode_tok_s: decode}
 
 
 def steady_record(ex: Exchange, *, condition: Condition, visit: dict, attempt: int, repeat: int,
@@ -119,8 +124,8 @@ def steady_record(ex: Exchange, *, condition: Condition, visit: dict, attempt: i
         "tokens_cached": facts["tokens_cached"],
         **client_timings(result, condition.input_tokens),
         "engine": engine_timings(result.timings),
-        "kv_bytes": mem.get("kv_bytes"),
-        "peak_rss_bytes": mem.get("peak_rss_bytes"),
+        N.kv_bytes: mem.get(N.kv_bytes),
+        N.peak_rss_bytes: mem.get(N.peak_rss_bytes),
         "gates": ex.gates,
         "flags": flags,
         "ok": ex.ok and alive,
@@ -133,10 +138,10 @@ def diagnostic_request(link: Link, seed: int, engine: ArmEngine) -> dict:
     try:
         r = engine.stream(link, path, body)
     except ClientError as exc:
-        return {"ok": False, "error": str(exc), "ttft_ms": None, "e2e_ms": None, "completion_tokens": None,
+        return {"ok": False, "error": str(exc), N.ttft_ms: None, N.e2e_ms: None, "completion_tokens": None,
                 "prompt_tokens": None, "tokens_cached": None}
-    return {"ok": bool(r.token_times), "error": None, "ttft_ms": r.ttft_s * 1e3 if r.ttft_s is not None else None,
-            "e2e_ms": r.e2e_s * 1e3, **engine.counts(r.reply(), streamed_tokens=len(r.token_times))}
+    return {"ok": bool(r.token_times), "error": None, N.ttft_ms: r.ttft_s * 1e3 if r.ttft_s is not None else None,
+            N.e2e_ms: r.e2e_s * 1e3, **engine.counts(r.reply(), streamed_tokens=len(r.token_times))}
 
 
 def steady_exchange(engine: ArmEngine, srv, link: Link, *, messages: list[dict], cond: Condition, seed: int,
