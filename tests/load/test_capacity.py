@@ -70,8 +70,8 @@ def test_uncensored_comparison_is_the_verdicts_modules_judge():
     cand = points([4.6, 4.5, 4.4, 5.0, 4.7, 4.6, 4.3, 4.8])
     d = np.log([c.value / b.value for b, c in zip(base, cand)])
     expected = verdicts.judge(verdicts.Comparison(("load", "capacity"), d, True, {"better": "more", "worse": "less"}),
-                              level=ALPHA, noise=NOISE)
-    out = compare(base, cand, level=ALPHA, noise=NOISE)
+                              alpha=ALPHA, noise=NOISE)
+    out = compare(base, cand, alpha=ALPHA, noise=NOISE)
     # the module takes log c - log b, the test log(c / b): equal to rounding
     assert {k: out[k] for k in expected} == pytest.approx(expected, rel=1e-12)
     assert out["verdict"] == "more" and out["n_censored"] == 0
@@ -96,7 +96,7 @@ def test_a_candidate_past_the_highest_level_can_still_be_called_more():
     # [smallest Walsh average, largest] = [min d, max d]; round 6's candidate passed every level (>= 8)
     base = points([4.0] * 6)
     cand = points([5.0, 5.2, 4.8, 5.1, 4.9]) + [Capacity(8.0, "above")]
-    out = compare(base, cand, level=ALPHA, noise=NOISE)
+    out = compare(base, cand, alpha=ALPHA, noise=NOISE)
     assert out["ci_low"] == pytest.approx(1.2)     # 4.8 / 4: that round's d is the smallest d-
     assert out["ci_high"] is None                   # the censored round's d+ is +inf
     assert out["verdict"] == "more" and out["n_censored"] == 1 and out["hl_ratio"] is None
@@ -110,7 +110,7 @@ def test_identical_arms_both_past_the_top_are_inconclusive():
     rng = np.random.default_rng(3)
     base = points(4 * np.exp(rng.normal(0, 0.05, 8))) + [Capacity(8.0, "above")] * 2
     cand = points(4 * np.exp(rng.normal(0, 0.05, 8))) + [Capacity(8.0, "above")] * 2
-    out = compare(base, cand, level=ALPHA, noise=NOISE)
+    out = compare(base, cand, alpha=ALPHA, noise=NOISE)
     assert out["ci_low"] == 0.0 and out["ci_high"] is None
     assert out["verdict"] == "inconclusive" and "censored" in out["reason"]
 
@@ -123,9 +123,9 @@ def test_one_censored_round_of_ten_keeps_a_bounded_interval():
     b = 4 * np.exp(rng.normal(0, 0.05, 10))
     c = b * 1.3 * np.exp(rng.normal(0, 0.02, 10))
     base, cand = points(b), points(c)
-    full = compare(base, cand, level=ALPHA, noise=NOISE)
+    full = compare(base, cand, alpha=ALPHA, noise=NOISE)
     cand_cens = cand[:9] + [Capacity(min(8.0, c[9] * 0.99), "above")]
-    out = compare(base, cand_cens, level=ALPHA, noise=NOISE)
+    out = compare(base, cand_cens, alpha=ALPHA, noise=NOISE)
     assert out["ci_low"] <= full["ci_low"] + 1e-12 and out["ci_high"] is None
     assert out["verdict"] == full["verdict"] == "more"
 
@@ -143,7 +143,7 @@ def test_claim_p_agrees_with_the_verdict_at_every_level():
                                                                                                  "below")
         p, claim = claim_p(base, cand, NOISE)
         for level in (0.001, 0.01, 0.05, 0.2):
-            v = compare(base, cand, level=level, noise=NOISE)["verdict"]
+            v = compare(base, cand, alpha=level, noise=NOISE)["verdict"]
             assert (v != "inconclusive") == (claim is not None and p < level), (p, claim, level, v)
             if v != "inconclusive":
                 assert v == claim
@@ -181,7 +181,7 @@ def simulate(seed: int, *, rho: float, base_c: float, n: int = 10, reps: int = 1
     for r in range(reps):
         base = [capacity(GRID, att[r, i, 0], TARGET) for i in range(n)]
         cand = [capacity(GRID, att[r, i, 1], TARGET) for i in range(n)]
-        out = compare(base, cand, level=ALPHA, noise=NOISE)
+        out = compare(base, cand, alpha=ALPHA, noise=NOISE)
         low = out["ci_low"] if out["ci_low"] is not None else 0.0
         high = out["ci_high"] if out["ci_high"] is not None else math.inf
         covered += low <= rho <= high

@@ -207,6 +207,39 @@ def test_identical_ratios_give_a_zero_width_interval():
     assert p["verdict"] == "faster" and p["ci_low"] == pytest.approx(1.5) == p["ci_high"]
 
 
+@pytest.mark.parametrize("low, high, higher_is_better, words, want", [
+    (1.05, 1.10, True, pb_verdicts.SPEED_WORDS, ("faster", "the interval lies wholly above 1 + 0.01")),
+    (1.05, 1.10, False, pb_verdicts.SPEED_WORDS, ("slower", "the interval lies wholly above 1 + 0.01")),
+    (0.90, 0.95, False, pb_verdicts.MEMORY_WORDS, ("smaller", "the interval lies wholly below 1 - 0.01")),
+    (0.90, 0.95, True, {"better": "more", "worse": "less"}, ("less", "the interval lies wholly below 1 - 0.01")),
+    (0.995, 1.005, True, pb_verdicts.SPEED_WORDS, ("equivalent", "the interval lies wholly inside 1 ± 0.01")),
+    (1.005, 1.05, True, pb_verdicts.SPEED_WORDS,
+     ("inconclusive", "a change is detected, but the interval reaches into 1 ± 0.01")),
+    (0.98, 1.05, True, pb_verdicts.SPEED_WORDS, ("inconclusive", "the interval straddles the threshold 1 ± 0.01")),
+    (0.0, math.inf, True, pb_verdicts.SPEED_WORDS, ("inconclusive", "the interval is unbounded")),
+])
+def test_one_rule_reads_every_interval(low, high, higher_is_better, words, want):
+    j = pb_verdicts.read_interval(math.log(low) if low else -math.inf, math.log(high), noise=0.01,
+                                  higher_is_better=higher_is_better, words=words)
+    assert (j.verdict, j.reason) == want and j.claim == (want[0] != "inconclusive")
+    with pytest.raises(AttributeError):  # a Judgement is frozen: what an interval said stays said
+        j.verdict = "faster"
+
+
+def test_an_interval_touching_the_band_is_inconclusive_but_an_exact_ratio_there_is_inside():
+    edge = math.log1p(0.25)
+    assert pb_verdicts.read_interval(edge, math.log(2), noise=0.25).verdict == "inconclusive"
+    assert pb_verdicts.read_interval(0.0, edge, noise=0.25).verdict == "inconclusive"
+    # an exact ratio (a memory metric constant in every record; the engine tool's ratio): the band's
+    # edges count as inside, at 1 ± noise as the user writes them (0.99 for noise 0.01)
+    for ratio, noise in ((1.25, 0.25), (0.75, 0.25), (0.99, 0.01), (1.01, 0.01)):
+        assert pb_verdicts.read_ratio(ratio, noise=noise).verdict == "equivalent", (ratio, noise)
+    assert pb_verdicts.read_ratio(0.9899, noise=0.01).verdict == "slower"
+    assert pb_verdicts.read_ratio(0.5625, noise=0.01, higher_is_better=False,
+                                  words=pb_verdicts.MEMORY_WORDS).verdict == "smaller"
+    assert pb_verdicts.read_ratio(0.0, noise=0.01).verdict == "slower"
+
+
 def test_no_path_from_missing_values_to_a_claim():
     df = frame({64: ramp(math.log(2.0), 0.01, n=7)})
     df.loc[(df["arm"] == "B") & (df["round"] == 1), "decode_tok_s"] = 0.0
@@ -349,16 +382,16 @@ def test_holm_is_disclosed_in_the_report():
 
 
 def test_claim_p_orders_like_the_interval_decides():
-    # for any data and level, "claim_p < level" and "the interval at level makes that claim" agree
+    # for any data and alpha, "claim_p < alpha" and "the interval at alpha makes that claim" agree
     rng = np.random.default_rng(7)
     for _ in range(200):
         n = int(rng.integers(4, 16))
         c = pb_verdicts.Comparison(("1", "decode_tok_s"), rng.normal(rng.normal(0, 0.03), 0.02, n), True,
                                    pb_verdicts.SPEED_WORDS)
         p, claim = pb_verdicts.claim_p(c, 0.01)
-        for level in (0.05, 0.025, 0.0125, 0.1):
-            v = pb_verdicts.judge(c, level=level, noise=0.01)["verdict"]
-            assert (v == claim) == (p < level), (n, level, p, claim, v)
+        for alpha in (0.05, 0.025, 0.0125, 0.1):
+            v = pb_verdicts.judge(c, alpha=alpha, noise=0.01)["verdict"]
+            assert (v == claim) == (p < alpha), (n, alpha, p, claim, v)
 
 
 # --------------------------------------------------------------------------- one question, one test

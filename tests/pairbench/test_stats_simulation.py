@@ -108,8 +108,8 @@ def test_identical_arms_claim_no_difference_beyond_alpha(n):
 
 def family_claims(comps: list, noise: float = NOISE) -> bool:
     """Whether any comparison of one Holm family reads faster or slower."""
-    lv = verdicts.levels(comps, ALPHA, noise, "holm")
-    return any(verdicts.judge(c, level=lv[c.key]["level"], noise=noise)["verdict"] in ("faster", "slower")
+    assigned = verdicts.assign(comps, ALPHA, noise, "holm")
+    return any(verdicts.judge(c, alpha=assigned[c.key]["alpha"], noise=noise)["verdict"] in ("faster", "slower")
                for c in comps)
 
 

@@ -140,30 +140,20 @@ def _bounds(base: list[Capacity], cand: list[Capacity]) -> _Bounds:
 
 def claim_p(base: list[Capacity], cand: list[Capacity], noise: float) -> tuple[float, str | None]:
     """(p, claim): the smallest α at which the conservative interval would make its one possible claim
-    (as :func:`pairbench.analysis.verdicts.claim_p`, which it is when no round is censored)."""
+    (:func:`pairbench.analysis.verdicts.claim_p_between`, which is
+    :func:`pairbench.analysis.verdicts.claim_p` when no round is censored)."""
     b = _bounds(base, cand)
-    if b.censored == 0:
-        return verdicts.claim_p(_comparison(b.lo), noise)
-    if b.n == 0:
-        return 1.0, None
-    lo_t, hi_t = verdicts.thresholds(noise)
-    w_lo, w_hi = signrank.walsh(b.lo), signrank.walsh(b.hi)
-    est_lo, est_hi = float(np.median(w_lo)), float(np.median(w_hi))
-    if est_lo > hi_t:
-        return signrank.p_above(w_lo, b.n, hi_t), CAPACITY_WORDS["better"]
-    if est_hi < lo_t:
-        return signrank.p_below(w_hi, b.n, lo_t), CAPACITY_WORDS["worse"]
-    if lo_t < est_lo and est_hi < hi_t:
-        return max(signrank.p_above(w_lo, b.n, lo_t), signrank.p_below(w_hi, b.n, hi_t)), "equivalent"
-    return 1.0, None
+    return verdicts.claim_p_between(signrank.walsh(b.lo), signrank.walsh(b.hi), b.n, noise, higher_is_better=True,
+                                    words=CAPACITY_WORDS)
 
 
 def _comparison(d: np.ndarray) -> verdicts.Comparison:
     return verdicts.Comparison(key=("load", "capacity"), d=d, higher_is_better=True, words=CAPACITY_WORDS)
 
 
-def compare(base: list[Capacity], cand: list[Capacity], *, level: float, noise: float) -> dict:
-    """The paired capacity ratio over rounds at interval level 1 − *level*, and its verdict.
+def compare(base: list[Capacity], cand: list[Capacity], *, alpha: float, noise: float) -> dict:
+    """The paired capacity ratio over rounds at interval level 1 − *alpha*, and its verdict
+    (:func:`pairbench.analysis.verdicts.read_interval`, as every verdict).
 
     The keys of :func:`pairbench.analysis.verdicts.judge` (``ci_low``/``ci_high`` None where that end
     is unbounded; ``hl_ratio`` None when censoring leaves the estimate a range), plus
@@ -173,30 +163,25 @@ def compare(base: list[Capacity], cand: list[Capacity], *, level: float, noise: 
     b = _bounds(base, cand)
     extra = {"n_censored": b.censored, "censoring": _censoring(base, cand)}
     if b.censored == 0:
-        out = verdicts.judge(_comparison(b.lo), level=level, noise=noise)
+        out = verdicts.judge(_comparison(b.lo), alpha=alpha, noise=noise)
         return {**out, **extra, "hl_ratio_low": out["hl_ratio"], "hl_ratio_high": out["hl_ratio"]}
-    lo_t, hi_t = verdicts.thresholds(noise)
     w_lo, w_hi = signrank.walsh(b.lo), signrank.walsh(b.hi)
-    low, _ = signrank.interval(w_lo, b.n, level)
-    _, high = signrank.interval(w_hi, b.n, level)
+    low, _ = signrank.interval(w_lo, b.n, alpha)
+    _, high = signrank.interval(w_hi, b.n, alpha)
     est_lo, est_hi = float(np.median(w_lo)), float(np.median(w_hi))
     p = min(signrank.p_above(w_lo, b.n, 0.0), signrank.p_below(w_hi, b.n, 0.0))
-    out = {"n_pairs": b.n, "ci_level": 1.0 - level, "hl_ratio": None, "hl_ratio_low": _exp(est_lo),
+    out = {"n_pairs": b.n, "ci_level": 1.0 - alpha, "hl_ratio": None, "hl_ratio_low": _exp(est_lo),
            "hl_ratio_high": _exp(est_hi), "ci_low": _exp(low), "ci_high": _exp(high), "half_width": None,
            "log_half_width": None, "detectable_change": None, "rounds_needed": None, "p_value": p,
            "min_attainable_p": signrank.min_attainable_p(b.n), **extra}
     where = f"{b.censored} of {b.n} rounds censored, each end taken at their worst case"
-    if low > hi_t:
-        verdict, reason = CAPACITY_WORDS["better"], f"the interval lies wholly above 1 + {noise:g} ({where})"
-    elif high < lo_t:
-        verdict, reason = CAPACITY_WORDS["worse"], f"the interval lies wholly below 1 - {noise:g} ({where})"
-    elif lo_t < low and high < hi_t:
-        verdict, reason = "equivalent", f"the interval lies wholly inside 1 ± {noise:g} ({where})"
+    reading = verdicts.read_interval(low, high, noise=noise, higher_is_better=True, words=CAPACITY_WORDS)
+    if reading.claim:
+        reason = f"{reading.reason} ({where})"
     else:
-        verdict = "inconclusive"
         reason = (f"the interval reaches past 1 ± {noise:g} once the censored rounds take their worst case "
                   f"({where}); measure levels that bracket the capacity")
-    return {**out, "verdict": verdict, "reason": reason}
+    return {**out, "verdict": reading.verdict, "reason": reason}
 
 
 def _exp(v: float) -> float | None:

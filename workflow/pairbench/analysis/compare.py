@@ -9,7 +9,8 @@
 
 The inputs arrive prepared and checked (:class:`PairInput`, :class:`Options`, :class:`Family`,
 built by :mod:`pairbench.analysis.stats`); every verdict is read by
-:func:`pairbench.analysis.verdicts.judge`.
+:func:`pairbench.analysis.verdicts.judge`, an exact memory ratio by
+:func:`pairbench.analysis.verdicts.read_ratio`: one rule.
 """
 
 from __future__ import annotations
@@ -81,7 +82,7 @@ class PairInput:
 class Family:
     """What the multiplicity family over every candidate assigned to this candidate's comparisons."""
 
-    assigned: dict[Key, dict]  # key -> {"level", "rank", "claim_p"}
+    assigned: dict[Key, dict]  # key -> {"alpha", "rank", "claim_p"}
     size: int
     memory_size: int
     others: tuple[str, ...]  # arms in the table that are in no comparison
@@ -100,7 +101,7 @@ def _judged(inp: PairInput, opts: Options, fam: Family, key: Key, comp: pb_verdi
     cond, metric = key
     pairs = inp.pairs[key]
     comp = comp or pb_verdicts.Comparison(key, pairs.d, METRICS[metric].higher_is_better, pb_verdicts.SPEED_WORDS)
-    res = pb_verdicts.judge(comp, level=fam.assigned[key]["level"] if tested else opts.alpha, noise=opts.noise)
+    res = pb_verdicts.judge(comp, alpha=fam.assigned[key]["alpha"] if tested else opts.alpha, noise=opts.noise)
     out = {"higher_is_better": METRICS[metric].higher_is_better, "role": None,
            "n_invalid_pairs": pairs.n_invalid, "n_dropped_pairs": len(pairs.dropped),
            "unpaired_rounds": pairs.unpaired_rounds, "pairs": list(pairs.pairs),
@@ -159,8 +160,9 @@ def memory(inp: PairInput, opts: Options, fam: Family) -> dict:
                     a for a, v in zip((inp.baseline, inp.candidate), cell.values) if not v.size)
             elif cell.exact:
                 ratio = float(cell.values[1][0] / cell.values[0][0])
-                entry.update(exact=True, ratio=ratio, verdict="smaller" if ratio < 1 - opts.noise else
-                             ("larger" if ratio > 1 + opts.noise else "equivalent"),
+                reading = pb_verdicts.read_ratio(ratio, noise=opts.noise, higher_is_better=False,
+                                                 words=pb_verdicts.MEMORY_WORDS)
+                entry.update(exact=True, ratio=ratio, verdict=reading.verdict,
                              reason="constant in every selected record of both arms: the exact ratio, no test")
             else:
                 res = _judged(inp, opts, fam, key, tested[key], True)

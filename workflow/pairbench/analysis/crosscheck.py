@@ -31,6 +31,8 @@ from __future__ import annotations
 
 import statistics
 
+from pairbench.analysis import verdicts
+
 PAIRS = {"prefill": ("pp", ("engine_prefill_tok_s", "prefill_tok_s")),
          "decode": ("tg", ("engine_decode_tok_s", "decode_tok_s"))}
 
@@ -45,13 +47,9 @@ def _tool_test(tests: list[dict], kind: str, length: int, output_tokens: int) ->
 
 
 def classify(ratio: float | None, noise: float) -> str | None:
-    if ratio is None:
-        return None
-    if ratio > 1 + noise:
-        return "faster"
-    if ratio < 1 - noise:
-        return "slower"
-    return "equivalent"
+    """The tool's ratio (tok/s: higher is faster) read as pairbench reads an exact ratio
+    (:func:`pairbench.analysis.verdicts.read_ratio`); None without a ratio."""
+    return None if ratio is None else verdicts.read_ratio(ratio, noise=noise).verdict
 
 
 def compare(summary: dict, baseline: dict, candidate: dict) -> dict:

@@ -104,15 +104,15 @@ def capacity_block(rows: pd.DataFrame, *, baseline: str, candidates: list[str], 
             b, c = [base[r] for r in rounds], [mine[r] for r in rounds]
             prepared[(cand, group)] = (levels, base, mine, b, c)
             pairs[(cand, group)] = pb_capacity.claim_p(b, c, noise)[0] if rounds else 1.0
-    assigned = pb_verdicts.levels_from_p(pairs, alpha, multiplicity)
+    assigned = pb_verdicts.assign_from_p(pairs, alpha, multiplicity)
     out: dict = {"family_size": len(pairs), "comparisons": {}}
     for (cand, group), (levels, base, mine, b, c) in prepared.items():
         entry = assigned[(cand, group)]
         if b:
-            res = pb_capacity.compare(b, c, level=entry["level"], noise=noise)
+            res = pb_capacity.compare(b, c, alpha=entry["alpha"], noise=noise)
         else:
             res = {"n_pairs": 0, "verdict": "inconclusive", "reason": "no round has a capacity for both arms "
-                   "(no valid level with an SLO attainment)", "ci_level": 1 - entry["level"]}
+                   "(no valid level with an SLO attainment)", "ci_level": 1 - entry["alpha"]}
         loads = [x for x, _ in levels]
         out["comparisons"].setdefault(cand, {})[group] = {
             **res, "claim_p": entry["claim_p"], "family_rank": entry["rank"],

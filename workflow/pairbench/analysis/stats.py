@@ -110,9 +110,9 @@ def prepare(df: pd.DataFrame, baseline: str, candidate: str, opts: Options) -> P
 
 
 def _across(families: dict[str, tuple], opts: Options) -> dict[str, dict]:
-    """Levels assigned over one family spanning every candidate: ``{candidate: {key: level entry}}``."""
+    """Alphas assigned over one family spanning every candidate: ``{candidate: {key: assigned entry}}``."""
     keyed = [replace(c, key=(cand, *c.key)) for cand, comps in families.items() for c in comps]
-    assigned = pb_verdicts.levels(keyed, opts.alpha, opts.noise, opts.multiplicity)
+    assigned = pb_verdicts.assign(keyed, opts.alpha, opts.noise, opts.multiplicity)
     return {cand: {k[1:]: v for k, v in assigned.items() if k[0] == cand} for cand in families}
 
 
