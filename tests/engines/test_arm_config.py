@@ -8,6 +8,7 @@ import pytest
 import yaml
 
 from pairbench.core import config as pb_config
+from pairbench.core.configschema import format_schema_error
 from pairbench.arms.source import PatchError, export_source
 from pairbench.engines.policy import check_engines
 
@@ -23,7 +24,7 @@ def cfg(**arms):
 
 
 def schema_errors(c):
-    return [pb_config.format_schema_error(e) for e in jsonschema.Draft202012Validator(SCHEMA).iter_errors(c)]
+    return [format_schema_error(e) for e in jsonschema.Draft202012Validator(SCHEMA).iter_errors(c)]
 
 
 def test_schema_accepts_engine_arms_and_rejects_half_a_git_source():

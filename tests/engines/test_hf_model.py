@@ -14,6 +14,7 @@ import pytest
 from tokenizers import Tokenizer, processors
 
 from pairbench.core import config as pb_config
+from pairbench.core import models as pb_models
 from pairbench.core.config import ConfigError
 from pairbench.engines.adapter import ArmEngine
 from pairbench.engines.chat import render_chat_prompt
@@ -41,11 +42,11 @@ def cfg(model: str, **arms) -> dict:
 def test_a_directory_with_config_json_is_a_hugging_face_model(tiny):
     (tiny / ".cache" / "huggingface").mkdir(parents=True)  # what `huggingface-cli download --local-dir` leaves
     (tiny / ".cache" / "huggingface" / "x.lock").write_text("")
-    info = pb_config.resolve_model(str(tiny), REPO)
+    info = pb_models.resolve_model(str(tiny), REPO)
     assert info == {"name": "tiny-hf", "kind": "hf", "path": str(tiny)}
-    assert pb_config.resolve_model("tiny-hf", tiny.parent) == info  # relative to the checkout
-    assert pb_config.model_context(str(tiny), REPO) == 2048  # config.json's max_position_embeddings
-    assert [Path(f).name for f in pb_config.model_files(info)] == ["config.json", "model.safetensors",
+    assert pb_models.resolve_model("tiny-hf", tiny.parent) == info  # relative to the checkout
+    assert pb_models.model_context(str(tiny), REPO) == 2048  # config.json's max_position_embeddings
+    assert [Path(f).name for f in pb_models.model_files(info)] == ["config.json", "model.safetensors",
                                                                    "tokenizer.json", "tokenizer_config.json"]
 
 
@@ -53,18 +54,18 @@ def test_what_is_not_a_model_is_named(tiny, tmp_path):
     (tiny / "config.json").unlink()
     with pytest.raises(ConfigError, match=r"^model: directory .*tiny-hf has no config\.json \(a Hugging Face model "
                                           r"directory holds config\.json, the tokenizer files and \*\.safetensors\)$"):
-        pb_config.resolve_model(str(tiny), REPO)
+        pb_models.resolve_model(str(tiny), REPO)
     with pytest.raises(ConfigError, match=r"^model: 'Qwen/Qwen2\.5-0\.5B-Instruct' is neither a known model "
                                           r"\(smollm2-135m, tiny\), nor a path to a \.gguf file, nor a Hugging Face "
                                           r"model directory \(a folder with config\.json\); if it is a Hugging Face "
                                           r"model id, pairbench does not download it: fetch it into a folder first "
                                           r"\(huggingface-cli download Qwen/Qwen2\.5-0\.5B-Instruct --local-dir "
                                           r"resources/Qwen2\.5-0\.5B-Instruct\) and give that folder$"):
-        pb_config.resolve_model("Qwen/Qwen2.5-0.5B-Instruct", tmp_path)
+        pb_models.resolve_model("Qwen/Qwen2.5-0.5B-Instruct", tmp_path)
     make_tiny_hf(tmp_path / "nolen")
     (tmp_path / "nolen" / "config.json").write_text(json.dumps({"model_type": "llama"}))
     with pytest.raises(ConfigError, match=r"^model: .*nolen/config\.json states no context length"):
-        pb_config.model_context(str(tmp_path / "nolen"), REPO)
+        pb_models.model_context(str(tmp_path / "nolen"), REPO)
 
 
 def test_the_context_of_a_directory_bounds_the_lengths(tiny):

@@ -226,6 +226,19 @@ def test_opt_in_not_needed_for_embedded_but_needed_for_git_source():
         E.check_opt_in(cfg)
 
 
+def test_a_plan_s_refusal_names_its_conditions():
+    # plan.json records conditions, not lengths: the refusal of an external engine says what it would measure
+    plan = {"label": "t", "model": {"name": "m", "kind": "gguf"}, "rounds": 2, "allow_external": False,
+            "arms": {"a": {}, "b": {"engine": "llama-cpp-python", "threads": 1}},
+            "conditions": [{"id": "in64-out8", "input_tokens": 64, "output_tokens": 8},
+                           {"id": "in128-out8", "input_tokens": 128, "output_tokens": 8}]}
+    with pytest.raises(E.ExternalEngineNotAllowed) as err:
+        E.plan_opt_in(plan)
+    assert str(err.value).splitlines()[-1] == "  2 rounds x 2 condition(s): in64-out8, in128-out8"
+    assert "None" not in str(err.value)
+    assert E.plan_opt_in({**plan, "allow_external": True}) == ["b"]
+
+
 def test_render_chat_prompt_from_gguf(smollm2_gguf):
     text = E.render_chat_prompt(smollm2_gguf, [{"role": "user", "content": "Hello"}])
     assert text.endswith("<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\n")

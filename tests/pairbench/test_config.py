@@ -8,6 +8,7 @@ import jsonschema
 import pytest
 import yaml
 from pairbench.core import config as pb_config
+from pairbench.core import configschema, ggufheader, models
 
 REPO = Path(__file__).resolve().parents[2]
 SCHEMA = yaml.safe_load((REPO / "workflow/schemas/config.schema.yaml").read_text())
@@ -22,7 +23,7 @@ def base_config(**over):
 
 def schema_message(cfg):
     errors = sorted(jsonschema.Draft202012Validator(SCHEMA).iter_errors(cfg), key=lambda e: list(e.absolute_path))
-    return pb_config.format_schema_error(errors[0]) if errors else None
+    return configschema.format_schema_error(errors[0]) if errors else None
 
 
 def test_every_schema_key_has_description_and_default():
@@ -112,8 +113,16 @@ def test_missing_patch_names_the_key_and_file():
 
 
 def test_length_above_the_model_context():
-    with pytest.raises(pb_config.ConfigError, match=r"^lengths\[1\]: 4000 input .* exceed the context of model 'tiny' \(2048\)"):
-        pb_config.check_config(base_config(lengths=[400, 4000]), REPO)
+    with pytest.raises(pb_config.ConfigError, match=r"^lengths\[1\]: 9000 input .* exceed the context of model 'tiny' \(8192\)"):
+        pb_config.check_config(base_config(lengths=[400, 9000]), REPO)
+    pb_config.check_config(base_config(lengths=[400, 8192 - 8 - 16]), REPO)  # the longest that fits
+
+
+def test_the_named_model_s_context_is_the_engine_s():
+    # one table of named contexts in pairbench (core/models.py), checked against the model itself
+    from engine.weights import NAMED_MODELS
+
+    assert models.NAMED_CONTEXT["tiny"] == NAMED_MODELS["tiny"].context_length == 8192
 
 
 def test_unknown_model_and_baseline_names():
@@ -124,7 +133,7 @@ def test_unknown_model_and_baseline_names():
 
 
 def test_gguf_context_read_from_metadata(smollm2_gguf):
-    assert pb_config.model_context("smollm2-135m", REPO) == 8192
+    assert models.model_context("smollm2-135m", REPO) == 8192
 
 
 def test_normalized_fills_arm_defaults():
@@ -138,7 +147,7 @@ def test_normalized_fills_arm_defaults():
 def test_gguf_header_reader_matches_the_gguf_package(smollm2_gguf):
     from gguf import GGUFReader
 
-    meta = pb_config.gguf_metadata(smollm2_gguf)
+    meta = ggufheader.metadata(smollm2_gguf)
     reader = GGUFReader(str(smollm2_gguf))
     for key in ("general.architecture", "llama.context_length", "llama.embedding_length", "llama.block_count"):
         field = reader.fields[key]
@@ -151,7 +160,7 @@ def test_not_a_gguf_file(tmp_path):
     bad = tmp_path / "model.gguf"
     bad.write_bytes(b"GGML" + b"\0" * 20)
     with pytest.raises(pb_config.ConfigError, match=r"^model: .* is not a GGUF file"):
-        pb_config.gguf_context(bad)
+        models.gguf_context(bad)
 
 
 THREE = {"a": {}, "b": {}, "c": {}}
@@ -188,12 +197,8 @@ def test_an_empty_candidates_list_is_a_schema_error():
 
 
 def test_resources_become_the_slurm_executors_resources():
-    from snakemake.utils import validate
-
-    # through the schema first, as the workflow does: it fills defaults before normalized() runs,
-    # so a partial `measure` must still get measure's defaults, not a generic job's
+    # a partial `measure` gets measure's defaults (the schema's default map of the section), not a generic job's
     cfg = base_config(resources={"partition": "gpu", "measure": {"cpus": 8}, "gpus": {"candidate": 2}})
-    validate(cfg, str(REPO / "workflow/schemas/config.schema.yaml"))
     cfg = pb_config.normalized(cfg)
     assert pb_config.job_resources(cfg, "measure", ["baseline", "candidate"]) == {
         "cpus_per_task": 8, "mem_mb": 4096, "runtime": 5, "slurm_partition": "gpu", "gpu": 2}
@@ -223,16 +228,17 @@ def test_two_arms_patches_of_one_file_name_but_other_content_are_an_error(tmp_pa
 
 def test_documented_defaults_are_defaults_and_only_arms_is_required():
     assert SCHEMA["required"] == ["arms"]
-    props = SCHEMA["properties"]
-    assert pb_config.TOP_DEFAULTS == {k: props[k]["default"] for k in pb_config.TOP_DEFAULTS}
-    with_default = {k for k in props if k != "arms" and not isinstance(props[k]["default"], dict)}
-    assert with_default - set(pb_config.TOP_DEFAULTS) == {"allow_external", "baseline", "candidate", "candidates"}
     cfg = pb_config.normalized({"arms": {"baseline": {}, "candidate": {"patches": ["config/patches/kv-grow.patch"]}}})
-    assert {k: cfg[k] for k in ("label", "model", "lengths", "output_tokens", "rounds", "seed")} == {
+    assert {k: cfg[k] for k in ("label", "model", "lengths", "output_tokens", "rounds", "seed", "allow_external")} == {
         "label": "default", "model": "smollm2-135m", "lengths": [256, 1024], "output_tokens": 64, "rounds": 6,
-        "seed": 0}
+        "seed": 0, "allow_external": False}
+    # every key the schema gives a default has it after normalizing (a load section only in a load run);
+    # the arms are never defaulted
+    assert set(SCHEMA["properties"]) - set(cfg) == {"load"} and set(cfg["arms"]) == {"baseline", "candidate"}
+    assert cfg["server"]["request_timeout_s"] == 300 and cfg["stats"]["alpha"] == 0.05
+    assert pb_config.normalized({})["arms"] == {} and pb_config.normalized(cfg) == cfg  # idempotent
     assert schema_message({}) == "config key '<root>': 'arms' is a required property"
-    assert [str(e) for e in pb_config.schema_errors({}, REPO / "workflow/schemas/config.schema.yaml")] == [
+    assert [str(e) for e in configschema.schema_errors({})] == [
         "config key 'arms': missing; it has no default (the arms to compare, e.g. arms: {baseline: {}, "
         "candidate: {patches: [my.patch]}})"]
 
@@ -249,7 +255,7 @@ def test_a_minimal_config_plans_and_checks(smollm2_gguf):
 
 def test_every_problem_is_found_at_once():
     cfg = base_config(arms={"a": {}, "b": {"patches": ["nope.patch", "config/patches/also-nope.patch"]}},
-                      lengths=[400, 4000], rounds={"min": 7, "max": 5, "target_halfwidth": 0.02},
+                      lengths=[400, 9000], rounds={"min": 7, "max": 5, "target_halfwidth": 0.02},
                       stats={**pb_config.STATS_DEFAULTS, "metrics": ["prefill_tok_s", "ttft_ms"]},
                       resources={"gpus": {"c": 1}})
     assert [e.key for e in pb_config.config_errors(cfg, REPO)] == [
@@ -259,7 +265,7 @@ def test_every_problem_is_found_at_once():
     assert [e.key for e in pb_config.config_errors(cfg, REPO, skip={"rounds", "lengths"})] == [
         ("arms", "b", "patches", 0), ("arms", "b", "patches", 1), ("resources", "gpus", "c"), ("stats", "metrics")]
     bad = {**base_config(colour="x", zzz=1), "rounds": 0}
-    assert [str(e) for e in pb_config.schema_errors(bad, REPO / "workflow/schemas/config.schema.yaml")][:2] == [
+    assert [str(e) for e in configschema.schema_errors(bad)][:2] == [
         "config key 'colour': unknown key (allowed: allow_external, arms, baseline, candidate, candidates, crosscheck, "
         "gates, label, lengths, load, model, order, output_tokens, repeats, resources, retries, rounds, seed, server, "
         "stats, validate)",

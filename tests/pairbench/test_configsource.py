@@ -12,6 +12,15 @@ from pairbench.stages import runconfig
 REPO = Path(__file__).resolve().parents[2]
 
 
+def report(files, cli=None) -> list[str]:
+    """The lines a user sees for the config *files* and ``--config`` pairs *cli* ([] when it loads)."""
+    try:
+        runconfig.load_config(files, cli, root=REPO)
+    except runconfig.ConfigErrors as exc:
+        return str(exc).splitlines()
+    return []
+
+
 def write(tmp_path, name, text):
     path = tmp_path / name
     path.write_text(textwrap.dedent(text))
@@ -56,12 +65,26 @@ def test_key_text_and_parse_key_are_inverse():
     assert cs.parse_key("lengths.1") == ("lengths", 1)  # jsonschema's spelling of an index
 
 
-def test_config_error_key_is_read_from_its_message():
+def test_a_config_error_carries_its_key_and_where_it_was_given(tmp_path):
     from pairbench.core.config import ConfigError
 
-    assert ConfigError("config key 'arms.b.patchez': unknown key").key == ("arms", "b", "patchez")
-    assert ConfigError("arms.b.patches[0]: patch file x does not exist").key == ("arms", "b", "patches", 0)
-    assert ConfigError("config key '<root>': {} is not valid").key == ()
+    e = ConfigError(("arms", "b", "patchez"), "unknown key", schema=True, rule="unknown")
+    assert (str(e), e.key, e.rule, e.where) == ("config key 'arms.b.patchez': unknown key", ("arms", "b", "patchez"),
+                                               "unknown", None)
+    e = ConfigError("arms.b.patches[0]", "patch file x does not exist")
+    assert (str(e), e.key) == ("arms.b.patches[0]: patch file x does not exist", ("arms", "b", "patches", 0))
+    assert str(ConfigError((), "{} is not valid", schema=True)) == "config key '<root>': {} is not valid"
+    # the key is never read back from the text: a message that looks like another key changes nothing
+    assert ConfigError("lengths", "arms.x: not a key").key == ("lengths",)
+    path = write(tmp_path, "c.yaml", "label: x\narms:\n  a: {}\n  b: {patches: [nope.patch]}\n")
+    try:
+        runconfig.load_config([path], root=REPO)
+    except runconfig.ConfigErrors as exc:
+        [err] = exc.errors
+    assert (err.key, err.where) == (("arms", "b", "patches", 0), f"{path}:4")
+    import pickle
+
+    assert pickle.loads(pickle.dumps(err)).__dict__ == err.__dict__
 
 
 def test_a_key_is_located_in_the_last_source_that_set_it(tmp_path):
@@ -94,14 +117,11 @@ def test_every_problem_at_once_each_at_its_line(tmp_path):
         arms:
           baseline: {}
           candidate: {patches: [config/patches/missing.patch], patchez: []}
-        lengths: [400, 3000]
+        lengths: [400, 9000]
         rounds: 0
         stats: {metrics: [prefill_tok_s, ttft_ms]}
         """)
-    config, sources = runconfig.load_files([path])
-    found = runconfig.problems(config, REPO)
-    text = runconfig.report(found, sources)
-    assert text.splitlines() == [
+    assert report([path]) == [
         "pairbench: 7 config errors (nothing was run):",
         f"  {path}:1: config key 'label': 'bad one' is not a label: letters, digits and _ . - only, starting with "
         "a letter or digit (it names the folder results/<label>/)",
@@ -111,7 +131,7 @@ def test_every_problem_at_once_each_at_its_line(tmp_path):
         f"  {path}:6: config key 'arms.candidate.patchez': unknown key (allowed: args, build, engine, env, launch, "
         "patches, source, threads)",
         f"  {path}:6: arms.candidate.patches[0]: patch file config/patches/missing.patch does not exist",
-        f"  {path}:7: lengths[1]: 3000 input + 64 output tokens (+16 margin) exceed the context of model 'tiny' (2048)",
+        f"  {path}:7: lengths[1]: 9000 input + 64 output tokens (+16 margin) exceed the context of model 'tiny' (8192)",
         f"  {path}:8: config key 'rounds': 0 is less than the minimum of 1",
         f"  {path}:9: stats.metrics: prefill_tok_s and ttft_ms answer the same question (prefill); test one of "
         "them and list the other under stats.secondary, where it is shown but not tested again",
@@ -120,24 +140,50 @@ def test_every_problem_at_once_each_at_its_line(tmp_path):
 
 def test_only_the_arms_are_required(tmp_path):
     path = write(tmp_path, "empty.yaml", "# nothing\n")
-    config, sources = runconfig.load_files([path])
-    assert runconfig.report(runconfig.problems(config, REPO), sources).splitlines() == [
+    assert report([path]) == [
         "pairbench: 1 config error (nothing was run):",
         f"  {path}: config key 'arms': missing; it has no default (the arms to compare, e.g. arms: {{baseline: "
         "{}, candidate: {patches: [my.patch]}})"]
 
 
 def test_a_string_where_a_list_belongs_says_how_to_write_one():
-    config, sources = runconfig.load_files([REPO / "tests/config/tiny.yaml"], {"lengths": "400,480"})
-    assert runconfig.report(runconfig.problems(config, REPO), sources).splitlines()[1] == (
+    assert report([REPO / "tests/config/tiny.yaml"], {"lengths": "400,480"})[1] == (
         "  --config lengths: config key 'lengths': '400,480' is not of type 'array' "
         "(write a list as --config \"lengths=[256, 1024]\", quoted)")
-    config, _ = runconfig.load_files([REPO / "tests/config/tiny.yaml"], {"lengths": ["400", "512"]})
-    assert config["lengths"] == [400, 512] and runconfig.problems(config, REPO) == []
+    config = runconfig.load_config([REPO / "tests/config/tiny.yaml"], {"lengths": ["400", "512"]}, root=REPO)
+    assert config["lengths"] == [400, 512]
 
 
 def test_an_unknown_engine_is_named_with_its_arm(tmp_path):
     path = write(tmp_path, "e.yaml", "model: tiny\narms:\n  a: {}\n  b: {engine: tgi}\n")
-    config, sources = runconfig.load_files([path])
-    lines = runconfig.report(runconfig.problems(config, REPO), sources).splitlines()
+    lines = report([path])
     assert len(lines) == 2 and lines[1].startswith(f"  {path}:4: arms.b.engine: ") and "tgi" in lines[1]
+
+
+def test_a_file_that_is_not_yaml_or_not_a_map_is_one_error_at_its_line(tmp_path):
+    bad = write(tmp_path, "bad.yaml", "label: x\nlengths: [256, 1024\n")
+    assert report([bad]) == ["pairbench: 1 config error (nothing was run):",
+                             f"  {bad}:3:1: YAML syntax error: expected ',' or ']', but got '<stream end>' (while "
+                             "parsing a flow sequence opened at line 2, column 10)"]
+    listed = write(tmp_path, "list.yaml", "- a\n- b\n")
+    assert report([listed])[1] == f"  {listed}: not a map of keys (it holds a list)"
+
+
+def test_the_schema_runs_once_and_the_config_comes_back_whole(monkeypatch):
+    import jsonschema
+
+    runs = []
+    real = jsonschema.Draft202012Validator.iter_errors
+
+    def counted(self, *a, **k):  # the config schema's own runs (not an engine profile's, nor a descent)
+        runs.extend([1] if self.schema.get("required") == ["arms"] and a and isinstance(a[0], dict) else [])
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(jsonschema.Draft202012Validator, "iter_errors", counted)
+    cfg = runconfig.load_config([REPO / "tests/config/tiny.yaml"], root=REPO)
+    assert len(runs) == 1
+    # read, defaulted (the schema's defaults, each arm's too) and normalized, in one call
+    assert cfg["label"] == "tiny" and cfg["rounds"] == 2 and cfg["order"] == "abba"
+    assert cfg["arms"]["baseline"] == {"source": "engine", "patches": [], "args": [], "env": {}, "engine": "embedded",
+                                       "threads": None, "build": None, "launch": None}
+    assert cfg["server"]["request_timeout_s"] == 300 and "load" not in cfg

@@ -70,17 +70,18 @@ def test_plan_command_prints_the_plan_or_every_error(tmp_path, capsys):
     assert "  conditions (2): in400-out8, in480-out8; model tiny\n" in out
 
     assert cli.main(["plan", str(REPO / "tests/config/tiny.yaml"), "--root", str(REPO),
-                     "--config", "lengths=[400, 3000]", "--config", "rounds=0"]) == 2
+                     "--config", "lengths=[400, 9000]", "--config", "rounds=0"]) == 2
     err = capsys.readouterr().err.splitlines()
     assert err == ["pairbench: 2 config errors (nothing was run):",
-                   "  --config lengths: lengths[1]: 3000 input + 8 output tokens (+16 margin) exceed the context of "
-                   "model 'tiny' (2048)",
+                   "  --config lengths: lengths[1]: 9000 input + 8 output tokens (+16 margin) exceed the context of "
+                   "model 'tiny' (8192)",
                    "  --config rounds: config key 'rounds': 0 is less than the minimum of 1"]
 
     bad = tmp_path / "bad.yaml"
     bad.write_text("arms:\n  a: {}\n  b: {patches: [x.patch]\n")
     assert cli.main(["plan", str(bad)]) == 2
-    assert capsys.readouterr().err == (f"pairbench plan: {bad}:4:1: YAML syntax error: expected ',' or '}}', but got "
+    assert capsys.readouterr().err == ("pairbench: 1 config error (nothing was run):\n"
+                                       f"  {bad}:4:1: YAML syntax error: expected ',' or '}}', but got "
                                        "'<stream end>' (while parsing a flow mapping opened at line 3, column 6)\n")
 
 

@@ -45,25 +45,23 @@ EPILOG = "Each command has its own --help, e.g. python -m pairbench plan --help.
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from pairbench.core.config import ConfigError
-    from pairbench.core.configsource import YamlSyntaxError
     from pairbench.stages import runconfig
     from pairbench.stages.summary import plan_summary
 
-    files = args.config or ["config/config.yaml"]
+    files = args.config or [runconfig.DEFAULT_FILE]
     try:
         cli = dict(_key_value(item) for item in args.set)
-        config, sources = runconfig.load_files(files, cli)
-    except (OSError, YamlSyntaxError, ConfigError, ValueError) as exc:
+        given, sources = runconfig.read_config(files, cli)
+        if "study" in given:
+            print("pairbench plan: a study: run `snakemake -n --configfile <it>` to see each comparison's plan",
+                  file=sys.stderr)
+            return 2
+        config = runconfig.load_config(given=given, sources=sources, root=Path(args.root))
+    except runconfig.ConfigErrors as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    except ValueError as exc:  # a --config pair that is not KEY=VALUE
         print(f"pairbench plan: {exc}", file=sys.stderr)
-        return 2
-    if "study" in config:
-        print("pairbench plan: a study: run `snakemake -n --configfile <it>` to see each comparison's plan",
-              file=sys.stderr)
-        return 2
-    found = runconfig.problems(config, Path(args.root))
-    if found:
-        print(runconfig.report(found, sources), file=sys.stderr)
         return 2
     print(plan_summary(config, sources.describe()))
     return 0

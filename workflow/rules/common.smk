@@ -1,10 +1,10 @@
 """Config validation, the run layout and the input helpers shared by every stage.
 
-The config is validated here, at parse time, so an invalid one fails before any job runs, with every
-error at once, each naming its key, file and line; then the plan is printed in words. The globals:
-``CFG`` (the validated, normalized config), ``ROOT`` (this checkout), ``L`` (the run layout,
-pairbench.core.layout: every path of results/<label>/), and ``SOURCES`` and ``SCHEMA`` (where the
-config came from, what checks it). Every
+The config is loaded here, at parse time (pairbench.stages.runconfig.load_config: read, checked whole,
+defaults filled, normalized), so an invalid one fails before any job runs, with every error at once,
+each naming its key, file and line; then the plan is printed in words. The globals: ``CFG`` (the
+loaded config), ``ROOT`` (this checkout), ``L`` (the run layout, pairbench.core.layout: every path
+of results/<label>/), and ``SOURCES`` (where the config came from). Every
 helper takes ``cfg`` and reads nothing else; the ones that read a checkpoint's result use
 Snakemake's ``checkpoints`` object, which only exists here.
 """
@@ -17,11 +17,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(workflow.basedir) / "workflow"))
 
 from snakemake.logging import logger
-from snakemake.utils import validate
 
 from pairbench.core import conditions as pb_conditions
 from pairbench.core import config as pb_config
-from pairbench.core import loadconfig as pb_loadconfig
+from pairbench.core import models as pb_models
 from pairbench.core import plan as pb_plan
 from pairbench.core.artifacts import read_artifact
 from pairbench.core.configsource import Sources
@@ -46,23 +45,18 @@ def config_sources(workflow, config):
     return Sources.read(files, dict(settings.config))
 
 
-def checked_config(config, sources, schema):
-    """The config, checked whole before any job: every problem at once, each at its file and line,
-    and no job runs (pairbench.stages.runconfig); then schema defaults filled and normalized.
-    --config lists and maps are read as YAML (Snakemake leaves their numbers strings)."""
-    config = pb_runconfig.with_cli(config, sources.cli)
-    found = pb_runconfig.problems(config, ROOT, schema)
-    if found:
-        sys.exit(pb_runconfig.report(found, sources))
-    # a load run's stats defaults first: the schema would fill in the single-stream ones
-    config.update(pb_loadconfig.with_stats_defaults(config))
-    validate(config, str(schema))
-    return pb_config.normalized(config)
+def loaded_config(config, sources):
+    """The run config (pairbench.stages.runconfig.load_config): every problem at once, each at its
+    file and line, and no job runs. --config lists and maps are read as YAML (Snakemake leaves
+    their numbers strings)."""
+    try:
+        return pb_runconfig.load_config(given=config, sources=sources, root=ROOT)
+    except pb_runconfig.ConfigErrors as exc:
+        sys.exit(str(exc))
 
 
-SCHEMA = Path(workflow.current_basedir.get_path_or_uri(secret_free=True)) / "../schemas/config.schema.yaml"
 SOURCES = config_sources(workflow, config)
-CFG = checked_config(config, SOURCES, SCHEMA)
+CFG = loaded_config(config, SOURCES)
 L = Layout(CFG["label"])
 
 # The plan in words, before anything runs (a dry run too), through Snakemake's logger: on stdout
@@ -196,8 +190,7 @@ def arm_source_files(cfg, arm, root):
 
 
 def model_inputs(cfg, root):
-    info = pb_config.resolve_model(cfg["model"], root)
-    return pb_config.model_files(info)
+    return pb_models.model_files(pb_models.resolve_model(cfg["model"], root))
 
 
 def per_arm(cfg, stage):

@@ -150,7 +150,7 @@ def build_arm(arm: str, arm_dir: str | Path, recipe, *, source: dict, model: dic
     """Build one arm by its *recipe* (a :class:`pairbench.engines.profiles.BuildRecipe`); return
     the ``build`` artifact body (without ``inputs.plan``).
 
-    *source* is the arm's ``source`` artifact; *model* is ``config.resolve_model``'s answer;
+    *source* is the arm's ``source`` artifact; *model* is ``pairbench.core.models.resolve_model``'s answer;
     *cache_dir* holds model conversions. The recorded ``model.arg`` is what the server is handed
     unless the model was converted (then None: ``conversion.path`` is): a named model's name, or
     the GGUF file's or Hugging Face directory's path relative to *root*. ``environment`` records an

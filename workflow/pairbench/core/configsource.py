@@ -47,6 +47,84 @@ def parse_key(text: str) -> Key:
     return tuple(out)
 
 
+class ConfigError(ValueError):
+    """A config that cannot run: the key at fault, what is wrong with it, and (once located against
+    the config's :class:`Sources`) the file and line, or ``--config``, where that key was given.
+
+    *key* is a key path (``("arms", "b", "patches", 0)``) or its text (``arms.b.patches[0]``); ``()``
+    is the whole config. The message reads ``<key>: <message>``, or, for a schema violation
+    (*schema*), ``config key '<a.b>': <message>`` as jsonschema spells the path. *rule* says which
+    check found it where another check must know (``unknown``: a key the schema does not allow).
+    Nothing ever reads a key back out of the message text.
+    """
+
+    def __init__(self, key: Key | str, message: str, *, schema: bool = False, rule: str | None = None,
+                 where: str | None = None):
+        self.key: Key = parse_key(key) if isinstance(key, str) else tuple(key)
+        self.message, self.schema, self.rule, self.where = message, schema, rule, where
+        super().__init__(self._text())
+
+    def _text(self) -> str:
+        if self.schema:
+            return f"config key '{'.'.join(map(str, self.key)) or '<root>'}': {self.message}"
+        return f"{key_text(self.key)}: {self.message}" if self.key else self.message
+
+    def located(self, sources: "Sources") -> "ConfigError":
+        """This error with ``where`` set to where *sources* say its key was given."""
+        return ConfigError(self.key, self.message, schema=self.schema, rule=self.rule,
+                           where=sources.locate(self.key))
+
+    def __reduce__(self):  # pickled (Snakemake's subprocesses) with its fields, not its text
+        return (_config_error, (self.key, self.message, self.schema, self.rule, self.where))
+
+
+def _config_error(key, message, schema, rule, where) -> ConfigError:
+    return ConfigError(key, message, schema=schema, rule=rule, where=where)
+
+
+class ConfigErrors(ValueError):
+    """Every reason a config cannot run, each located; its text is the report a user sees
+    (``pairbench: 2 config errors (nothing was run):`` and one ``<file>:<line>: <error>`` line each)."""
+
+    def __init__(self, errors: list[ConfigError], sources: "Sources"):
+        self.errors, self.sources = list(errors), sources
+        super().__init__(report(self.errors, sources))
+
+
+def report(found: list[ConfigError], sources: "Sources") -> str:
+    """The message a user sees: one line per problem, ``<file>:<line>: <key>: <what>``, file by file
+    as the sources come and top to bottom, then ``--config`` in its order."""
+    n = len(found)
+    lines = [f"pairbench: {n} config error{'s' if n != 1 else ''} (nothing was run):"]
+    order = {name: i for i, (name, _) in enumerate(sources.files)}
+    cli = list(sources.cli)
+
+    def position(err: ConfigError):
+        name, _, line = err.where.rpartition(":")
+        if line.isdigit() and name in order:
+            return (order[name], int(line))
+        if err.where.startswith("--config ") and err.where[len("--config "):] in cli:
+            return (len(order), cli.index(err.where[len("--config "):]))
+        return (order.get(err.where, len(order)), 0)
+
+    located = [e if e.where is not None else e.located(sources) for e in found]
+    for err in sorted(located, key=position):
+        lines.append(f"  {err.where}: {err}{_cli_hint(err)}")
+    return "\n".join(lines)
+
+
+def _cli_hint(err: ConfigError) -> str:
+    """How to write a list or a map on the command line, where one was expected and a string came."""
+    if not (err.where or "").startswith("--config ") or err.rule != "type":
+        return ""
+    key = key_text(err.key[:1])
+    if "'array'" in err.message:
+        return f' (write a list as --config "{key}=[256, 1024]", quoted)'
+    if "'object'" in err.message:
+        return f' (write a map as --config "{key}={{a: 1, b: 2}}", quoted)'
+    return ""
+
+
 class YamlSyntaxError(ValueError):
     """A config file that is not YAML; the message is ``file:line:column: problem``."""
 

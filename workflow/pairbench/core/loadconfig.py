@@ -11,31 +11,21 @@ What is caught here, before anything runs, each error naming its key: both or ne
 (:func:`pairbench.core.slo.min_requests`) or to hold the streams busy; a rate the client cannot
 sustain (its measured cost, :data:`CLIENT_CPU_MS_PER_REQUEST`); repeats; an SLO that cannot be read;
 primary metrics of the wrong scope (``stats.metrics``). More streams than an arm's slots needs the
-arm's engine profile, so :mod:`pairbench.engines.slots` checks it.
+arm's engine profile, so :func:`pairbench.engines.policy.check_slots` checks it. Every default is the
+schema's (:data:`LOAD_DEFAULTS`, read from it).
 """
 
 from __future__ import annotations
 
 import copy
-import re
 from typing import Iterator
 
-from pairbench.core.metrics import NOT_TESTABLE, load_defaults
+from pairbench.core import configschema
+from pairbench.core.configsource import ConfigError
+from pairbench.core.metrics import NOT_TESTABLE, load_defaults, percentile_of
 from pairbench.core.slo import BOUNDS, SLO, min_requests
 
-LOAD_DEFAULTS = {
-    "concurrency": None,
-    "rate": None,
-    "requests": 100,
-    "warmup": 4,
-    "burstiness": 1.0,
-    "slo": {"ttft_ms": None, "itl_ms": None, "e2e_ms": None, "attainment": 0.9},
-    "percentiles": [50, 99],
-    "prefix": "distinct",
-    "timeout_s": 120,
-    "allow_queueing": False,
-    "validity": {"lag_p99_ms": 20.0, "client_cpu_share": 0.8, "load_tolerance": 0.05},
-}
+LOAD_DEFAULTS = configschema.defaults("load")  # the nested slo and validity maps filled too
 
 # The client's CPU per streamed request, from bench/load_client.py (docs/load.md, measured under the
 # exclusive CPU lock): 2.4-2.6 ms per 64-token request in closed loop, 4.1-5.2 ms in open loop (each
@@ -44,10 +34,6 @@ LOAD_DEFAULTS = {
 # every level's client_cpu check, so it is refused before anything runs.
 CLIENT_CPU_MS_PER_REQUEST = 5.3
 CLIENT_CPU_TOKENS = 64
-
-
-class LoadConfigError(ValueError):
-    """A load section that cannot run; the message starts with the config key."""
 
 
 def normalized_load(given: dict) -> dict:
@@ -86,20 +72,6 @@ def stats_defaults(config: dict) -> dict:
         return {}
 
 
-def with_stats_defaults(config: dict) -> dict:
-    """*config* with a load run's ``stats`` defaults written in where the user gave none, before the
-    schema fills the single-stream ones (``snakemake.utils.validate`` fills nested defaults)."""
-    defaults = stats_defaults(config)
-    if not defaults:
-        return config
-    out = dict(config)
-    stats = dict(out.get("stats") or {})
-    for key, value in defaults.items():
-        stats.setdefault(key, value)
-    out["stats"] = stats
-    return out
-
-
 def _has_slo(load: dict) -> bool:
     d = load.get("slo") or {}
     return isinstance(d, dict) and any(d.get(b) is not None for b in BOUNDS)
@@ -113,80 +85,81 @@ def slo(load: dict) -> SLO | None:
     return SLO.from_dict(d)
 
 
-def mode(load: dict) -> str:
-    """``concurrency`` (closed loop) or ``rate`` (open loop)."""
+def factor(load: dict) -> str:
+    """The run's load factor (:data:`pairbench.core.conditions.LOAD_FACTORS`): ``concurrency``
+    (closed loop) or ``rate`` (open loop)."""
     return "rate" if load.get("rate") else "concurrency"
 
 
-def checks(cfg: dict) -> Iterator[LoadConfigError]:
+def checks(cfg: dict) -> Iterator[ConfigError]:
     """Every problem of a normalized config's ``load`` section (and what it asks of the rest)."""
     load = cfg.get("load")
     if load is None:
         return
     conc, rate = load.get("concurrency"), load.get("rate")
     if (conc is None) == (rate is None):
-        yield LoadConfigError("load: give either load.concurrency (closed loop: streams) or load.rate (open loop: "
-                              "requests/s), not " + ("both" if conc is not None else "neither"))
+        yield ConfigError("load", "give either load.concurrency (closed loop: streams) or load.rate (open loop: "
+                          "requests/s), not " + ("both" if conc is not None else "neither"))
         return
-    key, levels = ("load.concurrency", conc) if conc is not None else ("load.rate", rate)
-    for i, v in enumerate(levels if key == "load.concurrency" else []):
+    name, levels = ("concurrency", conc) if conc is not None else ("rate", rate)
+    for i, v in enumerate(levels if name == "concurrency" else []):
         if not isinstance(v, int) or isinstance(v, bool):  # JSON Schema counts 2.0 as an integer
             why = (f"streams: a number of streams is a whole number (write {int(v)})"
                    if isinstance(v, float) and v.is_integer() else "is not a whole number of streams")
-            yield LoadConfigError(f"load.concurrency[{i}]: {v!r} {why}")
+            yield ConfigError(("load", "concurrency", i), f"{v!r} {why}")
             return
     if any(b <= a for a, b in zip(levels, levels[1:])):
-        yield LoadConfigError(f"{key}: levels must increase ({levels}): the load curve and its SLO capacity "
-                              "are read from the lowest load to the highest")
-    yield from _request_checks(cfg, load, key, levels)
+        yield ConfigError(("load", name), f"levels must increase ({levels}): the load curve and its SLO capacity "
+                          "are read from the lowest load to the highest")
+    yield from _request_checks(load, name, levels)
     try:
         slo(load)
-    except ValueError as exc:
-        yield LoadConfigError(str(exc))
+    except ConfigError as exc:
+        yield exc
     if rate is not None:
         yield from _client_checks(cfg, load)
     yield from _metric_checks(cfg, load)
     if cfg.get("repeats", 1) != 1:
-        yield LoadConfigError(f"repeats: a load run measures each level once per visit, with load.requests "
-                              f"requests; repeats must be 1, got {cfg['repeats']}")
+        yield ConfigError("repeats", f"a load run measures each level once per visit, with load.requests "
+                          f"requests; repeats must be 1, got {cfg['repeats']}")
 
 
-def _metric_checks(cfg: dict, load: dict) -> Iterator[LoadConfigError]:
+def _metric_checks(cfg: dict, load: dict) -> Iterator[ConfigError]:
     """The stats lists against the load section: a percentile metric of a percentile not measured,
     an SLO metric without an SLO, or an SLO metric tested (0 when nothing met the SLO: no ratio)."""
     stats = cfg.get("stats") or {}
     pct = load.get("percentiles") or []
     for key in ("metrics", "secondary"):
         for i, name in enumerate(stats.get(key) or []):
-            m = re.fullmatch(r"[a-z]+_p(\d+)_ms", str(name))
-            if m and int(m.group(1)) not in pct:
-                yield LoadConfigError(f"stats.{key}[{i}]: {name} needs p{m.group(1)} in load.percentiles "
-                                      f"({', '.join(map(str, pct))}): no other percentile is computed")
+            q = percentile_of(str(name))
+            if q is not None and q not in pct:
+                yield ConfigError(("stats", key, i), f"{name} needs p{q} in load.percentiles "
+                                  f"({', '.join(map(str, pct))}): no other percentile is computed")
             if name in NOT_TESTABLE and not _has_slo(load):
-                yield LoadConfigError(f"stats.{key}[{i}]: {name} needs an SLO: give a bound in load.slo")
+                yield ConfigError(("stats", key, i), f"{name} needs an SLO: give a bound in load.slo")
             elif name in NOT_TESTABLE and key == "metrics":
-                yield LoadConfigError(f"stats.metrics[{i}]: {name} cannot be tested: it is 0 in a round where no "
-                                      "request met the SLO, and a paired ratio has no value there; list it in "
-                                      "stats.secondary (shown) and test the SLO through its capacity")
+                yield ConfigError(("stats", "metrics", i), f"{name} cannot be tested: it is 0 in a round where no "
+                                  "request met the SLO, and a paired ratio has no value there; list it in "
+                                  "stats.secondary (shown) and test the SLO through its capacity")
 
 
-def _request_checks(cfg: dict, load: dict, key: str, levels: list) -> Iterator[LoadConfigError]:
+def _request_checks(load: dict, name: str, levels: list) -> Iterator[ConfigError]:
     pct = load["percentiles"]
     need = min_requests(pct)
     if load["requests"] < need:
         worst = max(pct)
-        yield LoadConfigError(f"load.requests: {load['requests']} measured requests per level are too few for "
-                              f"the p{worst} latencies (needs {need}: at least one request at or beyond the "
-                              f"percentile); raise load.requests or lower load.percentiles")
-    if key == "load.concurrency":
+        yield ConfigError(("load", "requests"), f"{load['requests']} measured requests per level are too few for "
+                          f"the p{worst} latencies (needs {need}: at least one request at or beyond the "
+                          f"percentile); raise load.requests or lower load.percentiles")
+    if name == "concurrency":
         total = load["requests"] + load["warmup"]
         if total <= max(levels):
-            yield LoadConfigError(f"load.requests: {load['requests']} + {load['warmup']} warm-up requests cannot "
-                                  f"hold {max(levels)} streams busy (every request would go out at once); send "
-                                  f"more than {max(levels)} per level")
+            yield ConfigError(("load", "requests"), f"{load['requests']} + {load['warmup']} warm-up requests cannot "
+                              f"hold {max(levels)} streams busy (every request would go out at once); send "
+                              f"more than {max(levels)} per level")
 
 
-def _client_checks(cfg: dict, load: dict) -> Iterator[LoadConfigError]:
+def _client_checks(cfg: dict, load: dict) -> Iterator[ConfigError]:
     """A rate whose predicted client CPU share (:data:`CLIENT_CPU_MS_PER_REQUEST`) reaches the bound."""
     outs = cfg.get("output_tokens")
     longest = max(outs) if isinstance(outs, list) else outs
@@ -195,8 +168,8 @@ def _client_checks(cfg: dict, load: dict) -> Iterator[LoadConfigError]:
     for i, r in enumerate(load["rate"]):
         share = r * per_request_ms / 1e3
         if share >= bound:
-            yield LoadConfigError(
-                f"load.rate[{i}]: {r:g} requests/s would cost the client about {share:.2f} of a CPU core "
+            yield ConfigError(
+                ("load", "rate", i), f"{r:g} requests/s would cost the client about {share:.2f} of a CPU core "
                 f"({per_request_ms:.1f} ms per {longest}-token request, measured by bench/load_client.py), at "
                 f"or above load.validity.client_cpu_share ({bound:g}): the client, not the engine, would set "
                 f"the pace; the highest rate it sustains is about {bound * 1e3 / per_request_ms:.0f} requests/s")

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
+from pairbench.core.configsource import ConfigError
+
 
 @dataclass(frozen=True)
 class Metric:
@@ -36,6 +38,7 @@ class Metric:
     record: tuple[str, ...] = ()  # its path in a record (default: its own name at the top)
     scope: str = "request"  # "request": a steady record's; "level": a load level record's
     fact: bool = False  # a level's validity fact (achieved load, lag, client CPU): a column, never tested
+    percentile: int | None = None  # the latency percentile a level metric states (ttft_p90_ms: 90)
 
     def value(self, record: dict) -> Any:
         """This metric's value in one steady record (None where it is not recorded)."""
@@ -64,8 +67,10 @@ def latency_metric(latency: str, q: float) -> str:
     return f"{latency}_p{q:g}_ms".replace(".", "_")
 
 
-def _level(name: str, unit: str, higher: bool, label: str, question: str, fact: bool = False) -> Metric:
-    return Metric(name, unit, higher, label, question, record=("metrics", name), scope="level", fact=fact)
+def _level(name: str, unit: str, higher: bool, label: str, question: str, fact: bool = False,
+           percentile: int | None = None) -> Metric:
+    return Metric(name, unit, higher, label, question, record=("metrics", name), scope="level", fact=fact,
+                  percentile=percentile)
 
 
 METRICS: dict[str, Metric] = _metrics(
@@ -85,7 +90,7 @@ METRICS: dict[str, Metric] = _metrics(
     _level("goodput_rps", "req/s", True, "goodput (requests meeting the SLO)", "goodput"),
     _level("slo_attainment", "share", True, "SLO attainment", "goodput"),
     # per percentile one question; ITL and TPOT measure decode latency from two sides (gaps, means)
-    *(_level(latency_metric(lat, q), "ms", False, f"p{q} {words}", f"{question} p{q}")
+    *(_level(latency_metric(lat, q), "ms", False, f"p{q} {words}", f"{question} p{q}", percentile=q)
       for lat, words, question in zip(LEVEL_LATENCIES, ("time to first token", "inter-token latency",
                                                         "time per output token", "end-to-end latency"),
                                       ("ttft", "decode", "decode", "e2e"))
@@ -115,6 +120,12 @@ def scope_of(names) -> str | None:
     return next((METRICS[n].scope for n in names if n in METRICS), None)
 
 
+def percentile_of(name: str) -> int | None:
+    """The latency percentile the metric *name* states (``ttft_p90_ms`` → 90); None for any other name."""
+    m = METRICS.get(name)
+    return m.percentile if m else None
+
+
 def load_defaults(percentiles, slo: bool = True) -> dict[str, tuple[str, ...]]:
     """A load run's default ``stats`` lists, for its ``load.percentiles``: output throughput and the
     highest percentile's TTFT tested (one per question: ``output_tok_s``, ``ttft_p99_ms`` with the
@@ -133,21 +144,21 @@ NOT_TESTABLE = ("goodput_rps", "slo_attainment")
 
 def check_metric_lists(metrics, secondary=(), memory=(), where: str = "stats",
                        scope: str | None = None) -> tuple[tuple, tuple, tuple]:
-    """Check the primary, secondary and memory lists; a ``ValueError`` names the config key
-    (``stats.metrics``, ``stats.secondary``, ``stats.memory``). Every tested or shown metric must be
+    """Check the primary, secondary and memory lists; a :class:`~pairbench.core.configsource.ConfigError`
+    (a ``ValueError``) carries the config key (``stats.metrics``, ``stats.secondary``, ``stats.memory``). Every tested or shown metric must be
     of one *scope* (default: the first primary metric's): ``level`` for a load run, ``request``
     otherwise; a load run has no memory metrics."""
     metrics, secondary, memory = tuple(metrics), tuple(secondary), tuple(memory)
     if not metrics:
-        raise ValueError(f"{where}.metrics: no primary metric listed")
+        raise ConfigError((where, "metrics"), "no primary metric listed")
     for key, names, allowed in (("metrics", metrics, SPEED_METRICS), ("secondary", secondary, SPEED_METRICS),
                                 ("memory", memory, MEMORY_METRICS)):
         for name in names:
             if name not in allowed:
-                raise ValueError(f"{where}.{key}: {name!r} is not one of {', '.join(allowed)}")
+                raise ConfigError((where, key), f"{name!r} is not one of {', '.join(allowed)}")
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
-            raise ValueError(f"{where}.{key}: {', '.join(dup)} listed more than once")
+            raise ConfigError((where, key), f"{', '.join(dup)} listed more than once")
     scope = scope or scope_of(metrics)
     for key, names in (("metrics", metrics), ("secondary", secondary), ("memory", memory)):
         other = [n for n in names if METRICS[n].scope != scope]
@@ -156,17 +167,17 @@ def check_metric_lists(metrics, secondary=(), memory=(), where: str = "stats",
                 "a run without load: measures one request at a time"
             allowed = [m for m in SPEED_METRICS if METRICS[m].scope == scope] if key != "memory" else \
                 [m for m in MEMORY_METRICS if METRICS[m].scope == scope]
-            raise ValueError(f"{where}.{key}: {', '.join(other)} cannot be measured here: {run}; "
+            raise ConfigError((where, key), f"{', '.join(other)} cannot be measured here: {run}; "
                              f"{key} may list {', '.join(allowed) or 'nothing'}")
     seen: dict[str, str] = {}
     for name in metrics:
         q = METRICS[name].question
         if q in seen:
-            raise ValueError(
-                f"{where}.metrics: {seen[q]} and {name} answer the same question ({q}); test one of them "
+            raise ConfigError(
+                (where, "metrics"), f"{seen[q]} and {name} answer the same question ({q}); test one of them "
                 f"and list the other under {where}.secondary, where it is shown but not tested again")
         seen[q] = name
     both = sorted(set(metrics) & set(secondary))
     if both:
-        raise ValueError(f"{where}.secondary: {', '.join(both)} is already a primary metric ({where}.metrics)")
+        raise ConfigError((where, "secondary"), f"{', '.join(both)} is already a primary metric ({where}.metrics)")
     return metrics, secondary, memory

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from pairbench.core.config import arm_names, baseline_arm, candidate_arms, normalized, resolve_model, serve_context
+from pairbench.core.config import arm_names, baseline_arm, candidate_arms, normalized, serve_context
+from pairbench.core.models import resolve_model
 from pairbench.core import conditions, loadconfig, naming
 from pairbench.core.order import block_length, round_orders
 
@@ -68,7 +69,7 @@ def load_block(cfg: dict, conds: list, rounds: int, block: int = 1) -> dict:
     load = cfg["load"]
     keys = ("requests", "warmup", "burstiness", "slo", "percentiles", "prefix", "timeout_s", "validity",
             "allow_queueing")
-    return {"mode": loadconfig.mode(load), **{k: load[k] for k in keys},
+    return {"mode": loadconfig.factor(load), **{k: load[k] for k in keys},
             "level_orders": {str(r): [c.id for c in loadconfig.level_order(conds, r, block)]
                             for r in range(1, rounds + 1)}}
 

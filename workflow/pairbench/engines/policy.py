@@ -13,7 +13,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from pairbench.core.config import ConfigError, resolve_model
+from pairbench.core import conditions as pb_conditions
+from pairbench.core.configsource import ConfigError
+from pairbench.core.models import resolve_model
 from pairbench.core.loadconfig import section as load_section
 from pairbench.engines import serving
 from pairbench.engines.profiles import (ENV_DIR, MODEL_FORMATS, REPO, EngineError, EngineProfile,
@@ -22,7 +24,7 @@ from pairbench.engines.specs import env_python
 
 
 def check_engines(config: dict, root: str | Path = REPO) -> None:
-    """Raise :class:`~pairbench.core.config.ConfigError` naming the key unless every arm's engine
+    """Raise :class:`~pairbench.core.configsource.ConfigError` naming the key unless every arm's engine
     has a valid profile (``arms.<arm>.engine``), reads the model's format (``model``), and runs the
     arm's source and patches (``arms.<arm>.source``, ``arms.<arm>.patches``: :func:`check_source_runs`).
     *config* is schema-valid; *root* is the checkout the model path is relative to; a ``model`` of
@@ -34,10 +36,10 @@ def check_engines(config: dict, root: str | Path = REPO) -> None:
         try:
             profile = load_profile(arm_engine(arm))
         except EngineError as exc:
-            raise ConfigError(f"arms.{name}.engine: {exc}") from None
+            raise ConfigError(("arms", name, "engine"), str(exc)) from None
         if kind is not None and kind not in profile.model_formats:
             takes = " or ".join(MODEL_FORMATS[f] for f in profile.model_formats)
-            raise ConfigError(f"model: {config['model']!r} is {MODEL_FORMATS[kind]}, but arm {name}'s engine "
+            raise ConfigError("model", f"{config['model']!r} is {MODEL_FORMATS[kind]}, but arm {name}'s engine "
                               f"{profile.name} reads {takes} only (model_formats in {_shown(profile)})")
         check_source_runs(name, arm, profile)
 
@@ -51,12 +53,12 @@ def check_source_runs(name: str, arm: dict, profile: EngineProfile) -> None:
     """An arm that gives a source (a git tag) or patches must have them run: its engine's profile
     installs the tree into the arm's own environment, or launches from it (after building it there).
     Else both arms would run the one engine installed beside pairbench, and a patch would never run:
-    :class:`~pairbench.core.config.ConfigError` naming ``arms.<arm>.patches`` or ``arms.<arm>.source``."""
+    :class:`~pairbench.core.configsource.ConfigError` naming ``arms.<arm>.patches`` or ``arms.<arm>.source``."""
     source, patches = arm.get("source"), arm.get("patches") or []
     route = profile.source_route(arm)
     if route == "install" and source is not None and not (isinstance(source, dict) and "git" in source):
         raise ConfigError(
-            f"arms.{name}.source: engine {profile.name} installs its arm from a git tag ({{git: <repo>, tag: <tag>}}); "
+            ("arms", name, "source"), f"engine {profile.name} installs its arm from a git tag ({{git: <repo>, tag: <tag>}}); "
             "a directory is exported as an embedded-engine package (src/<arm>/engine/), which the install "
             "would not find. Commit the tree and name the tag")
     if route is not None or not (patches or source is not None):
@@ -67,7 +69,7 @@ def check_source_runs(name: str, arm: dict, profile: EngineProfile) -> None:
         key, what = "source", (f"tag {source['tag']}" if isinstance(source, dict) and "tag" in source
                                else "its source") + " would never run"
     raise ConfigError(
-        f"arms.{name}.{key}: engine {profile.name} installs no source: its profile ({_shown(profile)}) has no "
+        ("arms", name, key), f"engine {profile.name} installs no source: its profile ({_shown(profile)}) has no "
         f"build.install, and its server runs an installed program, not the arm's tree, so {what} (both arms would "
         "measure the same installed engine). Use an engine profile that installs or builds the tree, or drop "
         f"arms.{name}.source and arms.{name}.patches to compare the installed engine's settings")
@@ -90,12 +92,12 @@ def check_slots(config: dict) -> list[ConfigError]:
             argv = launch_spec(profile, arm, port=0, model="model", ctx=1, src_dir=".").argv
             slots = serving.slots_in(spec, serving.without_single_stream_flags(spec, argv))
         except EngineError as exc:
-            out.append(ConfigError(f"arms.{name}.args: {exc}"))
+            out.append(ConfigError(("arms", name, "args"), str(exc)))
             continue
         if slots is not None and top > slots and not load["allow_queueing"]:
             flag = spec.slots_flag or "its slots"
             out.append(ConfigError(
-                f"arms.{name}.args: arm {name} serves {slots} request(s) at once ({flag} {slots}), fewer than "
+                ("arms", name, "args"), f"arm {name} serves {slots} request(s) at once ({flag} {slots}), fewer than "
                 f"load.concurrency's {top} streams: the rest would wait in its queue. Give it [{flag}, \"{top}\"] "
                 f"in args, or set load.allow_queueing: true to measure the queue on purpose"))
     return out
@@ -105,8 +107,9 @@ def external_arms(config: dict) -> list[str]:
     return [name for name, arm in config["arms"].items() if is_external(arm or {})]
 
 
-def describe_plan(config: dict) -> str:
-    """What a run would launch and contact, arm by arm (shown when opt-in is missing)."""
+def describe_plan(config: dict, condition_ids: list[str] | None = None) -> str:
+    """What a run would launch and contact, arm by arm, and the conditions it measures (the config's,
+    or *condition_ids*: a plan's), shown when opt-in is missing."""
     lines = [f"pairbench plan for label {config.get('label', 'default')!r}:"]
     for name, arm in config["arms"].items():
         arm = arm or {}
@@ -142,13 +145,15 @@ def describe_plan(config: dict) -> str:
         tokenizer = profile.tokenize_spec.path or "the model directory's tokenizer.json"
         lines.append(f"    requests to 127.0.0.1 ({spec.health_path}, {profile.generate_path}, "
                      f"{tokenizer}); cold-cache proof: {profile.cold_cache_proof}")
-    lines.append(f"  {config.get('rounds')} rounds x lengths {config.get('lengths')} x "
-                 f"{config.get('output_tokens')} output tokens")
+    if condition_ids is None:
+        condition_ids = [c.id for c in pb_conditions.conditions(config)]
+    lines.append(f"  {config.get('rounds')} rounds x {len(condition_ids)} condition(s): {', '.join(condition_ids)}")
     return "\n".join(lines)
 
 
-def check_opt_in(config: dict) -> list[str]:
-    """Raise :class:`ExternalEngineNotAllowed` (with the plan) unless external arms are allowed.
+def check_opt_in(config: dict, condition_ids: list[str] | None = None) -> list[str]:
+    """Raise :class:`ExternalEngineNotAllowed` (with the plan: :func:`describe_plan`) unless external
+    arms are allowed.
 
     Returns the external arm names (empty for an all-embedded config).
     """
@@ -158,14 +163,12 @@ def check_opt_in(config: dict) -> list[str]:
             f"allow_external: arm(s) {', '.join(ext)} run an external engine, which pairbench "
             "neither builds, launches nor sends a request to without consent. Review the plan, "
             "then rerun with --config allow_external=true (or set allow_external: true).\n"
-            + describe_plan(config))
+            + describe_plan(config, condition_ids))
     return ext
 
 
 def plan_opt_in(plan: dict) -> list[str]:
-    """:func:`check_opt_in` over a ``plan.json`` body (which records arms and allow_external)."""
-    cfg = {"label": plan.get("label"), "model": (plan.get("model") or {}).get("name"),
-           "rounds": plan.get("rounds"), "lengths": plan.get("lengths"),
-           "output_tokens": plan.get("output_tokens"), "arms": plan["arms"],
-           "allow_external": plan.get("allow_external", False)}
-    return check_opt_in(cfg)
+    """:func:`check_opt_in` over a ``plan.json`` body: its arms, allow_external and conditions."""
+    cfg = {"label": plan.get("label"), "model": (plan.get("model") or {}).get("name"), "rounds": plan.get("rounds"),
+           "arms": plan["arms"], "allow_external": plan.get("allow_external", False)}
+    return check_opt_in(cfg, [c["id"] for c in plan["conditions"]])

@@ -60,7 +60,7 @@ SCHEMA = Path(__file__).resolve().parents[2] / "schemas" / "engine_profile.schem
 
 DEFAULT_ENGINE = "embedded"
 
-# What a model may be (pairbench.core.config.resolve_model's kinds), in the words of an error message.
+# What a model may be (pairbench.core.models.resolve_model's kinds), in the words of an error message.
 MODEL_FORMATS = {"gguf": "a GGUF file", "hf": "a Hugging Face model directory", "named": "a named built-in model"}
 
 

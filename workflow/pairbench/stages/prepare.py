@@ -7,7 +7,7 @@ from pathlib import Path
 
 from pairbench.arms import build as pb_build
 from pairbench.arms import source as pb_source
-from pairbench.core import config as pb_config
+from pairbench.core import models as pb_models
 from pairbench.core import plan as pb_plan
 from pairbench.core.artifacts import read_artifact, sha256_file, write_artifact
 from pairbench.engines.policy import plan_opt_in
@@ -34,7 +34,7 @@ def build_stage(*, build: str, source: str, plan: str, arm: str, arm_dir: str, m
     """Build one arm as its engine profile says (one path for every engine: :mod:`pairbench.arms.build`),
     once the config has opted in to external code."""
     src = read_artifact(source, "source")
-    info = pb_config.resolve_model(model, Path(root))
+    info = pb_models.resolve_model(model, Path(root))
     plan_body = read_artifact(plan, "plan")
     arm_cfg = plan_body["arms"][arm]
     profile = load_profile(arm_engine(arm_cfg))

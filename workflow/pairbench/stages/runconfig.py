@@ -1,15 +1,20 @@
-"""A run's config, checked as a whole before any job: every problem at once, each at its file and line.
+"""A run's config, read once: :func:`load_config` reads it, checks it whole before any job (every
+problem at once, each at its file and line), fills its defaults and normalizes it. Every consumer
+(workflow/rules/common.smk, ``python -m pairbench plan``, a study's comparison) calls it and reads
+its result; nothing else reads a config file or fills a default.
 
-workflow/rules/common.smk and ``python -m pairbench plan`` both call :func:`problems` and, when
-there are any, print :func:`report` and stop, without a traceback:
+When there are problems it raises :class:`~pairbench.core.configsource.ConfigErrors`, whose text is
+what a user sees, without a traceback:
 
     pairbench: 2 config errors (nothing was run):
       tests/config/bad.yaml:4: config key 'colour': unknown key (allowed: ...)
       tests/config/bad.yaml:9: lengths[1]: 3000 input + 8 output tokens (+16 margin) exceed ...
 
-The checks are the schema's (every violation, :func:`pairbench.core.config.schema_errors`), what
-a schema cannot say (:func:`pairbench.core.config.config_errors`, skipping what reads a key the schema
-rejected) and each arm's engine profile (:func:`pairbench.engines.policy.check_engines`).
+The checks (:func:`problems`) are the schema's, run once (every violation,
+:func:`pairbench.core.configschema.schema_errors`), what a schema cannot say
+(:func:`pairbench.core.config.config_errors`, skipping what reads a key the schema rejected) and each
+arm's engine profile (:func:`pairbench.engines.policy.check_engines`, ``check_slots``). Each error
+carries its key; where it was given is looked up from the key, never read from the message.
 """
 
 from __future__ import annotations
@@ -18,11 +23,34 @@ import copy
 import os
 from pathlib import Path
 
-from pairbench.core.config import TOP_DEFAULTS, ConfigError, config_errors, normalized, resolve_model, schema_errors
-from pairbench.core.configsource import Sources, coerce_cli, key_text, load_with_lines
+from pairbench.core.config import TOP_DEFAULTS, ConfigError, config_errors, normalized
+from pairbench.core.configschema import SCHEMA, schema_errors
+from pairbench.core.configsource import ConfigErrors, Sources, YamlSyntaxError, coerce_cli, load_with_lines, report
+from pairbench.core.models import resolve_model
 from pairbench.engines.policy import check_engines, check_slots
 
-SCHEMA = Path(__file__).resolve().parents[2] / "schemas" / "config.schema.yaml"
+__all__ = ["load_config", "read_config", "problems", "report", "with_cli", "display_path", "ConfigErrors", "SCHEMA"]
+REPO = Path(__file__).resolve().parents[3]
+DEFAULT_FILE = "config/config.yaml"
+
+
+def load_config(files: list[str | Path] = (), cli: dict | None = None, *, root: str | Path = REPO,
+                given: dict | None = None, sources: Sources | None = None) -> dict:
+    """The run config of the config *files* (merged in order, as ``--configfile`` merges them) and
+    the ``--config`` pairs *cli*: read, checked, defaulted and normalized
+    (:func:`pairbench.core.config.normalized`). *given* is a config already read (Snakemake's
+    ``config``, a study's comparison), *sources* where it came from. Raises
+    :class:`~pairbench.core.configsource.ConfigErrors` with every problem, each located; a file that
+    is not YAML is one of them, at its line and column."""
+    if given is None:
+        given, sources = read_config(files, cli)
+    else:
+        sources = sources or Sources.read(files, cli)
+        given = with_cli(given, sources.cli)
+    found = problems(given, Path(root))
+    if found:
+        raise ConfigErrors([e.located(sources) for e in found], sources)
+    return normalized(given)
 
 
 def with_cli(config: dict, cli: dict) -> dict:
@@ -54,7 +82,7 @@ def problems(config: dict, root: Path, schema: Path = SCHEMA) -> list[ConfigErro
     repaired = copy.deepcopy(config)
     rejected = set()
     for e in found:
-        if str(e).endswith(")") and ": unknown key (allowed: " in str(e) and e.key:
+        if e.rule == "unknown":
             _drop(repaired, e.key)
         elif e.key:
             rejected.add(e.key[0])
@@ -87,41 +115,6 @@ def _drop(config: dict, path: tuple) -> None:
         node.pop(path[-1], None)
 
 
-def report(found: list[ConfigError], sources: Sources) -> str:
-    """The message a user sees: one line per problem, ``<file>:<line>: <key>: <what>``."""
-    n = len(found)
-    lines = [f"pairbench: {n} config error{'s' if n != 1 else ''} (nothing was run):"]
-    located = [(sources.locate(err.key), err) for err in found]
-    order = {name: i for i, (name, _) in enumerate(sources.files)}
-
-    cli = list(sources.cli)
-
-    def position(item):  # file by file as the sources come, top to bottom; then --config in its order
-        where = item[0]
-        name, _, line = where.rpartition(":")
-        if line.isdigit() and name in order:
-            return (order[name], int(line))
-        if where.startswith("--config ") and where[len("--config "):] in cli:
-            return (len(order), cli.index(where[len("--config "):]))
-        return (order.get(where, len(order)), 0)
-
-    for where, err in sorted(located, key=position):
-        lines.append(f"  {where}: {err}{_cli_hint(err, where)}")
-    return "\n".join(lines)
-
-
-def _cli_hint(err: ConfigError, where: str) -> str:
-    """How to write a list or a map on the command line, where one was expected and a string came."""
-    if not where.startswith("--config ") or "is not of type" not in str(err):
-        return ""
-    key = key_text(err.key[:1])
-    if "'array'" in str(err):
-        return f' (write a list as --config "{key}=[256, 1024]", quoted)'
-    if "'object'" in str(err):
-        return f' (write a map as --config "{key}={{a: 1, b: 2}}", quoted)'
-    return ""
-
-
 def display_path(path: str | Path) -> str:
     """*path* relative to the working directory when it lies below it (as the user typed it, usually)."""
     p = Path(path)
@@ -131,17 +124,27 @@ def display_path(path: str | Path) -> str:
         return os.fspath(path)
 
 
-def load_files(files: list[str | Path], cli: dict | None = None) -> tuple[dict, Sources]:
+def read_config(files: list[str | Path], cli: dict | None = None) -> tuple[dict, Sources]:
     """The config that *files* (merged in order, as Snakemake merges ``--configfile``s) and the
-    ``--config`` pairs *cli* make, and its :class:`Sources`. A YAML syntax error is a
-    :class:`pairbench.core.configsource.YamlSyntaxError` naming the file and line."""
+    ``--config`` pairs *cli* make, as given (no default filled), and its :class:`Sources`. A file that
+    is not YAML, or not a map of keys, raises :class:`ConfigErrors` naming it (a YAML error at its
+    line and column)."""
     config: dict = {}
-    for f in files:
-        data, _ = load_with_lines(f)
+    shown = [display_path(f) for f in files]
+    cli = dict(cli or {})
+    for f, name in zip(files, shown):
+        try:
+            data, _ = load_with_lines(f)
+        except YamlSyntaxError as exc:
+            where, _, what = str(exc).partition(": ")
+            raise ConfigErrors([ConfigError((), what, where=where)], Sources.read(shown, cli)) from None
+        except OSError as exc:
+            raise ConfigErrors([ConfigError((), f"cannot be read ({exc.strerror})", where=name)],
+                               Sources.read(shown, cli)) from None
         if data is None:
             data = {}
         if not isinstance(data, dict):
-            raise ConfigError(f"config: {display_path(f)} is not a map of keys (it holds a {type(data).__name__})")
+            raise ConfigErrors([ConfigError((), f"not a map of keys (it holds a {type(data).__name__})", where=name)],
+                               Sources.read(shown, cli))
         config = _merged(config, data)
-    cli = dict(cli or {})
-    return with_cli(config, cli), Sources.read([display_path(f) for f in files], cli)
+    return with_cli(config, cli), Sources.read(shown, cli)

@@ -15,7 +15,8 @@ from pathlib import Path
 import yaml
 from snakemake.utils import update_config
 
-from pairbench.core.config import ConfigError, schema_check
+from pairbench.core.configschema import schema_check
+from pairbench.core.configsource import ConfigError
 
 
 def study_section(config: dict, schema: Path) -> dict:
@@ -35,7 +36,7 @@ def merged(base: dict, overrides: dict) -> dict:
 def _load(path: str, root: Path, key: str) -> dict:
     file = root / path
     if not file.is_file():
-        raise ConfigError(f"{key}: config file {path} does not exist")
+        raise ConfigError(key, f"config file {path} does not exist")
     return yaml.safe_load(file.read_text()) or {}
 
 
@@ -45,17 +46,17 @@ def comparison_configs(study: dict, root: Path) -> dict[str, dict]:
     for name, spec in study["comparisons"].items():
         key = f"study.comparisons.{name}"
         if name == study["name"]:
-            raise ConfigError(f"{key}: the study's own name; results/{name}/ holds the study's index page")
+            raise ConfigError(key, f"the study's own name; results/{name}/ holds the study's index page")
         spec = spec or {}
         if "config" in spec:
             base = _load(spec["config"], root, f"{key}.config")
         elif study.get("base"):
             base = _load(study["base"], root, "study.base")
         else:
-            raise ConfigError(f"{key}: names no config and the study has no base")
+            raise ConfigError(key, f"names no config and the study has no base")
         overrides = spec.get("overrides") or {}
         if "label" in overrides:
-            raise ConfigError(f"{key}.overrides.label: a comparison's label is its name ({name})")
+            raise ConfigError(f"{key}.overrides.label", f"a comparison's label is its name ({name})")
         out[name] = {**merged(base, overrides), "label": name}
     return out
 
@@ -67,6 +68,6 @@ def module_names(names: list[str]) -> dict[str, str]:
         mod = re.sub(r"\W", "_", name)
         if mod in out.values():
             other = next(n for n, m in out.items() if m == mod)
-            raise ConfigError(f"study.comparisons.{name}: its module name {mod} is also {other}'s; rename one")
+            raise ConfigError(("study", "comparisons", name), f"its module name {mod} is also {other}'s; rename one")
         out[name] = mod
     return out
