@@ -23,21 +23,23 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from pairbench.core.metrics import TTFT
+
 SHORTCUT = 0.25
 
 
 def cross_check(df: pd.DataFrame) -> list[dict]:
     """``[{"arm", "ok", "scaling_ok", "shortcuts", "ms_per_1k_tokens", "detail"}]``, one per arm."""
-    need = {"arm", "ttft_ms", "prompt_tokens"}
+    need = {"arm", TTFT, "prompt_tokens"}
     if df.empty or not need <= set(df.columns):
         return []
     d = df.copy()
     if "selected" in d.columns:
         d = d[d["selected"].astype(str).str.lower().isin(["true", "1"])]
-    d = d[pd.to_numeric(d["ttft_ms"], errors="coerce") > 0]
+    d = d[pd.to_numeric(d[TTFT], errors="coerce") > 0]
     out = []
     for arm, g in d.groupby("arm", sort=True):
-        ttft = pd.to_numeric(g["ttft_ms"], errors="coerce")
+        ttft = pd.to_numeric(g[TTFT], errors="coerce")
         tokens = pd.to_numeric(g["prompt_tokens"], errors="coerce")
         med = ttft.groupby(tokens).median().sort_index()
         shortcuts = int(sum((ttft[tokens == n] < SHORTCUT * m).sum() for n, m in med.items()))

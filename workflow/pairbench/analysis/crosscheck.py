@@ -32,9 +32,9 @@ from __future__ import annotations
 import statistics
 
 from pairbench.analysis import verdicts
+from pairbench.core.metrics import TOOL_COUNTERPARTS
 
-PAIRS = {"prefill": ("pp", ("engine_prefill_tok_s", "prefill_tok_s")),
-         "decode": ("tg", ("engine_decode_tok_s", "decode_tok_s"))}
+PAIRS = {"prefill": ("pp", TOOL_COUNTERPARTS["prefill"]), "decode": ("tg", TOOL_COUNTERPARTS["decode"])}
 
 
 def _tool_test(tests: list[dict], kind: str, length: int, output_tokens: int) -> dict | None:

@@ -36,6 +36,8 @@ from pairbench.core.configsource import ConfigError
 # schema's load.slo keys, the summary's, the report's; tests/pairbench/test_registries.py checks the
 # schema against it). The attainment target's default is the schema's.
 BOUNDS = ("ttft_ms", "itl_ms", "e2e_ms")
+BOUND_WORDS = {"ttft_ms": "time to first token", "itl_ms": "mean inter-token latency (TPOT)",
+               "e2e_ms": "end-to-end latency"}
 DEFAULT_ATTAINMENT = configschema.defaults("load", "slo")["attainment"]
 
 

@@ -15,7 +15,8 @@ from __future__ import annotations
 import statistics
 
 from pairbench.core.conditions import BY_NAME, parse_id
-from pairbench.core.metrics import METRICS
+from pairbench.core.metrics import ACHIEVED_LOAD, CLIENT_CPU_SHARE, LAG_P99, METRICS
+from pairbench.core.slo import BOUND_WORDS, BOUNDS
 
 HEADING = "## Load"
 
@@ -34,8 +35,7 @@ def _list(words: list[str]) -> str:
 
 
 def _slo_words(slo: dict) -> str:
-    names = {"ttft_ms": "time to first token", "itl_ms": "mean inter-token latency (TPOT)", "e2e_ms": "end-to-end latency"}
-    bounds = [f"{names[k]} ≤ {slo[k]:g} ms" for k in names if slo.get(k) is not None]
+    bounds = [f"{BOUND_WORDS[k]} ≤ {slo[k]:g} ms" for k in BOUNDS if slo.get(k) is not None]
     if not bounds:
         return "SLO: none given (no goodput, no capacity)."
     return (f"SLO: {_list(bounds)}; it holds at a level when at least {slo['attainment']:.0%} of the level's "
@@ -147,15 +147,15 @@ def _fmt(x, spec: str) -> str:
 
 def level_table(summary: dict, load: dict) -> list[str]:
     """Per level and arm: valid records, achieved load, p99 schedule lag, client CPU, exclusions."""
-    achieved = "achieved_concurrency" if load["factor"] == "concurrency" else "achieved_rate_rps"
+    achieved = ACHIEVED_LOAD[load["factor"]]
     rows = ["| level | arm | valid | achieved load (median) | p99 lag ms (max) | client CPU share (median, max) | excluded |",
             "|---|---|---:|---:|---:|---:|---|"]
     for c in summary["conditions"]:
         for arm, f in load["facts"].get(c["id"], {}).items():
             excluded = "; ".join(f"{n}× {r}" for r, n in sorted(f["excluded"].items())) or "–"
             rows.append(f"| `{c['id']}` | `{arm}` | {f['selected']}/{f['levels']} | {_fmt(f[achieved]['median'], '.3g')} | "
-                        f"{_fmt(f['lag_p99_ms']['max'], '.1f')} | {_fmt(f['client_cpu_share']['median'], '.3f')}, "
-                        f"{_fmt(f['client_cpu_share']['max'], '.3f')} | {excluded} |")
+                        f"{_fmt(f[LAG_P99]['max'], '.1f')} | {_fmt(f[CLIENT_CPU_SHARE]['median'], '.3f')}, "
+                        f"{_fmt(f[CLIENT_CPU_SHARE]['max'], '.3f')} | {excluded} |")
     return rows + [""]
 
 

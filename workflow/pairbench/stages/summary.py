@@ -21,6 +21,7 @@ from __future__ import annotations
 from pairbench.core import conditions as pb_conditions
 from pairbench.core.config import baseline_arm, candidate_arms, normalized
 from pairbench.core.plan import adaptive, rounds_bounds
+from pairbench.core.slo import BOUNDS
 from pairbench.engines.profiles import arm_engine, is_external, load_profile
 
 # The default config's cost on this project's 2-core machine at load ~1 (docs/perf.md, "What a run
@@ -134,7 +135,7 @@ def _extras(cfg: dict) -> list[str]:
 def _load_lines(load: dict, lo: int, hi: int, levels: int) -> list[str]:
     """A load run's visits: every level each, its requests, the SLO; its time is its own (no estimate)."""
     loop = "closed loop" if load["concurrency"] else "open loop, Poisson" if load["burstiness"] == 1 else "open loop"
-    slo = ", ".join(f"{k} <= {load['slo'][k]:g}" for k in ("ttft_ms", "itl_ms", "e2e_ms") if load["slo"][k] is not None)
+    slo = ", ".join(f"{k} <= {load['slo'][k]:g}" for k in BOUNDS if load["slo"][k] is not None)
     n = load["warmup"] + load["requests"]
     return [f"  visits: {_span(lo, hi)}, each every level in its round's order ({loop}), {load['warmup']} warm-up + "
             f"{load['requests']} measured requests a level ({n * levels} a visit)",
