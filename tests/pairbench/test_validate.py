@@ -3,6 +3,7 @@ validate artifact schema; the completion parser runs over the stored outputs in 
 """
 
 import hashlib
+import os
 import json
 from pathlib import Path
 
@@ -279,3 +280,21 @@ def test_python_function_records_which_isolation_layers_applied(monkeypatch):
 def test_a_record_whose_function_never_reached_the_sandbox_records_no_layers():
     v = _run(["python_function"], text="no function here\n")["python_function"]
     assert v["verdict"] == "fail" and "isolation" not in v
+
+
+def test_probe_evaluate_rejudges_stored_outputs_as_the_catalogue_records_them(tmp_path):
+    # the command docs/validation.md gives for re-judging the task catalogue, run as a user runs it
+    import shutil
+    import subprocess
+    import sys
+
+    for f in (DATA / "smollm2").glob("*.txt"):
+        shutil.copy(f, tmp_path / f.name)
+    root = Path(__file__).resolve().parents[2]
+    run = subprocess.run([sys.executable, "-m", "pairbench.validate.probe", "evaluate", "--out", str(tmp_path)],
+                         capture_output=True, text=True, cwd=root, timeout=300,
+                         env={**os.environ, "PYTHONPATH": f"{root / 'workflow'}:{root}"})
+    assert run.returncode == 0, run.stderr[-2000:]
+    got = json.loads((tmp_path / "smollm2.json").read_text())["outputs"]
+    assert got == SMOLLM2["outputs"]
+    assert run.stdout.splitlines()[0] == "add: done_marker=pass python_function=pass (all tests passed)"

@@ -101,17 +101,17 @@ def checks(cfg: dict) -> Iterator[ConfigError]:
         yield ConfigError("load", "give either load.concurrency (closed loop: streams) or load.rate (open loop: "
                           "requests/s), not " + ("both" if conc is not None else "neither"))
         return
-    name, levels = ("concurrency", conc) if conc is not None else ("rate", rate)
-    for i, v in enumerate(levels if name == "concurrency" else []):
+    load_factor, levels = ("concurrency", conc) if conc is not None else ("rate", rate)
+    for i, v in enumerate(levels if load_factor == "concurrency" else []):
         if not isinstance(v, int) or isinstance(v, bool):  # JSON Schema counts 2.0 as an integer
             why = (f"streams: a number of streams is a whole number (write {int(v)})"
                    if isinstance(v, float) and v.is_integer() else "is not a whole number of streams")
             yield ConfigError(("load", "concurrency", i), f"{v!r} {why}")
             return
     if any(b <= a for a, b in zip(levels, levels[1:])):
-        yield ConfigError(("load", name), f"levels must increase ({levels}): the load curve and its SLO capacity "
+        yield ConfigError(("load", load_factor), f"levels must increase ({levels}): the load curve and its SLO capacity "
                           "are read from the lowest load to the highest")
-    yield from _request_checks(load, name, levels)
+    yield from _request_checks(load, load_factor, levels)
     try:
         slo(load)
     except ConfigError as exc:
@@ -143,7 +143,7 @@ def _metric_checks(cfg: dict, load: dict) -> Iterator[ConfigError]:
                                   "stats.secondary (shown) and test the SLO through its capacity")
 
 
-def _request_checks(load: dict, name: str, levels: list) -> Iterator[ConfigError]:
+def _request_checks(load: dict, load_factor: str, levels: list) -> Iterator[ConfigError]:
     pct = load["percentiles"]
     need = min_requests(pct)
     if load["requests"] < need:
@@ -151,7 +151,7 @@ def _request_checks(load: dict, name: str, levels: list) -> Iterator[ConfigError
         yield ConfigError(("load", "requests"), f"{load['requests']} measured requests per level are too few for "
                           f"the p{worst} latencies (needs {need}: at least one request at or beyond the "
                           f"percentile); raise load.requests or lower load.percentiles")
-    if name == "concurrency":
+    if load_factor == "concurrency":
         total = load["requests"] + load["warmup"]
         if total <= max(levels):
             yield ConfigError(("load", "requests"), f"{load['requests']} + {load['warmup']} warm-up requests cannot "

@@ -83,7 +83,7 @@ def evaluate(texts: dict[str, str]) -> dict[str, dict]:
         task = get_task(name)
         v = validate.run_cases(
             ["done_marker", "python_function"], record={}, output={"text": text, "token_ids": []},
-            fixture={"length": 1, "output_tokens": 0, "task": name}, baseline_output=None,
+            fixture={"input_tokens": 1, "output_tokens": 0, "task": name}, baseline_output=None,
         )
         rows[name] = {
             "output_sha256": validate.sha256_text(text),
