@@ -96,7 +96,7 @@ class Completion:
     Each event also writes a byte to the ``wake`` pipe, which the connection thread selects on; the
     scheduler closes its end with its last call (finished or failed), the connection thread the other."""
 
-    def __init__(self, engine: "Engine", ids: list[int], p: dict):
+    def __init__(self, engine: "ServedModel", ids: list[int], p: dict):
         self.engine, self.ids, self.events = engine, ids, queue.SimpleQueue()
         self.wake_r, self.wake_w = os.pipe()
         os.set_blocking(self.wake_w, False)
@@ -171,7 +171,7 @@ class Completion:
         self._close_writer()
 
 
-class Engine:
+class ServedModel:
     """The loaded model, its scheduler (started by ``load``) and the server's counters."""
 
     def __init__(self, spec: str, max_context: int | None, linear: str = DEFAULT_LINEAR,
@@ -348,7 +348,7 @@ class Engine:
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = f"{ENGINE_NAME}/{__version__}"
-    engine: Engine  # set on the subclass made by make_server
+    engine: ServedModel  # set on the subclass made by make_server
 
     def setup(self):
         super().setup()
@@ -575,7 +575,7 @@ class Server(ThreadingHTTPServer):
             super().handle_error(request, client_address)
 
 
-def make_server(engine: Engine, host: str, port: int) -> Server:
+def make_server(engine: ServedModel, host: str, port: int) -> Server:
     handler = type("BoundHandler", (Handler,), {"engine": engine})
     server = Server((host, port), handler)
     server.started = time.time()
@@ -623,7 +623,7 @@ def serve(spec: str, host: str = "127.0.0.1", port: int = 8080, threads: int | N
     if threads is not None:
         torch.set_num_threads(threads)
     decode_threads = decode_threads or None  # 0: all of the process's threads
-    engine = Engine(spec, max_context, linear, decode_threads, kv, parallel, batch_tokens, max_queue)
+    engine = ServedModel(spec, max_context, linear, decode_threads, kv, parallel, batch_tokens, max_queue)
     server = make_server(engine, host, port)
     thread = threading.Thread(target=server.serve_forever, name="http", daemon=True)
     thread.start()

@@ -8,7 +8,7 @@ import pytest
 from pairbench.core.conditions import Condition
 from pairbench.measure import visit as pb_measure
 from pairbench.engines.client import StreamResult
-from pairbench.engines.server import Server, ServerError
+from pairbench.engines.server import ServerError, ServerProcess
 
 FAKE_SRC = Path(__file__).resolve().parents[1] / "fakes"
 LENGTHS = [120, 150]
@@ -131,12 +131,12 @@ def test_hanging_engine_times_out_and_fails_the_visit(run):
 def test_server_that_cannot_start_names_the_log(tmp_path, embedded_engine):
     engine = embedded_engine(FAKE_SRC, "--fail-start")
     with pytest.raises(ServerError, match=r"(?s)exited with status 3 before becoming healthy.*failing to start"):
-        with Server(engine.launch, tmp_path / "s.log", startup_timeout_s=20):
+        with ServerProcess(engine.launch, tmp_path / "s.log", startup_timeout_s=20):
             pass
 
 
 def test_slow_start_is_waited_for(tmp_path, embedded_engine):
-    with Server(embedded_engine(FAKE_SRC, "--slow-start", "1.0").launch, tmp_path / "s.log") as srv:
+    with ServerProcess(embedded_engine(FAKE_SRC, "--slow-start", "1.0").launch, tmp_path / "s.log") as srv:
         assert srv.facts["ready_s"] >= 1.0
     assert srv.facts["stop"] == "sigterm" and not srv.alive()
 
@@ -196,7 +196,7 @@ def test_a_pinned_server_runs_on_its_cpus_only(tmp_path, embedded_engine):
     cpus = sorted(os.sched_getaffinity(0))
     if len(cpus) < 2:
         pytest.skip("pinning needs two usable CPUs")  # CI machines have two
-    with Server(embedded_engine(FAKE_SRC).launch, tmp_path / "s.log", cpus=cpus[1:]) as srv:
+    with ServerProcess(embedded_engine(FAKE_SRC).launch, tmp_path / "s.log", cpus=cpus[1:]) as srv:
         assert sorted(os.sched_getaffinity(srv.proc.pid)) == cpus[1:]
         assert srv.facts["cpus"] == cpus[1:]
     assert sorted(os.sched_getaffinity(0)) == cpus  # the launcher itself is untouched

@@ -38,7 +38,7 @@ from pairbench.engines.exchange import Exchange, Link, Prepared
 from pairbench.engines.hfmodel import encode
 from pairbench.engines.policy import plan_opt_in
 from pairbench.engines.profiles import REPO, EngineError, EngineProfile, LaunchSpec, arm_engine, launch_spec, load_profile
-from pairbench.engines.server import Server
+from pairbench.engines.server import ServerProcess
 from pairbench.engines import serving
 
 __all__ = ["ADAPTERS", "ArmEngine", "adapter_class", "arm_adapter", "arm_python", "for_arm", "model_arg",
@@ -112,12 +112,12 @@ class ArmEngine:
         return {"how": how, "detail": " ".join(pc["how_disabled"].split())}
 
     def server(self, log_path: str | os.PathLike, server_cfg: dict, *, pid_path: str | os.PathLike | None = None,
-               owner: str = "", cpus: list[int] | None = None) -> Server:
+               owner: str = "", cpus: list[int] | None = None) -> ServerProcess:
         """This arm's server, not yet started (``with engine.server(...) as srv:``). The config's
         ``server.startup_timeout_s``, when set, overrides the profile's readiness timeout; *cpus*
         pins it (``server.pin``)."""
-        return Server(self.launch, log_path, startup_timeout_s=server_cfg.get("startup_timeout_s"),
-                      stop_timeout_s=server_cfg["stop_timeout_s"], pid_path=pid_path, owner=owner, cpus=cpus)
+        return ServerProcess(self.launch, log_path, startup_timeout_s=server_cfg.get("startup_timeout_s"),
+                             stop_timeout_s=server_cfg["stop_timeout_s"], pid_path=pid_path, owner=owner, cpus=cpus)
 
     # What the server is sent, and how its tokenizer is asked. -----------------------------
     def prompt_text(self, messages: list[dict]) -> str | None:

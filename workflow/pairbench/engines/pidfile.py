@@ -11,7 +11,7 @@ parent-death signal, so that no server outlives the job that started it, whateve
 3. **Parent-death signal** (:func:`die_with_parent`, a ``preexec_fn``): the kernel SIGKILLs the server
    when the process that launched it dies, even by SIGKILL (Linux ``PR_SET_PDEATHSIG``).
 
-:class:`pairbench.engines.server.Server` uses all three; the job's own watchdog (that it must not
+:class:`pairbench.engines.server.ServerProcess` uses all three; the job's own watchdog (that it must not
 outlive Snakemake) is :mod:`pairbench.integrity.recovery`'s.
 """
 

@@ -2,7 +2,7 @@
 directory and health probe come from its profile (:meth:`pairbench.engines.adapter.ArmEngine.launch`).
 
 The server runs in its own process group (so SIGTERM/SIGKILL reach anything it spawns), on a free
-port, with stdout and stderr going to a log file under ``private/``. :class:`Server` is a context
+port, with stdout and stderr going to a log file under ``private/``. :class:`ServerProcess` is a context
 manager: leaving the block always stops the server (SIGTERM, then SIGKILL after a grace period).
 
 Crash hygiene (see :mod:`pairbench.engines.pidfile`): with a ``pid_path`` the server is recorded in a pid
@@ -47,8 +47,8 @@ def _tail(path: Path, n: int = 2000) -> str:
         return ""
 
 
-class Server:
-    """One running server. ``with Server(...) as srv: srv.url ...``; facts land in ``srv.facts``."""
+class ServerProcess:
+    """One running server. ``with ServerProcess(...) as srv: srv.url ...``; facts land in ``srv.facts``."""
 
     def __init__(self, launch, log_path: str | Path, *, startup_timeout_s: float | None = None,
                  stop_timeout_s: float = 10.0, pid_path: str | Path | None = None, owner: str = "",
@@ -163,7 +163,7 @@ class Server:
         except (ProcessLookupError, PermissionError):
             pass
 
-    def __enter__(self) -> "Server":
+    def __enter__(self) -> "ServerProcess":
         try:
             self.start()
         except BaseException:
