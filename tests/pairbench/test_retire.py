@@ -4,6 +4,7 @@ audit checks the record."""
 import json
 
 from pairbench.core.artifacts import read_artifact, write_artifact
+from pairbench.core.layout import Layout
 from pairbench.integrity.audit import audit_run
 from pairbench.stages.validate import retire_stage
 
@@ -24,8 +25,8 @@ def test_retries_beyond_the_chain_are_moved_kept_and_recorded(tmp_path):
     _artifact(res / "private" / "outputs" / "r01-a.retry2" / "400.json")
     other = _artifact(res / "measure" / "r02-a.retry1.json")  # r02-a's chain ends at its retry 1
     retired = res / "private" / "retired.json"
-    retire_stage(retired=str(retired), measures=chain[::2] + [other], validations=chain[1::2],
-                 chain={"r01-a": 1, "r02-a": 1}, res_dir=str(res))
+    retire_stage(Layout.of(res), retired=str(retired), measures=chain[::2] + [other], validations=chain[1::2],
+                 chain={"r01-a": 1, "r02-a": 1})
     record = read_artifact(retired, "retired")
     assert sorted(m["from"] for m in record["moved"]) == ["measure/r01-a.retry2.json",
                                                           "private/outputs/r01-a.retry2",
@@ -38,8 +39,8 @@ def test_retries_beyond_the_chain_are_moved_kept_and_recorded(tmp_path):
     assert all((res / "measure" / p).exists() for p in ("r01-a.json", "r01-a.retry1.json", "r02-a.retry1.json"))
     assert record["chain"] == {"r01-a": 1, "r02-a": 1}
     # a second run with nothing stale keeps the history
-    retire_stage(retired=str(retired), measures=chain[::2], validations=chain[1::2], chain={"r01-a": 1},
-                 res_dir=str(res))
+    retire_stage(Layout.of(res), retired=str(retired), measures=chain[::2], validations=chain[1::2],
+                 chain={"r01-a": 1})
     assert len(read_artifact(retired, "retired")["moved"]) == 3
 
 

@@ -10,8 +10,8 @@ rule build:
     output:
         build=L.build("{arm}"),
     params:
+        layout=run_layout,  # the stage reads its plan, source and tree, and writes its build, through it
         arm=lambda wc: wc.arm,
-        arm_dir=L.tree("{arm}"),
         model=CFG["model"],
         cache_dir="resources/cache/converted",
         root=lambda wildcards: str(ROOT),  # a function: the checkout root, not a file prefix

@@ -70,6 +70,13 @@ def arms(cfg):
     return pb_config.arm_names(cfg)
 
 
+def run_layout(wildcards, output):
+    """A stage's ``layout`` param (pairbench.stages.script: ``layout: Layout``): the run folder, read
+    from the rule's first output, ``results/<label>/<folder>/<file>``, so a storage plugin's prefix
+    comes with it."""
+    return str(Path(output[0]).parent.parent)
+
+
 def condition_ids(cfg):
     """The run's conditions (pairbench.core.conditions), in plan order."""
     return [c.id for c in pb_conditions.conditions(cfg)]

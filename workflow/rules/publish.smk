@@ -24,7 +24,7 @@ rule publish:
         manifest=L.manifest,
         report=L.report,
     params:
-        res_dir=lambda wc, output: str(Path(output.manifest).parent.parent),
+        layout=run_layout,
         root=str(ROOT),
     resources:
         **other_resources(CFG),

@@ -19,8 +19,9 @@ rule stats:
         timing_csv=L.table("timing_agreement"),
         **load_tables(CFG),  # a load run: the SLO capacity per round, and compared
     params:
-        stats=CFG["stats"],
-        gates=CFG["gates"],
+        # the stage reads and writes every path through the layout (pairbench.stages.analysis.stats_stage)
+        layout=run_layout,
+        options={"stats": CFG["stats"], "gates": CFG["gates"]},
     resources:
         **other_resources(CFG),
     log:

@@ -65,7 +65,7 @@ rule retire:
         retired=L.retired,
     params:
         chain=lambda wc: {v: len(validation_chain(CFG, v)) - 1 for v in run_visit_ids(CFG)},
-        res_dir=lambda wc, output: str(Path(output.retired).parent.parent),
+        layout=run_layout,
     resources:
         **other_resources(CFG),
     log:

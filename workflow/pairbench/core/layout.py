@@ -32,6 +32,12 @@ class Layout:
         res = Path(res_dir)
         return cls(label=res.name, results=str(res.parent))
 
+    @classmethod
+    def from_rule(cls, res_dir: str | os.PathLike) -> "Layout":
+        """What a stage's ``layout: Layout`` gets from its rule's ``params.layout=L.res``
+        (:mod:`pairbench.stages.script`)."""
+        return cls.of(res_dir)
+
     @property
     def res(self) -> str:
         return f"{self.results}/{self.label}"

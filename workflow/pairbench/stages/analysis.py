@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 
 import pandas as pd
 
@@ -17,6 +18,7 @@ from pairbench.analysis import runfacts as pb_runfacts
 from pairbench.analysis import stats as pb_stats
 from pairbench.analysis import tables as pb_tables
 from pairbench.core.artifacts import atomic_write_text, read_artifact, sha256_file, write_artifact
+from pairbench.core.layout import Layout
 
 
 def read_validations(paths: list[str]) -> dict[tuple[str, int], dict]:
@@ -28,10 +30,33 @@ def read_validations(paths: list[str]) -> dict[tuple[str, int], dict]:
     return out
 
 
-def stats_params(stats: dict, gates: dict | None = None) -> dict:
-    """The keyword arguments of :func:`pairbench.analysis.stats.summarize_all` from the config's
-    ``stats`` section (the bundle records them, and ``verify`` recomputes with them)."""
-    return {k: stats[k] for k in ("metrics", "secondary", "memory", "multiplicity", "trim", "alpha", "noise")}
+@dataclass(frozen=True)
+class StatsOptions:
+    """What the statistics stage reads of the config: its ``stats`` section and the gate the
+    statistics decide (``gates.allow_unproven_cold_cache``). The stats rule passes
+    ``options={"stats": ..., "gates": ...}`` (:meth:`from_rule`)."""
+
+    metrics: tuple[str, ...]
+    secondary: tuple[str, ...]
+    memory: tuple[str, ...]
+    multiplicity: str
+    trim: int | None
+    alpha: float
+    noise: float
+    allow_unproven_cold_cache: bool = False
+
+    @classmethod
+    def from_rule(cls, params: dict) -> "StatsOptions":
+        stats, gates = params["stats"], params.get("gates") or {}
+        return cls(metrics=tuple(stats["metrics"]), secondary=tuple(stats["secondary"]), memory=tuple(stats["memory"]),
+                   multiplicity=stats["multiplicity"], trim=stats["trim"], alpha=stats["alpha"], noise=stats["noise"],
+                   allow_unproven_cold_cache=bool(gates.get("allow_unproven_cold_cache", False)))
+
+    def summarize_kwargs(self) -> dict:
+        """The keyword arguments of :func:`pairbench.analysis.stats.summarize_all` (the bundle records
+        them in stats_params.json, and ``verify`` recomputes with them)."""
+        return {"metrics": list(self.metrics), "secondary": list(self.secondary), "memory": list(self.memory),
+                "multiplicity": self.multiplicity, "trim": self.trim, "alpha": self.alpha, "noise": self.noise}
 
 
 def load_params(plan: dict) -> dict | None:
@@ -41,46 +66,39 @@ def load_params(plan: dict) -> dict | None:
     return {k: load[k] for k in ("mode", "slo", "prefix")} if load else None
 
 
-def stats_stage(*, summary: str, measurements: str, summary_csv: str, paired_csv: str, ratios_csv: str,
-                timing_csv: str, plan: str, measures: list[str], validations: list[str], stats: dict,
-                gates: dict | None = None, memory_csv: str | None = None, adapt: list[str] | None = None,
-                capacity_csv: str | None = None, capacity_paired_csv: str | None = None) -> None:
-    """measurements.csv from the visits and their verdicts, then the summary and its flat tables (a
-    load run's capacity tables too).
+def stats_stage(layout: Layout, options: StatsOptions, *, measures: list[str], validations: list[str],
+                adapt: list[str] = ()) -> None:
+    """measurements.csv from the visits (*measures*, *validations*: the chain the run used, retries
+    included) and their verdicts, then the summary and its flat tables (a load run's capacity tables
+    too), each where *layout* says; *adapt* are the adaptive decisions the run consulted.
 
     The summary is computed from measurements.csv *as written* (read back), so that ``python -m
     pairbench verify`` recomputes exactly the published numbers from the bundle's copy of it.
     """
-    gates = {"allow_unproven_cold_cache": False, **(gates or {})}
-    plan_body = read_artifact(plan, "plan")
+    plan_body = read_artifact(layout.plan, "plan")
     measure_bodies = [judged(read_artifact(p, "measure"), plan_body) for p in measures]  # load levels: metrics
     validation_bodies = read_validations(validations)
     df = pb_tables.measurements_frame(measure_bodies, validation_bodies,
-                                      allow_unproven_cold_cache=gates["allow_unproven_cold_cache"])
-    atomic_write_text(measurements, df.to_csv(index=False))
-    df = pd.read_csv(measurements)
+                                      allow_unproven_cold_cache=options.allow_unproven_cold_cache)
+    atomic_write_text(layout.table("measurements"), df.to_csv(index=False))
+    df = pd.read_csv(layout.table("measurements"))
     body = pb_stats.summarize_all(df, baseline=plan_body["baseline"], candidates=plan_body["candidates"],
-                                  seed=plan_body["seed"], load=load_params(plan_body), **stats_params(stats))
-    decisions = [read_artifact(p, "adapt") for p in (adapt or [])]
+                                  seed=plan_body["seed"], load=load_params(plan_body), **options.summarize_kwargs())
+    decisions = [read_artifact(p, "adapt") for p in adapt]
+    gates = {"allow_unproven_cold_cache": options.allow_unproven_cold_cache}
     body["run"] = pb_runfacts.run_facts(plan_body, measure_bodies, df, gates, adaptive=stop_facts(plan_body, decisions))
-    body["inputs"] = {"plan": sha256_file(plan), **{f"adapt.r{d['rounds']:02d}": sha256_file(p)
-                                                    for d, p in zip(decisions, adapt or [])},
+    body["inputs"] = {"plan": sha256_file(layout.plan), **{f"adapt.r{d['rounds']:02d}": sha256_file(p)
+                                                           for d, p in zip(decisions, adapt)},
                       **{f"measure.{naming.label(*naming.measure_key(m))}": sha256_file(p)
                          for m, p in zip(measure_bodies, measures)},
                       **{f"validate.{naming.label(*key)}": sha256_file(p)
                          for key, p in zip(validation_bodies, validations)}}
-    write_artifact(summary, "summary", body)
-    flat = pb_tables.summary_tables(body)
-    atomic_write_text(summary_csv, flat["summary"].to_csv(index=False))
-    atomic_write_text(paired_csv, flat["paired"].to_csv(index=False))
-    atomic_write_text(ratios_csv, flat["ratios"].to_csv(index=False))
-    if memory_csv:
-        atomic_write_text(memory_csv, flat["memory"].to_csv(index=False))
-    atomic_write_text(timing_csv, pb_tables.timing_agreement(df).to_csv(index=False))
-    if capacity_csv and capacity_paired_csv:
-        cap = pb_loadstats.capacity_tables(body)
-        atomic_write_text(capacity_csv, cap["capacity"].to_csv(index=False))
-        atomic_write_text(capacity_paired_csv, cap["capacity_paired"].to_csv(index=False))
+    write_artifact(layout.summary, "summary", body)
+    tables = {**pb_tables.summary_tables(body), "timing_agreement": pb_tables.timing_agreement(df)}
+    if plan_body.get("load"):
+        tables.update(pb_loadstats.capacity_tables(body))
+    for name, table in tables.items():
+        atomic_write_text(layout.table(name), table.to_csv(index=False))
 
 
 def stop_facts(plan: dict, decisions: list[dict]) -> dict | None:

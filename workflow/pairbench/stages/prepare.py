@@ -10,6 +10,7 @@ from pairbench.arms import source as pb_source
 from pairbench.core import models as pb_models
 from pairbench.core import plan as pb_plan
 from pairbench.core.artifacts import read_artifact, sha256_file, write_artifact
+from pairbench.core.layout import Layout
 from pairbench.engines.policy import plan_opt_in
 from pairbench.engines.profiles import arm_engine, is_external, load_profile
 
@@ -29,10 +30,11 @@ def source_stage(*, source: str, tree: str, plan: str, arm: str, root: str) -> N
     write_artifact(source, "source", body)
 
 
-def build_stage(*, build: str, source: str, plan: str, arm: str, arm_dir: str, model: str, cache_dir: str,
-                steps_log: str, root: str) -> None:
-    """Build one arm as its engine profile says (one path for every engine: :mod:`pairbench.arms.build`),
-    once the config has opted in to external code."""
+def build_stage(layout: Layout, *, arm: str, model: str, cache_dir: str, steps_log: str, root: str) -> None:
+    """Build *arm*'s exported tree as its engine profile says (one path for every engine:
+    :mod:`pairbench.arms.build`), once the config has opted in to external code; its plan, source
+    artifact, tree and build artifact are where *layout* says."""
+    source, plan = layout.source(arm), layout.plan
     src = read_artifact(source, "source")
     info = pb_models.resolve_model(model, Path(root))
     plan_body = read_artifact(plan, "plan")
@@ -41,8 +43,9 @@ def build_stage(*, build: str, source: str, plan: str, arm: str, arm_dir: str, m
     if is_external(arm_cfg, profile):
         plan_opt_in(plan_body)  # never build someone else's code without consent
     git = src.get("git") or {}
-    recipe = profile.build_recipe(arm_cfg, src=arm_dir, commit=git.get("commit"), tag=git.get("tag"))
-    body = pb_build.build_arm(arm, arm_dir, recipe, source=src, model=info, cache_dir=Path(root) / cache_dir,
+    tree = layout.tree(arm)
+    recipe = profile.build_recipe(arm_cfg, src=tree, commit=git.get("commit"), tag=git.get("tag"))
+    body = pb_build.build_arm(arm, tree, recipe, source=src, model=info, cache_dir=Path(root) / cache_dir,
                               log=steps_log, source_sha256=sha256_file(source), root=root)
     body["inputs"]["plan"] = sha256_file(plan)
-    write_artifact(build, "build", body)
+    write_artifact(layout.build(arm), "build", body)

@@ -8,12 +8,12 @@ from pairbench.publish import assemble
 from pairbench.publish.landing import write_landing
 
 
-def publish_stage(*, res_dir: str, root: str, measures: list[str], validations: list[str],
+def publish_stage(layout: Layout, *, root: str, measures: list[str], validations: list[str],
                   crosscheck: list[str], hosts: list[str]) -> None:
-    """The bundle of the run in *res_dir*: its visits' *measures* and *validations* (the chain the
-    run used, retries included), the cross-check comparison, if any, and the measuring jobs' node
-    facts (*hosts*, in plan order); everything else is read from the run layout."""
-    run = assemble.Run.read(Layout.of(res_dir), measures, validations, crosscheck[0] if crosscheck else None)
+    """The bundle of the run *layout* describes: its visits' *measures* and *validations* (the chain
+    the run used, retries included), the cross-check comparison, if any, and the measuring jobs' node
+    facts (*hosts*, in plan order); everything else is read from the layout."""
+    run = assemble.Run.read(layout, measures, validations, crosscheck[0] if crosscheck else None)
     assemble.publish(run, root, hosts)
 
 

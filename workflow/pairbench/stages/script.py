@@ -7,6 +7,11 @@ A rule's names are the stage function's signature: ``input.plan`` → ``plan=``,
 Names the function does not take (ordering-only inputs such as ``previous``) are not passed; a name
 the function needs and the rule lacks, or a name two sections of the rule share, is an error that
 names both. So adding an input is one edit in the rule and one keyword in the function.
+
+A parameter typed with a class that reads a rule's plain value (a ``from_rule`` classmethod) gets
+that class: ``layout: Layout`` from ``params.layout=L.res`` (the run folder, so the stage reads every
+path of the run from the one layout the rules use), ``options: StatsOptions`` from a config section.
+A stage then takes a layout and a typed options object instead of a keyword per file and setting.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from __future__ import annotations
 import inspect
 import logging
 import sys
+import typing
 from typing import Callable
 
 
@@ -55,7 +61,19 @@ def job_kwargs(smk, fn: Callable) -> dict:
     if missing:
         raise TypeError(f"rule {smk.rule}: {fn.__module__}.{fn.__name__} needs {', '.join(missing)}, "
                         "which the rule does not name")
-    return kwargs
+    return typed(fn, kwargs)
+
+
+def typed(fn: Callable, kwargs: dict) -> dict:
+    """*kwargs* with each value whose parameter is typed with a class that has ``from_rule`` read
+    into that class (a rule passes plain values: a path, a dict)."""
+    hints = typing.get_type_hints(fn)
+    out = dict(kwargs)
+    for name, value in kwargs.items():
+        reader = getattr(hints.get(name), "from_rule", None)
+        if reader is not None and not isinstance(value, hints[name]):
+            out[name] = reader(value)
+    return out
 
 
 def run(smk, fn: Callable, *, progress: bool = False) -> None:

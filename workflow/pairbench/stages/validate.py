@@ -11,6 +11,7 @@ from pathlib import Path
 from pairbench.analysis.loadlevel import judged
 from pairbench.core import naming
 from pairbench.core.artifacts import read_artifact, sha256_file, write_artifact
+from pairbench.core.layout import Layout
 from pairbench.validate import cases as pb_cases
 from pairbench.validate import retries
 
@@ -75,8 +76,8 @@ def output_for(body: dict, repeat: int) -> dict:
     raise ValueError(f"output of visit {body['visit']} condition {body['condition']} has no repeat {repeat}")
 
 
-def retire_stage(*, retired: str, measures: list[str], validations: list[str], chain: dict[str, int],
-                 res_dir: str) -> None:
+def retire_stage(layout: Layout, *, retired: str, measures: list[str], validations: list[str],
+                 chain: dict[str, int]) -> None:
     """Move every retry that is not in its visit's chain to ``private/superseded/<time>/`` and record
     each move in *retired* (``private/retired.json``), which the audit checks.
 
@@ -85,7 +86,7 @@ def retire_stage(*, retired: str, measures: list[str], validations: list[str], c
     narrowed). This is the one job that moves files it does not declare, and it moves only those:
     never a file of the chain (*measures*, *validations*), never deleting, and the record names each.
     """
-    res = Path(res_dir)
+    res = Path(layout.res)
     keep = {Path(p).resolve() for p in [*measures, *validations]}
     stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
     moved = []
