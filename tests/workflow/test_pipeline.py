@@ -150,7 +150,7 @@ BAD_CONFIGS = {
     "same question twice": ("stats: {metrics: [prefill_tok_s, ttft_ms]}\n",
                             "stats.metrics: prefill_tok_s and ttft_ms answer the same question (prefill)"),
     "zero rounds": ("rounds: 0\n", "config key 'rounds': 0 is less than the minimum of 1"),
-    "above context": ("lengths: [400, 3000]\n", "lengths[1]: 3000 input + 8 output tokens"),
+    "above context": ("lengths: [400, 9000]\n", "lengths[1]: 9000 input + 8 output tokens"),
     "missing patch": ("arms:\n  baseline: {}\n  candidate: {patches: [config/patches/missing.patch]}\n",
                       "arms.candidate.patches[0]: patch file config/patches/missing.patch does not exist"),
     "one arm": ("arms:\n  baseline: {}\n", "a paired benchmark needs at least two arms, got 1"),
@@ -205,8 +205,8 @@ NEWCOMER_CONFIGS = {
                        "{cfg}: config key 'arms': missing; it has no default (the arms to compare, e.g. arms: "
                        "{{baseline: {{}}, candidate: {{patches: [my.patch]}}}})"),
     "a length beyond the model's context": (
-        TINY_HEAD + "arms: {baseline: {}, candidate: {}}\nlengths:\n  - 400\n  - 4000\n", [],
-        "{cfg}:6: lengths[1]: 4000 input + 64 output tokens (+16 margin) exceed the context of model 'tiny' (2048)"),
+        TINY_HEAD + "arms: {baseline: {}, candidate: {}}\nlengths:\n  - 400\n  - 9000\n", [],
+        "{cfg}:6: lengths[1]: 9000 input + 64 output tokens (+16 margin) exceed the context of model 'tiny' (8192)"),
     "an engine that does not exist": (
         TINY_HEAD + "arms:\n  baseline: {}\n  candidate: {engine: llamacpp}\n", [],
         "{cfg}:5: arms.candidate.engine: engine: no profile 'llamacpp' (looked for "),
@@ -252,7 +252,7 @@ def test_config_lists_and_maps_on_the_command_line_and_every_error_at_once(scrat
     cfg = scratch / "many-errors.yaml"
     cfg.write_text("label: many\nmodel: tiny\ncolour: blue\narms:\n  baseline: {}\n"
                    "  candidate: {patches: [nope.patch]}\nrounds: 0\n")
-    proc = snakemake(scratch, "-n", "--configfile", str(cfg), "--config", "lengths=[400, 3000]", check=False)
+    proc = snakemake(scratch, "-n", "--configfile", str(cfg), "--config", "lengths=[400, 9000]", check=False)
     err = proc.stdout + proc.stderr
     assert proc.returncode != 0 and "pairbench: 4 config errors (nothing was run):" in err, err[-3000:]
     listed = err.split("pairbench: 4 config errors (nothing was run):\n", 1)[1].splitlines()[:4]

@@ -171,4 +171,4 @@ def plan_opt_in(plan: dict) -> list[str]:
     """:func:`check_opt_in` over a ``plan.json`` body: its arms, allow_external and conditions."""
     cfg = {"label": plan.get("label"), "model": (plan.get("model") or {}).get("name"), "rounds": plan.get("rounds"),
            "arms": plan["arms"], "allow_external": plan.get("allow_external", False)}
-    return check_opt_in(cfg, [c["id"] for c in plan["conditions"]])
+    return check_opt_in(cfg, [c["id"] for c in plan.get("conditions", [])])
