@@ -50,7 +50,7 @@ def test_a_load_config_plans_levels_with_counterbalanced_orders():
     assert body["load"]["level_orders"] == {"1": ids, "2": ids}  # one ABBA block of two rounds: forward
     # the direction flips once per visit-order block, crossed with each arm's place in the round
     assert [loadconfig.level_order(ids, r, 2) for r in (1, 2, 3, 4, 5)] == [ids, ids, ids[::-1], ids[::-1], ids]
-    assert body["load"]["mode"] == "concurrency" and body["load"]["requests"] == 20
+    assert body["load"]["factor"] == "concurrency" and body["load"]["requests"] == 20
     n = pb_config.normalized(cfg())
     assert n["stats"]["metrics"] == ["output_tok_s", "ttft_p90_ms"]  # the highest percentile's TTFT
     assert n["stats"]["memory"] == []

@@ -12,7 +12,7 @@ from pairbench.analysis.tables import columns
 from pairbench.publish.load_section import load_section
 
 LEVELS = (1, 2, 4, 8)
-LOAD = {"mode": "concurrency", "slo": {"ttft_ms": 500.0, "itl_ms": None, "e2e_ms": None, "attainment": 0.9},
+LOAD = {"factor": "concurrency", "slo": {"ttft_ms": 500.0, "itl_ms": None, "e2e_ms": None, "attainment": 0.9},
         "prefix": "distinct"}
 
 

@@ -14,7 +14,8 @@ Each holds what the run published (``stats_params.json``, ``tables/measurements.
 ``results/<label>/publish/``) and its ``stats/summary.json`` without ``inputs`` (artifact hashes)
 and ``schema``. The test recomputes the summary from the first two, as ``verify`` does, and compares
 every field. Should an artifact's shape change on purpose, remake the folder from a new run the same
-way and say in the commit what changed.
+way (or, for a renamed key, rename it in the stored files) and say in the commit what changed: the
+load run's ``load.mode`` was renamed ``load.factor`` (stats_params v4, summary v4) after the run.
 """
 
 import json

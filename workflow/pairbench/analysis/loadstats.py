@@ -150,7 +150,7 @@ def load_summary(df: pd.DataFrame, *, baseline: str, candidates: list[str], cond
                  load: dict, alpha: float, noise: float, multiplicity: str) -> dict:
     """The summary's ``load`` block: what the run's load was, the per-level facts, and (with an SLO)
     the capacity comparisons. *load* is the plan's load parameters as stats_params records them."""
-    factor = "rate" if load["mode"] == "rate" else "concurrency"
+    factor = load["factor"]
     slo = load["slo"]
     has_slo = any(slo.get(k) is not None for k in ("ttft_ms", "itl_ms", "e2e_ms"))
     out = {"factor": factor, "slo": slo, "prefix": load["prefix"],

@@ -134,7 +134,7 @@ def summarize_all(df: pd.DataFrame, *, baseline: str, candidates: Iterable[str],
     summarised; a statistic that cannot be computed is never an exception but an ``inconclusive``
     verdict with its reason. *seed* is recorded (the exact interval draws no random numbers).
 
-    *load* (a load run: the plan's load parameters, ``mode``, ``slo``, ``prefix``) adds the summary's
+    *load* (a load run: the plan's load parameters, ``factor``, ``slo``, ``prefix``) adds the summary's
     ``load`` block (:func:`pairbench.analysis.loadstats.load_summary`): the per-level facts and, with
     an SLO, the SLO capacity of every candidate compared, in a multiplicity family of its own.
     """

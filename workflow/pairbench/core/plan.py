@@ -69,7 +69,7 @@ def load_block(cfg: dict, conds: list, rounds: int, block: int = 1) -> dict:
     load = cfg["load"]
     keys = ("requests", "warmup", "burstiness", "slo", "percentiles", "prefix", "timeout_s", "validity",
             "allow_queueing")
-    return {"mode": loadconfig.factor(load), **{k: load[k] for k in keys},
+    return {"factor": loadconfig.factor(load), **{k: load[k] for k in keys},
             "level_orders": {str(r): [c.id for c in loadconfig.level_order(conds, r, block)]
                             for r in range(1, rounds + 1)}}
 

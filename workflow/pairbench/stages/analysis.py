@@ -61,9 +61,9 @@ class StatsOptions:
 
 def load_params(plan: dict) -> dict | None:
     """What the statistics need of a load run's plan (the bundle's stats_params.json records it):
-    closed or open loop, the SLO, the prompts' prefix. None for a single-stream run."""
+    its load factor (closed or open loop), the SLO, the prompts' prefix. None for a single-stream run."""
     load = plan.get("load")
-    return {k: load[k] for k in ("mode", "slo", "prefix")} if load else None
+    return {k: load[k] for k in ("factor", "slo", "prefix")} if load else None
 
 
 def stats_stage(layout: Layout, options: StatsOptions, *, measures: list[str], validations: list[str],
