@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from pairbench.core.artifacts import read_artifact, write_artifact
+from pairbench.core.artifacts import write_artifact
 from pairbench.core.layout import Layout
 
 REL = 1e-9  # a figure is unchanged within this relative difference (the gaps' round trip is ~1e-13)
@@ -96,7 +96,7 @@ def convert(old: Path, new: Path) -> list[Path]:
     artifacts in v4's shape; returns the new measure paths (visits, then retries, as in *old*)."""
     shutil.rmtree(new, ignore_errors=True)
     (new / "measure").mkdir(parents=True)
-    shutil.copy2(old / "plan.json", new / "plan.json")
+    write_artifact(new / "plan.json", "plan", plan_today(json.loads((old / "plan.json").read_text())))
     shutil.copytree(old / "validate", new / "validate")
     paths = []
     for p in chain(old, "measure"):
@@ -109,23 +109,37 @@ def convert(old: Path, new: Path) -> list[Path]:
     return paths
 
 
+def plan_today(plan: dict) -> dict:
+    """A stored plan in today's shape: plan/v4 named the load factor ``mode`` (v5: ``factor``)."""
+    body = {k: v for k, v in plan.items() if k != "schema"}
+    if body.get("load") and "mode" in body["load"]:
+        body["load"] = {("factor" if k == "mode" else k): v for k, v in body["load"].items()}
+    return body
+
+
+def summary_today(summary: dict) -> dict:
+    """A stored summary in today's shape (summary/v4: the load parameters' ``mode`` is ``factor``),
+    without its ``schema`` and ``inputs`` (the converted artifacts' hashes)."""
+    body = {k: v for k, v in summary.items() if k not in ("schema", "inputs")}
+    load = body.get("params", {}).get("load")
+    if load and "mode" in load:
+        body["params"] = {**body["params"], "load": {("factor" if k == "mode" else k): v for k, v in load.items()}}
+    return body
+
+
 def recompute(old: Path, new: Path) -> None:
     """The statistics of the converted run, with the parameters its own summary recorded."""
-    from pairbench.stages.analysis import stats_stage
+    from pairbench.stages.analysis import StatsOptions, stats_stage
 
-    summary = read_artifact(old / "stats" / "summary.json", "summary")
-    prm = summary["params"]
+    prm = json.loads((old / "stats" / "summary.json").read_text())["params"]
     stats = {"metrics": prm["primary"], "secondary": prm["secondary"], "memory": prm["memory"],
              "multiplicity": prm["multiplicity"], "trim": prm["trim"], "alpha": prm["alpha"], "noise": prm["noise"]}
-    L = Layout.of(new)
     measures = convert(old, new)
     for d in ("stats", "tables"):
         (new / d).mkdir(exist_ok=True)
     validations = [str(p) for p in chain(new, "validate")]
-    tables = {f"{t}_csv": L.table(t) for t in ("summary", "paired", "ratios", "memory")}
-    stats_stage(summary=L.summary, measurements=L.table("measurements"), timing_csv=L.table("timing_agreement"),
-                plan=L.plan, measures=[str(p) for p in measures], validations=validations, stats=stats,
-                capacity_csv=L.table("capacity"), capacity_paired_csv=L.table("capacity_paired"), **tables)
+    stats_stage(Layout.of(new), StatsOptions.from_rule({"stats": stats}), measures=[str(p) for p in measures],
+                validations=validations)
 
 
 def differences(a, b, where: str = "") -> list[str]:
@@ -146,9 +160,8 @@ def differences(a, b, where: str = "") -> list[str]:
 def compare(old: Path, new: Path) -> list[str]:
     """The differences between the two runs' summaries (their ``inputs``, the converted artifacts'
     hashes, left out) and flat tables."""
-    a, b = (json.loads((r / "stats" / "summary.json").read_text()) for r in (old, new))
-    out = differences({k: v for k, v in a.items() if k != "inputs"}, {k: v for k, v in b.items() if k != "inputs"},
-                      "summary")
+    a, b = (summary_today(json.loads((r / "stats" / "summary.json").read_text())) for r in (old, new))
+    out = differences(a, b, "summary")
     for csv in sorted((old / "tables").glob("*.csv")):
         x, y = pd.read_csv(csv), pd.read_csv(new / "tables" / csv.name)
         out += differences(json.loads(x.to_json(orient="records")), json.loads(y.to_json(orient="records")),

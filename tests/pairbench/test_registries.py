@@ -92,16 +92,10 @@ def test_a_loader_rejects_an_unknown_version_naming_it(tmp_path):
         artifacts.read_artifact(path, "plan")
 
 
-# Modules that still spell a metric's name, each with its reason. Issue 34 part A moves the load
-# metrics' computation (analysis/loadlevel.py, loadstats.py) and the exchange (measure/visit.py):
-# each comes off this list as it reads the registry.
+# Modules that spell a metric's name, each with its reason.
 SPELLS_A_METRIC = {
     "core/metrics.py": "the registry",
     "core/slo.py": "the SLO's bounds are keyed by the latencies they bound (config load.slo.*): BOUNDS",
-    "analysis/loadlevel.py": "issue 34 part A",
-    "analysis/loadstats.py": "issue 34 part A",
-    "measure/visit.py": "issue 34 part A",
-    "engines/loadclient.py": "issue 34 part A (a LevelRun's client_cpu_s)",
 }
 
 

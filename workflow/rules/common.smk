@@ -267,9 +267,9 @@ def visit_inputs(cfg):
 
 def visit_params(cfg):
     """The params every visit's job takes (pairbench.stages.measure.measure_stage's keywords; its
-    paths come from the run layout at res_dir)."""
+    paths come from the run layout)."""
     return dict(
-        res_dir=lambda wc, output: str(Path(output.measure).parent.parent),  # results/<label>
+        layout=run_layout,  # results/<label>: the stage's paths come from the run layout
         visit=lambda wc: visit_by_id(cfg, wc.visit),
         arm_config=lambda wc: cfg["arms"][visit_by_id(cfg, wc.visit)["arm"]],
         server=cfg["server"],

@@ -16,7 +16,7 @@ rule crosscheck:
         raw=[L.crosscheck_raw(a) for a in crosscheck_arms(CFG)],
     params:
         # every path through the run layout (pairbench.stages.measure.crosscheck_stage): results/<label>
-        res_dir=lambda wc, output: str(Path(output.crosschecks[0]).parent.parent),
+        layout=run_layout,  # results/<label>: the stage's paths come from the run layout
         arms=crosscheck_arms(CFG),
         arm_configs={a: CFG["arms"][a] for a in crosscheck_arms(CFG)},
         rounds=CFG["crosscheck"]["rounds"],

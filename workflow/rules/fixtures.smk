@@ -14,7 +14,7 @@ rule fixtures:
         prompts=prompts(CFG),
     params:
         # every path through the run layout (pairbench.stages.measure.fixtures_stage): results/<label>
-        res_dir=lambda wc, output: str(Path(output.fixtures[0]).parent.parent),
+        layout=run_layout,  # results/<label>: the stage's paths come from the run layout
         arms=arms(CFG),
         server=CFG["server"],
         arm_configs=CFG["arms"],

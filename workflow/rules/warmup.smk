@@ -12,7 +12,7 @@ rule warmup:
         warmup=L.warmup("{arm}"),
     params:
         # every path through the run layout (pairbench.stages.measure.warmup_stage): results/<label>
-        res_dir=lambda wc, output: str(Path(output.warmup).parent.parent),
+        layout=run_layout,  # results/<label>: the stage's paths come from the run layout
         arm=lambda wc: wc.arm,
         arm_config=lambda wc: CFG["arms"][wc.arm],
         server=CFG["server"],

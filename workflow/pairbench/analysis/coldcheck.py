@@ -23,7 +23,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from pairbench.core.metrics import TTFT
+from pairbench.core.metrics import NAMES
+
+TTFT = NAMES.ttft_ms  # the client's time to first token
 
 SHORTCUT = 0.25
 

@@ -31,9 +31,11 @@ from pairbench.analysis import capacity as pb_capacity
 from pairbench.analysis import verdicts as pb_verdicts
 from pairbench.analysis.measurements import StatsInputError, as_bool
 from pairbench.core import conditions as pb_conditions
+from pairbench.core.metrics import NAMES
+from pairbench.core.slo import BOUNDS
 
-ATTAINMENT = "slo_attainment"
-FACT_COLUMNS = ("achieved_concurrency", "achieved_rate_rps", "lag_p99_ms", "client_cpu_share")
+ATTAINMENT = NAMES.slo_attainment
+FACT_COLUMNS = (NAMES.achieved_concurrency, NAMES.achieved_rate_rps, NAMES.lag_p99_ms, NAMES.client_cpu_share)
 
 
 def _num(x) -> float | None:
@@ -152,7 +154,7 @@ def load_summary(df: pd.DataFrame, *, baseline: str, candidates: list[str], cond
     the capacity comparisons. *load* is the plan's load parameters as stats_params records them."""
     factor = load["factor"]
     slo = load["slo"]
-    has_slo = any(slo.get(k) is not None for k in ("ttft_ms", "itl_ms", "e2e_ms"))
+    has_slo = any(slo.get(k) is not None for k in BOUNDS)
     out = {"factor": factor, "slo": slo, "prefix": load["prefix"],
            "facts": level_facts(df, [baseline, *candidates], conds), "capacity": None}
     if has_slo and ATTAINMENT in df.columns:

@@ -19,7 +19,7 @@ import pandas as pd
 
 from pairbench.analysis.loadlevel import CLIENT_CHECKS, started_busy
 from pairbench.core.conditions import FACTORS, factor_columns, parse_id
-from pairbench.core.metrics import DECODE, METRICS
+from pairbench.core.metrics import METRICS, NAMES
 from pairbench.core.naming import measure_key
 
 # The row key, the record facts, then one column per metric of the registry (in its order) and the
@@ -147,7 +147,7 @@ def timing_agreement(df: pd.DataFrame) -> pd.DataFrame:
     Over gated records, each (round, arm, condition) once: a record a validation retry re-measured
     (reason ``superseded by retry N``) is left out, its retry counts.
     """
-    if DECODE not in df.columns:  # a load run: its rows are levels, with no per-request timings
+    if NAMES.decode_tok_s not in df.columns:  # a load run: its rows are levels, with no per-request timings
         return pd.DataFrame(columns=["arm", "condition"])
     superseded = (df["reason"].astype("string").fillna("").str.startswith("superseded") if "reason" in df.columns
                   else pd.Series(False, index=df.index))

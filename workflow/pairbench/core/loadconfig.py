@@ -22,7 +22,7 @@ from typing import Iterator
 
 from pairbench.core import configschema
 from pairbench.core.configsource import ConfigError
-from pairbench.core.metrics import CLIENT_CPU_SHARE, NOT_TESTABLE, load_defaults, percentile_of
+from pairbench.core.metrics import NAMES, NOT_TESTABLE, load_defaults, percentile_of
 from pairbench.core.slo import BOUNDS, SLO, min_requests
 
 LOAD_DEFAULTS = configschema.defaults("load")  # the nested slo and validity maps filled too
@@ -164,7 +164,7 @@ def _client_checks(cfg: dict, load: dict) -> Iterator[ConfigError]:
     outs = cfg.get("output_tokens")
     longest = max(outs) if isinstance(outs, list) else outs
     per_request_ms = CLIENT_CPU_MS_PER_REQUEST * max(1.0, (longest or 0) / CLIENT_CPU_TOKENS)
-    bound = load["validity"][CLIENT_CPU_SHARE]
+    bound = load["validity"][NAMES.client_cpu_share]
     for i, r in enumerate(load["rate"]):
         share = r * per_request_ms / 1e3
         if share >= bound:

@@ -137,18 +137,13 @@ def load_defaults(percentiles, slo: bool = True) -> dict[str, tuple[str, ...]]:
             "memory": ()}
 
 
-# The metrics other modules ask for by their role, so that no module but this one spells a metric's
-# name (tests/pairbench/test_registries.py checks): the client's time to first token (the cold-cache
-# cross-check; a first-request diagnostic), a single-stream run's decode throughput (its column marks
-# per-request rows), what an engine's own benchmark tool measures beside ours (engine-reported first,
-# the closest to what the tool times), and a load level's validity facts by the run's load factor.
-TTFT = "ttft_ms"
-DECODE = "decode_tok_s"
-TOOL_COUNTERPARTS = {"prefill": ("engine_prefill_tok_s", "prefill_tok_s"),
-                     "decode": ("engine_decode_tok_s", "decode_tok_s")}
-ACHIEVED_LOAD = {"concurrency": "achieved_concurrency", "rate": "achieved_rate_rps"}
-LAG_P99 = "lag_p99_ms"
-CLIENT_CPU_SHARE = "client_cpu_share"
+# Metrics other modules ask for by their role (a name alone: NAMES), so that no module but this one
+# spells a metric's name (tests/pairbench/test_registries.py checks): what an engine's own benchmark
+# tool measures beside ours (engine-reported first, the closest to what the tool times), and a load
+# level's achieved load by the run's load factor.
+TOOL_COUNTERPARTS = {"prefill": (NAMES.engine_prefill_tok_s, NAMES.prefill_tok_s),
+                     "decode": (NAMES.engine_decode_tok_s, NAMES.decode_tok_s)}
+ACHIEVED_LOAD = {"concurrency": NAMES.achieved_concurrency, "rate": NAMES.achieved_rate_rps}
 
 #: Level metrics that are 0 whenever no request met the SLO: a paired log ratio cannot hold them, so
 #: they are shown (secondary), never tested

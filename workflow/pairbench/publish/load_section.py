@@ -15,7 +15,7 @@ from __future__ import annotations
 import statistics
 
 from pairbench.core.conditions import BY_NAME, parse_id
-from pairbench.core.metrics import ACHIEVED_LOAD, CLIENT_CPU_SHARE, LAG_P99, METRICS
+from pairbench.core.metrics import ACHIEVED_LOAD, METRICS, NAMES
 from pairbench.core.slo import BOUND_WORDS, BOUNDS
 
 HEADING = "## Load"
@@ -154,8 +154,8 @@ def level_table(summary: dict, load: dict) -> list[str]:
         for arm, f in load["facts"].get(c["id"], {}).items():
             excluded = "; ".join(f"{n}× {r}" for r, n in sorted(f["excluded"].items())) or "–"
             rows.append(f"| `{c['id']}` | `{arm}` | {f['selected']}/{f['levels']} | {_fmt(f[achieved]['median'], '.3g')} | "
-                        f"{_fmt(f[LAG_P99]['max'], '.1f')} | {_fmt(f[CLIENT_CPU_SHARE]['median'], '.3f')}, "
-                        f"{_fmt(f[CLIENT_CPU_SHARE]['max'], '.3f')} | {excluded} |")
+                        f"{_fmt(f[NAMES.lag_p99_ms]['max'], '.1f')} | {_fmt(f[NAMES.client_cpu_share]['median'], '.3f')}, "
+                        f"{_fmt(f[NAMES.client_cpu_share]['max'], '.3f')} | {excluded} |")
     return rows + [""]
 
 

@@ -17,7 +17,7 @@ import math
 import pandas as pd
 
 from pairbench.core import naming
-from pairbench.core.metrics import TTFT
+from pairbench.core.metrics import NAMES
 from pairbench.core.conditions import label as condition_label, parse_id
 from pairbench.publish.load_section import load_section
 from pairbench.publish.stats_section import statistics_section
@@ -287,10 +287,10 @@ def load_run_lines(measures: list[dict]) -> list[str]:
 
 def diagnostics_section(warmups: dict, measures: list[dict]) -> list[str]:
     out = ["## Warmup and first requests (diagnostics, never in the statistics)", ""]
-    rows = [[f"`{arm}`", _f(w["server"]["ready_s"], ".2f"), _f(w["first_request"][TTFT]),
+    rows = [[f"`{arm}`", _f(w["server"]["ready_s"], ".2f"), _f(w["first_request"][NAMES.ttft_ms]),
              "ok" if w["smoke_ok"] else "FAILED: " + "; ".join(w["problems"])] for arm, w in warmups.items()]
     out += _table(["arm", "launch to healthy (s)", "first request TTFT (ms)", "smoke check"], rows)
-    rows = [[naming.label(*naming.measure_key(m)), _f(m["server"]["ready_s"], ".2f"), _f(m["first_request"][TTFT]),
+    rows = [[naming.label(*naming.measure_key(m)), _f(m["server"]["ready_s"], ".2f"), _f(m["first_request"][NAMES.ttft_ms]),
              _f(m["duration_s"], ".1f")] for m in measures]
     out += _table(["visit", "launch to healthy (s)", "first request TTFT (ms)", "visit (s)"], rows)
     return out

@@ -3,7 +3,7 @@ one visit, a validation retry's partial visit, and the engine's own benchmark as
 (:func:`pairbench.engines.adapter.for_arm`), the embedded one included.
 
 Each stage reads and writes its paths through the run's layout (:class:`pairbench.core.layout.Layout`,
-from the rule's ``res_dir``), and takes the arms' settings as one :class:`Arms`; the measuring itself is
+the rule's ``params.layout``, :func:`pairbench.stages.script.typed`), and takes the arms' settings as one :class:`Arms`; the measuring itself is
 :mod:`pairbench.measure`. A load run's level metrics are not computed here: a visit stores each
 level's raw times, and the statistics compute the metrics (:mod:`pairbench.analysis.loadlevel`).
 """
@@ -63,11 +63,11 @@ def _tokenizer(engine: ArmEngine, url: str | None):
     return lambda messages: engine.tokenize(client, url, messages)
 
 
-def fixtures_stage(*, res_dir: str, arms: list[str], arm_configs: dict, server: dict, root: str) -> None:
+def fixtures_stage(layout: Layout, *, arms: list[str], arm_configs: dict, server: dict, root: str) -> None:
     """Fit every condition's fixture with the first arm's tokenizer, then re-check with every arm's.
     One server at a time; every arm's server re-tokenizes the finished messages and must agree
     token for token."""
-    L, opts = Layout.of(res_dir), Arms(arm_configs, server, root)
+    L, opts = layout, Arms(arm_configs, server, root)
     plan_body = read_artifact(L.plan, "plan")
     inputs = {"plan": sha256_file(L.plan), **{f"build.{a}": sha256_file(L.build(a)) for a in arms}}
     engines = [opts.engine(L, plan_body, a) for a in arms]
@@ -94,9 +94,9 @@ def fixtures_stage(*, res_dir: str, arms: list[str], arm_configs: dict, server: 
         write_artifact(L.fixture(cond.id), "fixture", fixture)
 
 
-def warmup_stage(*, res_dir: str, arm: str, arm_config: dict, server: dict, root: str) -> None:
+def warmup_stage(layout: Layout, *, arm: str, arm_config: dict, server: dict, root: str) -> None:
     """Launch *arm* once: health, version, a first-request diagnostic and a smoke check."""
-    L = Layout.of(res_dir)
+    L = layout
     plan_body = read_artifact(L.plan, "plan")
     engine = Arms({arm: arm_config}, server, root).engine(L, plan_body, arm)
     body = pb_visit.run_warmup(arm=arm, engine=engine, plan=plan_body, server_cfg=server,
@@ -133,7 +133,7 @@ class VisitJob:
         return naming.label(self.visit["id"], self.retry)
 
 
-def measure_stage(*, res_dir: str, visit: dict, arm_config: dict, server: dict, root: str, attempt: int = 1) -> None:
+def measure_stage(layout: Layout, *, visit: dict, arm_config: dict, server: dict, root: str, attempt: int = 1) -> None:
     """One visit. *attempt* is Snakemake's (1 = first). Writes the measure artifact, one private
     output per condition, the node's facts (``private/hosts/<visit>.json``, which the bundle's
     environment.json describes), a load run's private request body per level, and the done-marker.
@@ -141,7 +141,7 @@ def measure_stage(*, res_dir: str, visit: dict, arm_config: dict, server: dict, 
     A watchdog ends the job, after killing its server, if the Snakemake that started it is killed, so
     the orphaned job never goes on measuring beside the rerun (see pairbench.integrity.recovery).
     """
-    job = VisitJob(Layout.of(res_dir), visit, Arms({visit["arm"]: arm_config}, server, root), attempt)
+    job = VisitJob(layout, visit, Arms({visit["arm"]: arm_config}, server, root), attempt)
     L, vid = job.layout, visit["id"]
     plan_body = read_artifact(L.plan, "plan")
     body, texts, inputs = _measure(job, plan_body, only=None)
@@ -156,7 +156,7 @@ def measure_stage(*, res_dir: str, visit: dict, arm_config: dict, server: dict, 
     Path(L.marker(vid)).write_text(vid + "\n")
 
 
-def measure_retry_stage(*, res_dir: str, visit: dict, retry: int, retry_on: list[str], arm_config: dict, server: dict,
+def measure_retry_stage(layout: Layout, *, visit: dict, retry: int, retry_on: list[str], arm_config: dict, server: dict,
                         root: str, attempt: int = 1) -> None:
     """Validation retry *retry* of one visit: re-measure the conditions whose previous measurement
     (the visit itself, or retry *retry* - 1) was excluded for a kind in *retry_on* (pairbench.validate.retries).
@@ -164,7 +164,7 @@ def measure_retry_stage(*, res_dir: str, visit: dict, retry: int, retry_on: list
     Writes ``measure/<visit>.retry<N>.json`` (with ``retry`` and ``retry_reasons``) and one private
     output per re-measured condition under its outputs folder; the previous artifacts are only read.
     """
-    job = VisitJob(Layout.of(res_dir), visit, Arms({visit["arm"]: arm_config}, server, root), attempt, retry)
+    job = VisitJob(layout, visit, Arms({visit["arm"]: arm_config}, server, root), attempt, retry)
     L, vid = job.layout, visit["id"]
     reasons, previous = _retry_reasons(L, visit, retry, retry_on)
     log.info("%s retry %d: re-measuring condition(s) %s: %s", vid, retry, ", ".join(sorted(reasons)),
@@ -223,12 +223,12 @@ def _measure(job: VisitJob, plan: dict, only: list[str] | None) -> tuple[dict, d
     return body, outputs, inputs
 
 
-def crosscheck_stage(*, res_dir: str, arms: list[str], arm_configs: dict, rounds: int, root: str,
+def crosscheck_stage(layout: Layout, *, arms: list[str], arm_configs: dict, rounds: int, root: str,
                      tool_log: str) -> None:
     """The engine's own benchmark (llama-bench) from each arm's build, at the plan's input and output
     token counts, in rounds that alternate the arms; after every visit and validation (ordering
     inputs of the rule)."""
-    L = Layout.of(res_dir)
+    L = layout
     plan_body = read_artifact(L.plan, "plan")
     arms_in = {a: {"config": arm_configs[a], "src_dir": L.tree(a), "model": model_arg(read_artifact(L.build(a), "build"),
                                                                                         root)} for a in arms}
