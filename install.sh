@@ -67,6 +67,9 @@ apt_missing=()
 if [ "$want_dot" = 1 ]; then apt_missing+=(graphviz); fi
 if [ "$with_llama" = 1 ]; then
   for tool in ccache cmake g++; do command -v "$tool" >/dev/null 2>&1 || apt_missing+=("$tool"); done
+  # the exercise probe (pairbench.measure.exercise): objdump and c++filt (binutils), gdb
+  command -v objdump >/dev/null 2>&1 || apt_missing+=(binutils)
+  command -v gdb >/dev/null 2>&1 || apt_missing+=(gdb)
 fi
 if [ "$with_test" = 1 ] && ! command -v chromium >/dev/null 2>&1; then apt_missing+=(chromium); fi
 if [ "$with_slurm" = 1 ]; then

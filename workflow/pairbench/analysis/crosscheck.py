@@ -23,7 +23,8 @@ round: the two arms ran back to back), and two judgements:
   ratio, else ``outside CI``; ``size_gap`` = tool ratio / pairbench's Hodges-Lehmann ratio - 1.
 
 With a few rounds the tool's ratio carries no interval of its own: it is a point that
-pairbench's interval either contains or not. The body is the ``crosscheck_summary``
+pairbench's interval either contains or not. ``exercise`` is the short form of the candidate's exercise
+record (:func:`pairbench.measure.exercise.status`): whether its patch ran at all. The body is the ``crosscheck_summary``
 artifact; it holds numbers and short labels only, so it is published as ``tables/crosscheck.json``.
 """
 
@@ -33,6 +34,7 @@ import statistics
 
 from pairbench.analysis import verdicts
 from pairbench.core.metrics import TOOL_COUNTERPARTS
+from pairbench.measure.exercise import status as exercise_status
 
 PAIRS = {"prefill": ("pp", TOOL_COUNTERPARTS["prefill"]), "decode": ("tg", TOOL_COUNTERPARTS["decode"])}
 
@@ -90,6 +92,7 @@ def compare(summary: dict, baseline: dict, candidate: dict) -> dict:
     counts = {k: sum(1 for r in rows if r["direction"] == k) for k in ("agree", "disagree", "undecided")}
     return {"baseline": summary["baseline"], "candidate": candidate["arm"], "tool": baseline["tool"],
             "noise": noise, "rounds": baseline["rounds"], "rows": rows,
+            "exercise": exercise_status(candidate.get("exercise")),
             "direction_counts": counts,
             "size_within_ci": sum(1 for r in rows if r["size"] == "within CI")}
 

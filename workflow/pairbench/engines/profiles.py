@@ -208,7 +208,8 @@ class EngineProfile:
         if not c:
             return None
         return CrosscheckSpec(tool=c["tool"], format=c["format"], commands=tuple(tuple(t) for t in c["commands"]),
-                              timeout_s=float(c.get("timeout_s", 1800)), how=c.get("how", "").strip())
+                              timeout_s=float(c.get("timeout_s", 1800)), how=c.get("how", "").strip(),
+                              exercise_binaries=tuple(c.get("exercise_binaries") or ()))
 
     def build_recipe(self, arm: dict, *, src: str | os.PathLike, commit: str | None = None, tag: str | None = None,
                      python: str = sys.executable) -> BuildRecipe:

@@ -207,6 +207,7 @@ class CrosscheckSpec:
     commands: tuple[tuple[str, ...], ...]
     timeout_s: float
     how: str = ""
+    exercise_binaries: tuple[str, ...] = ()  # programs whose code the exercise probe compares (relative to the tree)
 
 
 def check_placeholders(template: str, where: str) -> None:

@@ -30,6 +30,7 @@ from pathlib import Path
 
 from pairbench.core.steps import StepError, run_step
 from pairbench.engines.profiles import CrosscheckSpec, EngineError, arm_engine, load_profile, render
+from pairbench.measure import exercise as pb_exercise
 
 
 class ToolbenchError(Exception):
@@ -145,3 +146,20 @@ def run_toolbench(arms: dict[str, dict], *, lengths: list[int], output_tokens: l
                   "rounds": rounds, "order": [names if r % 2 == 1 else names[::-1] for r in range(1, rounds + 1)],
                   "runs": per[a]["runs"], "tests": tests, "duration_s": per[a]["t"]}
     return out
+
+
+def exercise_candidate(arms: dict[str, dict], baseline: str, candidate: str, *, lengths: list[int],
+                       output_tokens: list[int], log: str | os.PathLike) -> dict | None:
+    """The candidate's exercise record (:mod:`pairbench.measure.exercise`): the functions its patch
+    changed in the programs its profile names (``crosscheck.exercise_binaries``), and whether any ran
+    under the tool's commands (the candidate's own, rendered as for the cross-check). None when the
+    profile names no programs."""
+    spec = load_profile(arm_engine(arms[candidate]["config"])).crosscheck_spec
+    if spec is None or not spec.exercise_binaries:
+        return None
+    cmds = tool_commands(candidate, arms[candidate]["config"], src_dir=arms[candidate]["src_dir"],
+                         model=arms[candidate]["model"], lengths=lengths, output_tokens=output_tokens)
+    return pb_exercise.exercise(baseline_dir=Path(arms[baseline]["src_dir"]).resolve(),
+                                candidate_dir=Path(arms[candidate]["src_dir"]).resolve(),
+                                binaries=list(spec.exercise_binaries), commands=cmds, log=log,
+                                timeout_s=spec.timeout_s)

@@ -47,7 +47,7 @@ CATEGORICAL_FIELDS: frozenset[str] = frozenset({
     "arm", "baseline", "candidate", "condition", "round", "metric", "verdict", "case", "case_name", "cases",
     "kind", "stat", "statistic", "unit", "direction", "status", "reason", "reasons", "flags", "label",
     "method", "test", "alternative", "order", "visit_order", "role", "engine", "model", "quantization",
-    "significant", "better", "schema", "quantity", "size", "tool", "tool_direction",
+    "significant", "better", "schema", "quantity", "size", "tool", "tool_direction", "functions",
 })
 
 # Files exempt from the field check (still scrubbed and leak-gated): prose, config, code, and JSON

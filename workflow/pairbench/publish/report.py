@@ -380,6 +380,33 @@ def crosscheck_section(body: dict | None) -> list[str]:
     return out
 
 
+def exercise_section(body: dict | None) -> list[str]:
+    """Whether the cross-checked candidate's patch ran at all (pairbench.measure.exercise), stated before
+    the verdicts: a patch none of whose changed code ran can only ever read "equivalent"."""
+    ex = (body or {}).get("exercise")
+    if not ex:
+        return []
+    cand, tool = body["candidate"], body["tool"]
+    names = ", ".join(f"`{f}`" for f in ex["functions"]) or "none"
+    probe = (f"The probe compared the compiled code of both arms' builds function by function (addresses "
+             f"and assert line numbers aside), then ran the cross-check's commands once under gdb with a "
+             f"breakpoint on each changed function `{tool}` contains.")
+    if ex["exercised"] is False:
+        why = ("the patch leaves every compiled function identical to the baseline's" if ex["changed"] == 0 else
+               f"the patch changes {ex['changed']} compiled function{'s' if ex['changed'] != 1 else ''} ({names}) "
+               f"and none of them ran under `{tool}` at the plan's lengths, output tokens and threads")
+        return [f"## Not exercised: `{cand}`'s patch never ran", "",
+                f"**Every verdict of `{cand}` below compares two builds that executed the same code: an "
+                f"\"equivalent\" there says nothing about the change.** Here {why}. {probe}", ""]
+    if ex["exercised"] is None:
+        return [f"## Exercise of `{cand}`'s patch: {ex['status']}", "",
+                f"Whether the patch ran could not be told ({ex['changed']} changed functions, {ex['probed']} "
+                f"probed, none ran: {names}; the full record is in `crosscheck/{cand}.json`). {probe}", ""]
+    return [f"## Exercise of `{cand}`'s patch", "",
+            f"The patch ran: {ex['hit']} of its {ex['changed']} changed compiled functions ran under `{tool}` "
+            f"({names}). {probe}", ""]
+
+
 def render(*, plan: dict, sources: dict, builds: dict, fixtures: dict, warmups: dict, measures: list[dict],
            validations: dict, df: pd.DataFrame, agreement: pd.DataFrame, summary: dict,
            files: list[str], crosscheck: dict | None = None) -> str:
@@ -390,6 +417,7 @@ def render(*, plan: dict, sources: dict, builds: dict, fixtures: dict, warmups: 
     lines += build_section(plan, builds)
     lines += plan_section(plan, fixtures, measures)
     lines += gates_section(measures, validations, df)
+    lines += exercise_section(crosscheck)
     lines += [statistics_section(summary).rstrip(), ""]
     if summary.get("load"):  # a load run: the curve, the capacity, the levels (verify checks it too)
         lines += [load_section(summary).rstrip(), "", *load_run_lines(measures)]

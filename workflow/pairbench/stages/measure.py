@@ -233,9 +233,15 @@ def crosscheck_stage(layout: Layout, *, arms: list[str], arm_configs: dict, roun
     arms_in = {a: {"config": arm_configs[a], "src_dir": L.tree(a), "model": model_arg(read_artifact(L.build(a), "build"),
                                                                                         root)} for a in arms}
     conds = conditions.from_plan(plan_body)
-    bodies = pb_toolbench.run_toolbench(arms_in, lengths=sorted({c.input_tokens for c in conds}),
-                                        output_tokens=sorted({c.output_tokens for c in conds}),
-                                        rounds=rounds, raw_out={a: L.crosscheck_raw(a) for a in arms}, log=tool_log)
+    lengths, outs = sorted({c.input_tokens for c in conds}), sorted({c.output_tokens for c in conds})
+    bodies = pb_toolbench.run_toolbench(arms_in, lengths=lengths, output_tokens=outs, rounds=rounds,
+                                        raw_out={a: L.crosscheck_raw(a) for a in arms}, log=tool_log)
+    base = plan_body["baseline"]
+    for a in arms:  # did each candidate's patch run at all? (pairbench.measure.exercise)
+        bodies[a]["exercise"] = None if a == base else pb_toolbench.exercise_candidate(
+            arms_in, base, a, lengths=lengths, output_tokens=outs, log=tool_log)
+        if bodies[a]["exercise"]:
+            log.info("%s: exercised %s: %s", a, bodies[a]["exercise"]["exercised"], bodies[a]["exercise"]["reason"])
     for a in arms:
         body = {**bodies[a], "inputs": {"plan": sha256_file(L.plan), "build": sha256_file(L.build(a))}}
         log.info("%s: %s", a, ", ".join(f"{t['test']}@d{t['n_depth']} {t['avg_tok_s']:.1f} tok/s" for t in body["tests"]))
