@@ -49,8 +49,8 @@ def test_runs_the_profiles_two_commands_per_arm_in_alternating_rounds(tmp_path):
     model = str(tmp_path / "models" / "m.gguf")
     calls = (arms["baseline"]["src_dir"] / "calls.txt").read_text().splitlines()
     assert calls == 3 * [
-        f"--model {model} --threads 1 --n-prompt 256,1024 --n-gen 0 --repetitions 1 --output json",
-        f"--model {model} --threads 1 --n-prompt 0 --n-gen 64 --n-depth 256,1024 --repetitions 1 --output json",
+        f"--model {model} --threads 1 --n-prompt 256,1024 --n-gen 0 --repetitions 1 --output json --prio 3",
+        f"--model {model} --threads 1 --n-prompt 0 --n-gen 64 --n-depth 256,1024 --repetitions 1 --output json --prio 3",
     ]
     body = bodies["baseline"]
     assert body["order"] == [["baseline", "candidate"], ["candidate", "baseline"], ["baseline", "candidate"]]

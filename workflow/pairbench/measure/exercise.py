@@ -43,6 +43,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from pairbench.core.steps import public_argv
+
 # a source line number handed to an assert or abort: the argument register set just before the call
 _ABORT_CALL = re.compile(r"call\s+<[^>]*(?:abort|assert_fail)[^>]*>")
 _LINE_ARG = re.compile(r"mov\s+\$0x[0-9a-f]+,%(?:esi|edx)$")
@@ -232,7 +234,7 @@ def exercise(*, baseline_dir: str | os.PathLike, candidate_dir: str | os.PathLik
     commands, whose program must be one of *binaries*."""
     t0 = time.monotonic()
     rec = {"binaries": [Path(b).name for b in binaries], "changed": {}, "functions": {}, "probed": [],
-           "hit": [], "exercised": None, "reason": None, "commands": [[Path(c[0]).name, *c[1:]] for c in commands],
+           "hit": [], "exercised": None, "reason": None, "commands": [public_argv(c) for c in commands],
            "short": {}}
     try:
         for b in binaries:
