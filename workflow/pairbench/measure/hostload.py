@@ -32,8 +32,16 @@ from pathlib import Path
 from typing import Callable
 
 # The load the measurement itself adds (the server's decode thread and the client): above this
-# much more, something else was running.
+# much more, something else was running. A server of N busy threads adds N (own_load).
 OWN_LOAD = 1.0
+
+
+def own_load(threads: int | None) -> float:
+    """What a visit itself puts on the 1-minute load average: one per busy server thread (an engine
+    whose thread count the config does not set counts one), the client riding along. A two-thread
+    llama-server keeps both cores busy for a whole visit, so the load the previous visit leaves is
+    about 2: read against OWN_LOAD alone, every visit would wait out its bound and be flagged."""
+    return max(OWN_LOAD, float(threads or 1))
 
 
 def _read(path: str) -> str | None:
@@ -96,11 +104,12 @@ def pin_self(cpus: list[int] | None) -> list[int] | None:
         return None
 
 
-def external_load(load1: float | None, threshold: float) -> bool | None:
-    """Whether a 1-minute load average says something besides this visit ran (None: unreadable)."""
+def external_load(load1: float | None, threshold: float, own: float = OWN_LOAD) -> bool | None:
+    """Whether a 1-minute load average says something besides this visit (*own*: :func:`own_load`)
+    ran (None: unreadable)."""
     if load1 is None:
         return None
-    return load1 - OWN_LOAD > threshold
+    return load1 - own > threshold
 
 
 def load1() -> float | None:
@@ -117,9 +126,9 @@ POLL_S = 5.0  # how often the kernel updates the load average
 def wait_for_quiet(threshold: float | None, max_wait_s: float | None, *,
                    read_load: Callable[[], float | None] = load1, clock: Callable[[], float] = time.monotonic,
                    sleep: Callable[[float], None] = time.sleep, poll_s: float = POLL_S,
-                   on_wait: Callable[[float], None] | None = None) -> dict:
-    """Wait, at most *max_wait_s*, until the 1-minute load average less the run's own is at most
-    *threshold* (until :func:`external_load` would not flag it), checking every *poll_s*.
+                   on_wait: Callable[[float], None] | None = None, own: float = OWN_LOAD) -> dict:
+    """Wait, at most *max_wait_s*, until the 1-minute load average less the run's own (*own*) is at
+    most *threshold* (until :func:`external_load` would not flag it), checking every *poll_s*.
 
     Returns ``{"threshold", "max_wait_s", "waited_s", "load1_before", "load1_after", "timed_out"}``.
     No threshold, no bound (0 or None) or an unreadable load: no wait. *read_load*, *clock* and
@@ -129,10 +138,10 @@ def wait_for_quiet(threshold: float | None, max_wait_s: float | None, *,
     start = clock()
     before = load = read_load()
     timed_out, waited_s = False, 0.0
-    if threshold is not None and max_wait_s and external_load(load, threshold):
+    if threshold is not None and max_wait_s and external_load(load, threshold, own):
         if on_wait:
             on_wait(load)
-        while load is not None and external_load(load, threshold):
+        while load is not None and external_load(load, threshold, own):
             left = max_wait_s - (clock() - start)
             if left <= 0:
                 timed_out = True

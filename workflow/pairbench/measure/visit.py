@@ -160,7 +160,7 @@ def steady_exchange(engine: ArmEngine, srv, link: Link, *, messages: list[dict],
         raise VisitError(f"{where}: engine fault: {exc}{state}") from None
 
 
-def _host(start: dict, server_cpus, client_cpus, server_cfg: dict, quiet: dict) -> dict:
+def _host(start: dict, server_cpus, client_cpus, server_cfg: dict, quiet: dict, own: float = hostload.OWN_LOAD) -> dict:
     """The visit's ``host`` block: load and CPU state at start and end, pinning, external load, and
     the quiet guard's wait (:func:`pairbench.measure.hostload.wait_for_quiet`)."""
     end = hostload.snapshot()
@@ -168,7 +168,7 @@ def _host(start: dict, server_cpus, client_cpus, server_cfg: dict, quiet: dict) 
     return {"load1_start": start["load1"], "load1_end": end["load1"], "cpus": start["cpus"],
             "cpu_mhz": start["cpu_mhz"], "governor": start["governor"], "server_cpus": server_cpus,
             "client_cpus": client_cpus, "external_load_threshold": threshold,
-            "external_load": hostload.external_load(start["load1"], threshold) if threshold is not None else None,
+            "external_load": hostload.external_load(start["load1"], threshold, own) if threshold is not None else None,
             "quiet": quiet}
 
 
@@ -210,7 +210,8 @@ def run_visit(*, visit: dict, engine: ArmEngine, plan: dict, prompts: dict[str, 
         return f"visit {visit['id']} (arm {arm}, round {round_}, condition {cond.id}, attempt {attempt})"
 
     started_unix = time.time()  # the visit's cost, its quiet wait included, counts in rounds.max_minutes
-    quiet = hostload.wait_for_quiet(server_cfg.get("external_load"), server_cfg.get("quiet_wait_s"),
+    own = hostload.own_load(engine.arm.get("threads"))  # a two-thread server leaves a load of ~2 behind
+    quiet = hostload.wait_for_quiet(server_cfg.get("external_load"), server_cfg.get("quiet_wait_s"), own=own,
                                     on_wait=lambda load: progress_log.info(
                                         "[measure] %s: load %.2f, waiting up to %g s for the machine to quiet",
                                         visit["id"], load, server_cfg["quiet_wait_s"]))
@@ -249,7 +250,7 @@ def run_visit(*, visit: dict, engine: ArmEngine, plan: dict, prompts: dict[str, 
         "native_version": version,
         "first_request": first,
         "records": records,
-        "host": {**_host(start, server_cpus, client_cpus, server_cfg, quiet), "node": node.pseudonym(host, secret)},
+        "host": {**_host(start, server_cpus, client_cpus, server_cfg, quiet, own), "node": node.pseudonym(host, secret)},
         "complete": all(r["prompt_tokens"] is not None for r in records),
         "duration_s": time.perf_counter() - t_visit,
         "started_unix": started_unix,
