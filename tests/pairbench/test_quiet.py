@@ -117,15 +117,17 @@ def test_a_visit_under_synthetic_load_waits_its_bound_then_is_measured_and_flagg
     assert body["ended_unix"] - body["started_unix"] >= q["waited_s"]  # the wait counts in the visit's cost
 
 
-def test_a_two_thread_server_counts_two_of_the_load_as_its_own():
-    # the load a two-thread visit leaves behind (~2 busy threads for the last minute) is the run's own,
-    # not another job's: read against one thread, every visit would wait out its bound and be flagged
-    assert hostload.own_load(None) == hostload.own_load(1) == 1.0 and hostload.own_load(2) == 2.0
-    assert hostload.external_load(2.3, 0.5) is True
-    assert hostload.external_load(2.3, 0.5, hostload.own_load(2)) is False
-    assert hostload.external_load(2.6, 0.5, hostload.own_load(2)) is True
-    t = FakeTime([2.3])
-    q = t.guard(own=hostload.own_load(2))
+def test_a_two_thread_server_counts_its_threads_and_the_waiting_client_as_its_own_load():
+    # the load a two-thread visit leaves behind on 2 cores (both threads busy, the client runnable
+    # and waiting for a core) is the run's own, not another job's: read against one thread, every
+    # visit would wait out its bound and be flagged
+    assert hostload.own_load(None) == hostload.own_load(1) == hostload.own_load(1, 2) == 1.0
+    assert hostload.own_load(2) == 2.0 and hostload.own_load(2, 4) == 2.0 and hostload.own_load(2, 2) == 3.0
+    assert hostload.external_load(2.9, 0.5) is True
+    assert hostload.external_load(2.9, 0.5, hostload.own_load(2, 2)) is False
+    assert hostload.external_load(3.6, 0.5, hostload.own_load(2, 2)) is True
+    t = FakeTime([2.9])
+    q = t.guard(own=hostload.own_load(2, 2))
     assert q["waited_s"] == 0.0 and not q["timed_out"] and t.slept == []
     t = FakeTime([2.3, 2.3, 1.4])
     q = t.guard()

@@ -36,12 +36,15 @@ from typing import Callable
 OWN_LOAD = 1.0
 
 
-def own_load(threads: int | None) -> float:
+def own_load(threads: int | None, cpus: int | None = None) -> float:
     """What a visit itself puts on the 1-minute load average: one per busy server thread (an engine
-    whose thread count the config does not set counts one), the client riding along. A two-thread
-    llama-server keeps both cores busy for a whole visit, so the load the previous visit leaves is
-    about 2: read against OWN_LOAD alone, every visit would wait out its bound and be flagged."""
-    return max(OWN_LOAD, float(threads or 1))
+    whose thread count the config does not set counts one), plus the client when the server leaves
+    it no core of its own (*threads* >= *cpus*): it then waits, runnable, through every request, and
+    a runnable task counts. A two-thread llama-server on 2 cores leaves a load of about 3 behind: read
+    against OWN_LOAD alone, every visit would wait out its bound and be flagged."""
+    n = float(threads or 1)
+    client = 1.0 if cpus is not None and n >= cpus else 0.0
+    return max(OWN_LOAD, n + client)
 
 
 def _read(path: str) -> str | None:

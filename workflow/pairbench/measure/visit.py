@@ -210,7 +210,7 @@ def run_visit(*, visit: dict, engine: ArmEngine, plan: dict, prompts: dict[str, 
         return f"visit {visit['id']} (arm {arm}, round {round_}, condition {cond.id}, attempt {attempt})"
 
     started_unix = time.time()  # the visit's cost, its quiet wait included, counts in rounds.max_minutes
-    own = hostload.own_load(engine.arm.get("threads"))  # a two-thread server leaves a load of ~2 behind
+    own = hostload.own_load(engine.arm.get("threads"), len(hostload.usable_cpus()))  # a visit's own load
     quiet = hostload.wait_for_quiet(server_cfg.get("external_load"), server_cfg.get("quiet_wait_s"), own=own,
                                     on_wait=lambda load: progress_log.info(
                                         "[measure] %s: load %.2f, waiting up to %g s for the machine to quiet",
