@@ -8,6 +8,7 @@ import time
 
 def main(argv=None) -> int:
     from . import NATIVE
+    from .fastpaths import MODES
     from .weights import DEFAULT_LINEAR, KV_KINDS, LINEAR_KINDS
 
     parser = argparse.ArgumentParser(prog="python -m engine", description=NATIVE)
@@ -42,6 +43,11 @@ def main(argv=None) -> int:
                             "blocks with the native kernels, else fp16), fp16, or fp32 (the exact reference)")
     serve.add_argument("--kv", choices=list(KV_KINDS), default="auto",
                        help="KV cache dtype: auto (default: f16 with the native attention kernel, else f32), f16, f32")
+    serve.add_argument("--fused-decode", choices=list(MODES), default=None,
+                       help="the native decode fast paths (fused block, attention kernel): auto (default, or "
+                            "$PAIRBENCH_ENGINE_FUSED_DECODE): where this tree's engine/model.py is the code they "
+                            "stand in for (engine/csrc/fastpaths.json), else the Python path with a warning; on: "
+                            "refuse to start unless they run; off: the Python decode path")
     serve.add_argument("--malloc-tuning", choices=["on", "off"], default="on",
                        help="on (default): keep memory freed between requests mapped (mallopt), so a steady "
                             "request takes no page faults; off: glibc's defaults")
@@ -53,24 +59,21 @@ def main(argv=None) -> int:
                                                 "tokenizer_config.json) for a model, e.g. for AIPerf --tokenizer")
     tdir.add_argument("model", help="a GGUF file, a converted directory or a named model")
     tdir.add_argument("out_dir")
-    sub.add_parser("build-kernels", help="compile the native kernels into their cache (./install.sh runs this)")
+    bk = sub.add_parser("build-kernels", help="compile the native kernels into their cache and measure which "
+                                              "instruction-set path is fastest on this CPU (./install.sh runs this)")
+    bk.add_argument("--model", default=None, help="time the paths on this model's products (default: SmolLM2-135M's "
+                                                  "shapes)")
+    bk.add_argument("--remeasure", action="store_true", help="measure again even if this CPU has a cached choice")
+    fp = sub.add_parser("fastpaths", help="whether this tree's engine/model.py is the code each native fast path "
+                                          "stands in for (engine/csrc/fastpaths.json); JSON on stdout")
+    fp.add_argument("--record", action="store_true", help="record the current code's fingerprints (after changing "
+                                                          "the model code and the kernels together)")
     args = parser.parse_args(argv)
 
     if args.command == "build-kernels":
-        from . import native
-
-        try:
-            path = native.build(verbose=True)
-        except RuntimeError as e:
-            print(f"build-kernels: warning: {e}; the engine will use its PyTorch fp16 path", file=sys.stderr)
-            return 1
-        L = native.lib()
-        if L is None:
-            print(f"build-kernels: warning: built {path} but cannot use it: {native.unavailable_reason()}",
-                  file=sys.stderr)
-            return 1
-        print(path)
-        return 0
+        return build_kernels(args)
+    if args.command == "fastpaths":
+        return fast_paths(args)
     if args.command == "tokenizer-dir":
         from .tokenizer import write_hf_dir
         from .weights import load_tokenizer
@@ -101,7 +104,7 @@ def main(argv=None) -> int:
                           decode_threads=(1 if args.parallel == 1 else 0) if args.decode_threads is None
                           else args.decode_threads, kv=args.kv,
                           malloc_tuning=args.malloc_tuning == "on", parallel=args.parallel,
-                          batch_tokens=args.batch_tokens, max_queue=args.max_queue)
+                          batch_tokens=args.batch_tokens, max_queue=args.max_queue, fused_decode=args.fused_decode)
     if args.command == "convert":
         from .weights import convert
 
@@ -117,6 +120,57 @@ def main(argv=None) -> int:
         print(f"converted {args.gguf} -> {out} in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
         return 0
     return 2
+
+
+def build_kernels(args) -> int:
+    """Compile the kernels; measure (or read from the cache) the fastest instruction-set path and print
+    the table, the choice and the library's path (the last line)."""
+    from . import isa, native
+
+    try:
+        path = native.build(verbose=True)
+    except RuntimeError as e:
+        print(f"build-kernels: warning: {e}; the engine will use its PyTorch fp16 path", file=sys.stderr)
+        return 1
+    if native.lib() is None:
+        print(f"build-kernels: warning: built {path} but cannot use it: {native.unavailable_reason()}",
+              file=sys.stderr)
+        return 1
+    if args.model:
+        from .weights import load
+
+        try:
+            step = isa.model_step(load(args.model, max_context=64).model)
+        except (ValueError, OSError) as e:
+            print(f"build-kernels: {e}", file=sys.stderr)
+            return 2
+    else:
+        step = isa.synthetic_step  # made only if this CPU has no cached choice
+    facts = isa.choose(step, remeasure=args.remeasure)
+    for name, row in (facts["table_ms"] or {}).items():
+        print(f"{name:<11} one decode step's products: {row['rows1_ms']:7.2f} ms for 1 row, "
+              f"{row['rows8_ms']:7.2f} ms for 8 rows (1 thread, CPU time)", file=sys.stderr)
+    print(f"instruction-set path: {facts['isa']} ({facts['source']}; {facts['cpu']})", file=sys.stderr)
+    print(path)
+    return 0
+
+
+def fast_paths(args) -> int:
+    """Print each fast path's check as JSON; exit 0 (1 when ``--record`` cannot record)."""
+    import json
+
+    from . import fastpaths
+
+    if args.record:
+        try:
+            fastpaths.record()
+        except (ValueError, OSError) as e:
+            print(f"fastpaths: {e}", file=sys.stderr)
+            return 1
+    out = {name: {"matches": c.matches, "objects": list(c.objects), "differs": list(c.differs), "error": c.error}
+           for name, c in fastpaths.check().items()}
+    print(json.dumps(out, indent=2, sort_keys=True))
+    return 0
 
 
 if __name__ == "__main__":

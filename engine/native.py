@@ -146,7 +146,9 @@ def _bind(path: Path) -> ctypes.CDLL:
 
 
 def lib() -> ctypes.CDLL | None:
-    """The loaded library, building it on first use; None (after one warning) if unavailable."""
+    """The loaded library, building it on first use; None (after one warning) if unavailable. Its
+    dot-product path is ``PAIRBENCH_ENGINE_ISA``'s, else this CPU's cached choice (``engine.isa``),
+    else the widest this CPU runs until a model load measures one."""
     if "lib" in _state:
         return _state["lib"]
     with _lock:
@@ -157,31 +159,58 @@ def lib() -> ctypes.CDLL | None:
             why = "disabled by PAIRBENCH_ENGINE_NATIVE=0"
         else:
             try:
-                L = _bind(build())
+                path = build()
+                L = _bind(path)
+                _state["path"] = path
                 if L.pb_abi_version() != ABI_VERSION:
                     L, why = None, f"library ABI {L.pb_abi_version()} != {ABI_VERSION}"
                 elif not L.pb_cpu_supported():
                     L, why = None, "this CPU lacks AVX2/FMA/F16C"
-                else:
-                    _force_isa(L, os.environ.get("PAIRBENCH_ENGINE_ISA", ""))
             except (RuntimeError, OSError) as e:
                 L, why = None, str(e)
         if L is None:
             print(f"pairbench-engine: warning: native kernels unavailable ({why}); using the PyTorch "
                   "fp16 path (slower decode, same API)", file=sys.stderr, flush=True)
-        _state["lib"], _state["why"] = L, why
+        _state["lib"], _state["why"] = L, why  # published first: what follows calls lib() again
+        if L is not None:
+            _first_isa(L, os.environ.get("PAIRBENCH_ENGINE_ISA", ""))
         return L
 
 
-def _force_isa(L: ctypes.CDLL, name: str) -> None:
-    if not name:
-        return
-    if name not in ISAS:
-        print(f"pairbench-engine: warning: PAIRBENCH_ENGINE_ISA={name!r} is not one of {', '.join(ISAS)}; "
-              f"using {ISAS[L.pb_get_isa()]}", file=sys.stderr, flush=True)
-    elif L.pb_set_isa(ISAS.index(name)) < 0:
-        print(f"pairbench-engine: warning: PAIRBENCH_ENGINE_ISA={name}: this CPU (or the compiler) lacks it; "
-              f"using {ISAS[L.pb_get_isa()]}", file=sys.stderr, flush=True)
+def _first_isa(L: ctypes.CDLL, name: str) -> None:
+    """The environment's path if this CPU runs it, else the cached choice (``engine.isa.choose``
+    without measuring); a forced path that cannot be had is a warning naming the one used."""
+    problem = None
+    if name and name not in ISAS:
+        problem = f"PAIRBENCH_ENGINE_ISA={name!r} is not one of {', '.join(ISAS)}"
+    elif name and L.pb_set_isa(ISAS.index(name)) < 0:
+        problem = f"PAIRBENCH_ENGINE_ISA={name}: this CPU (or the compiler) lacks it"
+    _state["forced"] = bool(name) and problem is None
+    if not _state["forced"]:
+        from . import isa
+
+        isa.choose(None)
+    if problem:
+        print(f"pairbench-engine: warning: {problem}; using {ISAS[L.pb_get_isa()]}", file=sys.stderr, flush=True)
+
+
+def isa_forced() -> bool:
+    """Whether ``PAIRBENCH_ENGINE_ISA`` named a path this CPU runs (which then stays in force)."""
+    lib()
+    return bool(_state.get("forced"))
+
+
+def library_path() -> Path | None:
+    """The loaded library's file (its folder holds what is cached per build); None without one."""
+    return _state.get("path") if lib() is not None else None
+
+
+def kernels_sha256() -> str | None:
+    """sha256 of the kernels' C++ source in this tree (what a patch to the kernels changes)."""
+    try:
+        return hashlib.sha256(SOURCE.read_bytes()).hexdigest()
+    except OSError:
+        return None
 
 
 def isa() -> str | None:
@@ -196,12 +225,23 @@ def isa_supported(name: str) -> bool:
 
 
 def set_isa(name: str | None) -> bool:
-    """Use the path ``name`` (None: the best this CPU runs) for every later product; False (and no
-    change) when this CPU or the compiler lacks it."""
+    """Use the path ``name`` for every later product (None: the engine's choice, ``engine.isa``'s
+    measured or cached one once made, else the widest this CPU runs); False (and no change) when
+    this CPU or the compiler lacks it."""
     L = lib()
     if L is None or (name is not None and name not in ISAS):
         return False
+    if name is None:
+        name = _state.get("default_isa")
     return L.pb_set_isa(-1 if name is None else ISAS.index(name)) >= 0
+
+
+def set_default_isa(name: str) -> bool:
+    """Make ``name`` the engine's choice (what ``set_isa(None)`` returns to) and use it."""
+    if not set_isa(name):
+        return False
+    _state["default_isa"] = name
+    return True
 
 
 def available() -> bool:

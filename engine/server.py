@@ -176,11 +176,12 @@ class ServedModel:
 
     def __init__(self, spec: str, max_context: int | None, linear: str = DEFAULT_LINEAR,
                  decode_threads: int | None = None, kv: str = "auto", parallel: int = 1,
-                 batch_tokens: int | None = None, max_queue: int = 128):
+                 batch_tokens: int | None = None, max_queue: int = 128, fused_decode: str | None = None):
         if parallel < 1:
             raise ValueError(f"parallel must be >= 1, got {parallel}")
         self.spec, self.requested_context, self.linear, self.kv = spec, max_context, linear, kv
         self.decode_threads, self.parallel, self.max_queue = decode_threads, parallel, max_queue
+        self.fused_decode = fused_decode
         # prompt tokens per forward pass and per step: today's 1,024-token passes for one slot; with
         # several, smaller chunks, so a long prompt holds every decoding stream back less
         self.batch_tokens = batch_tokens or (PREFILL_CHUNK if parallel == 1 else PARALLEL_BATCH_TOKENS)
@@ -193,10 +194,12 @@ class ServedModel:
         from . import native
         from .weights import load
 
-        loaded = load(self.spec, self.requested_context, self.linear, self.kv, slots=self.parallel)
+        loaded = load(self.spec, self.requested_context, self.linear, self.kv, slots=self.parallel,
+                      fused_decode=self.fused_decode)
         # before `loaded` is published: /health answers 200 from then on, and a request must not
         # reach the pool while it is resized
-        native.set_threads(self.decode_threads or torch.get_num_threads())
+        self.threads = torch.get_num_threads()  # prefill's (read here: decode steps change it for a while)
+        native.set_threads(self.decode_threads or self.threads)
         self.scheduler = Scheduler(loaded.model, loaded.tokenizer.stop_ids, chunk=self.batch_tokens,
                                    max_queue=self.max_queue, decode_threads=self.decode_threads)
         threading.Thread(target=self.scheduler.run, name="scheduler", daemon=True).start()
@@ -205,6 +208,13 @@ class ServedModel:
     @property
     def max_context(self) -> int:
         return self.loaded.model.max_context
+
+    def facts(self) -> dict:
+        """What runs (``engine.facts``): kernels, fast paths, threads, KV dtype, versions."""
+        from .facts import engine_facts
+
+        return engine_facts(self.loaded, prefill_threads=self.threads, decode_threads=self.decode_threads or self.threads,
+                            slots=self.parallel)
 
     def prompt_ids(self, body: dict, chat: bool) -> list[int]:
         tok = self.loaded.tokenizer
@@ -416,7 +426,7 @@ class Handler(BaseHTTPRequestHandler):
             self._send_json(503, {"status": "loading"}) if loaded is None else self._send_json(200, {"status": "ok"})
         elif path == "/version":
             self._send_json(200, {"engine": ENGINE_NAME, "version": __version__, "native": NATIVE})
-        elif loaded is None and path in ("/v1/models", "/metrics"):
+        elif loaded is None and path in ("/v1/models", "/metrics", "/props"):
             self._send_error(RequestError("the model is still loading", 503, "unavailable_error"))
         elif path == "/v1/models":
             self._send_json(200, {"object": "list", "data": [self._model_card()]})
@@ -429,6 +439,8 @@ class Handler(BaseHTTPRequestHandler):
                                               param="model", code="model_not_found"))
         elif path == "/metrics":
             self._send(200, self.engine.metrics().encode(), "text/plain; version=0.0.4; charset=utf-8")
+        elif path == "/props":  # llama-server's route for the server's settings; here what runs
+            self._send_json(200, {"engine_facts": self.engine.facts()})
         else:
             self._send_error(RequestError(f"no route {self.command} {path}", 404, "not_found_error"))
 
@@ -617,13 +629,13 @@ def tune_malloc() -> dict:
 def serve(spec: str, host: str = "127.0.0.1", port: int = 8080, threads: int | None = None,
           max_context: int | None = None, linear: str = DEFAULT_LINEAR, decode_threads: int | None = 1,
           kv: str = "auto", malloc_tuning: bool = True, parallel: int = 1, batch_tokens: int | None = None,
-          max_queue: int = 128) -> int:
+          max_queue: int = 128, fused_decode: str | None = None) -> int:
     """Listen at once (``/health`` answers 503 while loading), load the model, serve until SIGTERM/SIGINT."""
     tuned = tune_malloc() if malloc_tuning else {}
     if threads is not None:
         torch.set_num_threads(threads)
     decode_threads = decode_threads or None  # 0: all of the process's threads
-    engine = ServedModel(spec, max_context, linear, decode_threads, kv, parallel, batch_tokens, max_queue)
+    engine = ServedModel(spec, max_context, linear, decode_threads, kv, parallel, batch_tokens, max_queue, fused_decode)
     server = make_server(engine, host, port)
     thread = threading.Thread(target=server.serve_forever, name="http", daemon=True)
     thread.start()
@@ -638,17 +650,15 @@ def serve(spec: str, host: str = "127.0.0.1", port: int = 8080, threads: int | N
         t0 = time.perf_counter()
         try:
             engine.load()
-        except (ValueError, OSError) as e:
+        except (ValueError, OSError) as e:  # FastPathRefused (fused_decode on) is a ValueError too
             print(f"{NATIVE}: cannot load model: {e}", file=sys.stderr, flush=True)
             return 2
         lm = engine.loaded
-        from . import native
+        from .facts import summary
 
         print(f"{NATIVE} ready: model {lm.name} on http://{host}:{server.server_address[1]} "
               f"({engine.parallel} slot{'s' if engine.parallel > 1 else ''} of max_context {engine.max_context}, "
-              f"batch tokens {engine.batch_tokens}, queue {engine.max_queue}, linear {lm.linear} "
-              f"({native.isa() or 'no native kernels'}), kv {lm.kv_dtype}, "
-              f"threads {torch.get_num_threads()}, decode threads {decode_threads or torch.get_num_threads()}, "
+              f"batch tokens {engine.batch_tokens}, queue {engine.max_queue}, {summary(engine.facts())}, "
               f"malloc {'tuned ' + ','.join(tuned) if tuned else 'glibc defaults'}, "
               f"loaded in {time.perf_counter() - t0:.1f} s)", file=sys.stderr, flush=True)
         threading.Event().wait()

@@ -35,6 +35,8 @@ from tokenizers import AddedToken, decoders, models, pre_tokenizers
 
 from torch import nn
 
+from . import fastpaths
+from .fastpaths import FastPathRefused
 from .model import Embedding, Linear, ModelConfig, Transformer
 from .tokenizer import Tokenizer
 
@@ -77,6 +79,11 @@ class LoadedModel:
     name: str
     linear: str = "fp32"  # what the matrix products resolved to: "fp32", "fp16" or "gguf" (native blocks)
     kv_dtype: str = "f32"
+
+    @property
+    def fast_paths(self) -> dict:
+        """Which native fast paths run and why (``build_model``; ``engine.fastpaths``)."""
+        return self.model.fast_paths
 
     @property
     def chat_template(self) -> str | None:
@@ -130,13 +137,72 @@ def _make_embedding(w, kind: str) -> tuple[nn.Module, nn.Module]:
     return emb, Linear(w.shape[1], w.shape[0], weight=emb.weight)
 
 
-def build_model(cfg: ModelConfig, state: dict, max_context: int, linear: str = DEFAULT_LINEAR,
-                kv: str = "auto", slots: int = 1) -> tuple[Transformer, str, str]:
-    """A Transformer holding ``state`` (this engine's parameter names; values are float tensors or
-    ``Blocks``), each weight converted once to the decode format ``linear`` resolves to, with its KV
-    cache of ``slots`` sequences allocated. Returns (model, resolved linear kind, KV dtype name)."""
+def _weight_kind(linear: str, state: dict, check, mode: str) -> tuple[str, dict]:
+    """The weight format (``resolve_linear``), unless the code the formats stand in for (``Linear``,
+    ``linear``, ``Embedding``) differs from the fast paths' record: then ``auto`` takes fp32, which
+    runs that code (``engine.fastpaths``). Returns (kind, the weight_formats fact)."""
+    fact = {"on": True, "differs": list(check.differs), "why": None}
+    if check.matches:
+        kind = resolve_linear(linear, state)
+    elif mode == "on":
+        raise FastPathRefused(f"fused_decode on: the weight formats cannot run: {check.why()}")
+    elif linear == "auto":
+        kind, fact["why"] = "fp32", check.why()
+        _warn(f"weight formats off: {check.why()}; every product runs engine/model.py's Linear in fp32 (slower)")
+    else:  # asked for by name: kept, and said
+        kind, fact["why"] = resolve_linear(linear, state), f"linear {linear} asked for, although " + check.why()
+        _warn(f"linear {linear}: its modules replace engine/model.py's Linear, whose code differs "
+              f"({', '.join(check.differs) or check.error}): that code does not run")
+    fact.update(on=kind != "fp32", linear=kind)
+    return kind, fact
+
+
+def _decode_fast_path(mode: str, check, kind: str, cfg: ModelConfig) -> tuple[bool, dict]:
+    """Whether the native decode fast paths (fused block, attention kernel) may run. Returns
+    (allowed, the fused_decode fact; its ``layers`` is filled in once the blocks are built)."""
     from . import native
 
+    fact = {"on": False, "attention_kernel": False, "layers": 0, "differs": list(check.differs), "why": None}
+    if mode == "off":
+        fact["why"] = "fused_decode: off"
+        return False, fact
+    cannot = None
+    if not check.matches:
+        cannot = check.why()
+    elif not native.available():
+        cannot = f"the native kernels are unavailable ({native.unavailable_reason()})"
+    elif kind == "fp32":
+        cannot = "the weights are fp32 (linear fp32)"
+    elif not native.attention_supported(cfg.n_heads, cfg.n_kv_heads, cfg.head_dim):
+        cannot = f"the native attention kernel does not take {cfg.n_heads}/{cfg.n_kv_heads} heads of {cfg.head_dim}"
+    if cannot and mode == "on":
+        raise FastPathRefused(f"fused_decode on: the fused decode cannot run: {cannot}")
+    if cannot:
+        fact["why"] = cannot
+        if not check.matches:
+            _warn(f"fused decode off: {cannot}; every decode step runs engine/model.py's Python code (slower)")
+        return False, fact
+    return True, fact
+
+
+def _warn(message: str) -> None:
+    import sys
+
+    print(f"pairbench-engine: warning: {message}", file=sys.stderr, flush=True)
+
+
+def build_model(cfg: ModelConfig, state: dict, max_context: int, linear: str = DEFAULT_LINEAR,
+                kv: str = "auto", slots: int = 1, fused_decode: str | None = None) -> tuple[Transformer, str, str]:
+    """A Transformer holding ``state`` (this engine's parameter names; values are float tensors or
+    ``Blocks``), each weight converted once to the decode format ``linear`` resolves to, with its KV
+    cache of ``slots`` sequences allocated. Returns (model, resolved linear kind, KV dtype name).
+
+    ``fused_decode`` (``engine.fastpaths.MODES``; None: ``$PAIRBENCH_ENGINE_FUSED_DECODE`` or auto)
+    says whether the native fast paths may stand in for the model's Python code; what ran is
+    ``model.fast_paths`` (facts)."""
+    from . import native
+
+    mode = fastpaths.mode(fused_decode)
     with torch.device("meta"):
         model = Transformer(cfg)
     state = dict(state)
@@ -151,11 +217,11 @@ def build_model(cfg: ModelConfig, state: dict, max_context: int, linear: str = D
     for key, value in state.items():
         if _shape(value) != shapes[key]:
             raise ValueError(f"weight {key}: shape {_shape(value)}, model expects {shapes[key]}")
-    kind = resolve_linear(linear, state)
     if kv not in KV_KINDS:
         raise ValueError(f"kv {kv!r} is not one of {KV_KINDS}")
-    fast_attention = kind != "fp32" and native.available() and native.attention_supported(
-        cfg.n_heads, cfg.n_kv_heads, cfg.head_dim)
+    checks = fastpaths.check()
+    kind, formats_fact = _weight_kind(linear, state, checks["weight_formats"], mode)
+    fast_attention, decode_fact = _decode_fast_path(mode, checks["fused_decode"], kind, cfg)
     kv_dtype = {"f16": torch.float16, "f32": torch.float32}.get(kv) or (
         torch.float16 if fast_attention else torch.float32)
 
@@ -178,12 +244,30 @@ def build_model(cfg: ModelConfig, state: dict, max_context: int, linear: str = D
     if leftover:
         raise ValueError(f"weights do not fit the model: {leftover[:5]} not loaded")
     if fast_attention:
-        from .kernels import FusedDecode
+        _fuse(model, decode_fact, mode, cfg.norm_eps)
+    model.fast_paths = {"mode": mode, "fused_decode": decode_fact, "weight_formats": formats_fact}
+    if kind == "gguf":  # the fastest instruction-set path for these products on this CPU (cached)
+        from . import isa
 
-        for layer in model.layers:
-            if FusedDecode.supported(layer):
-                layer.fused_decode = FusedDecode(layer, cfg.norm_eps)
+        isa.choose(isa.model_step(model))
     return model, kind, {torch.float16: "f16", torch.float32: "f32"}[kv_dtype]
+
+
+def _fuse(model: Transformer, fact: dict, mode: str, norm_eps: float) -> None:
+    """Set ``Block.fused_decode`` on every block whose weights the native block takes."""
+    from .kernels import FusedDecode
+
+    fact["attention_kernel"] = True
+    for layer in model.layers:
+        if FusedDecode.supported(layer):
+            layer.fused_decode = FusedDecode(layer, norm_eps)
+    fact["layers"] = sum(layer.fused_decode is not None for layer in model.layers)
+    fact["on"] = fact["layers"] == len(model.layers)
+    if not fact["on"]:
+        fact["why"] = (f"{len(model.layers) - fact['layers']} of {len(model.layers)} blocks hold weights in no "
+                       "native block format (the fused block needs q4_1/q8_0 weights)")
+        if mode == "on":
+            raise FastPathRefused(f"fused_decode on: {fact['why']}")
 
 
 def _resolve_max_context(cfg: ModelConfig, max_context: int | None) -> int:
@@ -265,10 +349,10 @@ def random_state(cfg: ModelConfig, seed: int) -> dict[str, torch.Tensor]:
 
 
 def load_named(name: str, max_context: int | None, linear: str = DEFAULT_LINEAR, kv: str = "auto",
-               slots: int = 1) -> LoadedModel:
+               slots: int = 1, fused_decode: str | None = None) -> LoadedModel:
     cfg = NAMED_MODELS[name]
     model, kind, kv_dtype = build_model(cfg, random_state(cfg, zlib.crc32(name.encode())),
-                                        _resolve_max_context(cfg, max_context), linear, kv, slots)
+                                        _resolve_max_context(cfg, max_context), linear, kv, slots, fused_decode)
     return LoadedModel(model=model, tokenizer=tiny_tokenizer(), config=cfg, name=name, linear=kind, kv_dtype=kv_dtype)
 
 
@@ -463,8 +547,10 @@ def read_gguf(path: Path):
     return cfg, gguf_state(g, cfg), tok, meta, template, name
 
 
-def _loaded(cfg, state, tok, meta, template, name, max_context, linear, kv, slots=1) -> LoadedModel:
-    model, kind, kv_dtype = build_model(cfg, state, _resolve_max_context(cfg, max_context), linear, kv, slots)
+def _loaded(cfg, state, tok, meta, template, name, max_context, linear, kv, slots=1,
+            fused_decode=None) -> LoadedModel:
+    model, kind, kv_dtype = build_model(cfg, state, _resolve_max_context(cfg, max_context), linear, kv, slots,
+                                        fused_decode)
     return LoadedModel(model=model, tokenizer=_tokenizer(tok, meta, template), config=cfg, name=name, linear=kind,
                        kv_dtype=kv_dtype)
 
@@ -534,7 +620,8 @@ def mmap_safetensors(path: Path) -> dict[str, torch.Tensor]:
     return out
 
 
-def load_converted(path: Path, max_context: int | None, linear: str, kv: str, slots: int = 1) -> LoadedModel:
+def load_converted(path: Path, max_context: int | None, linear: str, kv: str, slots: int = 1,
+                   fused_decode: str | None = None) -> LoadedModel:
     doc = json.loads((path / "config.json").read_text(encoding="utf-8"))
     if doc.get("format") != FORMAT:
         raise ValueError(f"{path / 'config.json'}: format {doc.get('format')!r}, expected {FORMAT!r} "
@@ -546,7 +633,8 @@ def load_converted(path: Path, max_context: int | None, linear: str, kv: str, sl
     state = mmap_safetensors(path / "model.safetensors")
     for key, info in doc.get("weights", {}).items():
         state[key] = Blocks(info["format"], state[key], tuple(info["shape"]), info.get("layout", "gguf"))
-    return _loaded(cfg, state, tok, doc["tokenizer"], template, doc["name"], max_context, linear, kv, slots)
+    return _loaded(cfg, state, tok, doc["tokenizer"], template, doc["name"], max_context, linear, kv, slots,
+                   fused_decode)
 
 
 def load_tokenizer(spec: str) -> tuple[Tokenizer, str, int]:
@@ -572,7 +660,7 @@ def load_tokenizer(spec: str) -> tuple[Tokenizer, str, int]:
 
 
 def load(spec: str, max_context: int | None = None, linear: str = DEFAULT_LINEAR, kv: str = "auto",
-         slots: int = 1) -> LoadedModel:
+         slots: int = 1, fused_decode: str | None = None) -> LoadedModel:
     """Load a model: a name in NAMED_MODELS, a converted directory, or a GGUF file.
 
     ``linear`` picks the weight format of the matrix products (``engine.kernels``): ``auto`` (the
@@ -580,23 +668,26 @@ def load(spec: str, max_context: int | None = None, linear: str = DEFAULT_LINEAR
     available, else fp16), ``fp16``, or ``fp32`` (the exact reference). ``kv``: the KV cache's
     dtype, ``auto`` (f16 when the native attention kernel serves it, else f32), ``f16`` or ``f32``.
     ``slots``: sequences the KV cache holds, each of ``max_context`` positions (the server's
-    ``--parallel``). Every weight is held once, in the format decode uses."""
+    ``--parallel``). ``fused_decode``: ``auto`` (None: ``$PAIRBENCH_ENGINE_FUSED_DECODE``, else auto)
+    runs each native fast path where this tree's model code is the code it stands in for
+    (``engine.fastpaths``), ``on`` refuses to load unless every one runs, ``off`` runs the Python
+    decode path. Every weight is held once, in the format decode uses."""
     if linear not in LINEAR_KINDS:
         raise ValueError(f"linear {linear!r} is not one of {LINEAR_KINDS}")
     if not isinstance(slots, int) or isinstance(slots, bool) or slots < 1:
         raise ValueError(f"slots must be a positive int, got {slots!r}")
     if spec in NAMED_MODELS:
-        return load_named(spec, max_context, linear, kv, slots)
+        return load_named(spec, max_context, linear, kv, slots, fused_decode)
     path = Path(spec)
     if path.is_dir():
         if not (path / "config.json").exists():
             raise ValueError(f"model directory {spec} has no config.json (make one with `python -m engine convert`)")
-        return load_converted(path, max_context, linear, kv, slots)
+        return load_converted(path, max_context, linear, kv, slots, fused_decode)
     if path.is_file():
         with open(path, "rb") as f:
             magic = f.read(4)
         if magic != b"GGUF":
             raise ValueError(f"model file {spec} is not a GGUF file (magic {magic!r})")
-        return _loaded(*read_gguf(path), max_context, linear, kv, slots)
+        return _loaded(*read_gguf(path), max_context, linear, kv, slots, fused_decode)
     raise ValueError(f"model {spec!r} is neither a named model ({', '.join(NAMED_MODELS)}), "
                      "a converted directory nor a GGUF file")
