@@ -1,16 +1,21 @@
 #!/usr/bin/env python3
-"""Check, on this machine, every instruction-set path of the engine's block products.
+"""Check, on this machine, every instruction-set path of the engine's block products, and which one
+the engine takes.
 
-Not a test: a self-contained check to run on a CPU with AVX-VNNI or AVX-512 VNNI (the project's
-development host has neither, so only the AVX2 path runs there). For each path this CPU supports
-(``engine.native.ISAS``), forced in turn:
+A self-contained check to run on any CPU (the paths this CPU lacks are listed as not run). For each
+path this CPU supports (``engine.native.ISAS``), forced in turn:
 
 1. **bit-identity**: Q4_1 and Q8_0 products of random matrices, for batches of 1..16 rows, equal the
    AVX2 path's results bit for bit (every block sum is an exact integer; the float arithmetic after
    it is the same on every path), and stay within 1e-5 of max |y| of the float64 reference
    ``engine.kernels.linear_ref``;
 2. **speed**: one decode step's products for SmolLM2-135M's shapes (30 layers' Q4_1 matrices and
-   the Q8_0 lm_head) at 1 and 8 rows, on one thread, thread CPU time (min of ``--reps``).
+   the Q8_0 lm_head) at 1 and 8 rows, on one thread, thread CPU time (min of ``--reps``, the paths
+   interleaved): ``engine.isa.measure``, the measurement the engine chooses its path by.
+
+Then the table, the path the figures above would choose (``engine.isa.fastest``), and the path the
+engine takes on this CPU and where it comes from (``engine.isa.choose``: the environment's
+``PAIRBENCH_ENGINE_ISA``, the cached choice for this CPU model, or a measurement made now).
 
 Exit status 0 when every supported path passes 1., 1 otherwise.
 
@@ -22,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -63,23 +67,6 @@ def identity(isa: str) -> list[str]:
     return failures
 
 
-def speed(isa: str, reps: int) -> dict:
-    native.set_isa(isa)
-    mats = [("q4_1", *matrix("q4_1", n, k, i)[:1], n, k) for i in range(30) for (n, k) in SHAPES]
-    mats.append(("q8_0", matrix("q8_0", 49152, 576, 99)[0], 49152, 576))
-    xs = {k: torch.randn(8, k) for k in (576, 1536)}
-    out = {}
-    for m in (1, 8):
-        best = float("inf")
-        for _ in range(reps):
-            t = time.thread_time()
-            for fmt, blocks, n, k in mats:
-                native.linear(xs[k][:m], fmt, blocks, n)
-            best = min(best, time.thread_time() - t)
-        out[f"rows{m}_ms"] = best * 1e3
-    return out
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=5)
@@ -88,33 +75,34 @@ def main() -> int:
     if not native.available():
         print(f"native kernels unavailable: {native.unavailable_reason()}")
         return 1
-    native.set_threads(1)
-    best = native.isa()
-    import platform
+    from engine import isa as choice
 
-    report = {"cpu": platform.processor() or platform.machine(), "default_path": best, "paths": {}}
-    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []:
-        if line.startswith("model name"):
-            report["cpu"] = line.split(":", 1)[1].strip()
-            break
-    ok = True
-    for isa in native.ISAS:
-        if not native.isa_supported(isa):
-            report["paths"][isa] = {"supported": False}
-            print(f"{isa:<11} not supported by this CPU (or the compiler that built the kernels): not run")
+    native.set_threads(1)
+    info = choice.cpu()
+    report = {"cpu": choice.cpu_key(info), "paths": {}}
+    ok, supported = True, info["paths"]
+    for name in native.ISAS:
+        if name not in supported:
+            report["paths"][name] = {"supported": False}
+            print(f"{name:<11} not supported by this CPU (or the compiler that built the kernels): not run")
             continue
-        failures = identity(isa)
-        figures = speed(isa, args.reps)
+        failures = identity(name)
         ok &= not failures
-        report["paths"][isa] = {"supported": True, "bit_identical_to_avx2": not failures, "failures": failures,
-                                **figures}
-        print(f"{isa:<11} {'PASS' if not failures else 'FAIL'} bit-identical to avx2 and within 1e-5 of the "
-              f"reference; one decode step's products: {figures['rows1_ms']:.2f} ms for 1 row, "
-              f"{figures['rows8_ms']:.2f} ms for 8 rows (1 thread, CPU time)")
+        report["paths"][name] = {"supported": True, "bit_identical_to_avx2": not failures, "failures": failures}
+        print(f"{name:<11} {'PASS' if not failures else 'FAIL'} bit-identical to avx2 and within 1e-5 of the reference")
         for f in failures:
             print(f"    {f}")
-    native.set_isa(best)
-    print(f"{report['cpu']}: the engine uses {best} by default")
+    table = choice.measure(choice.synthetic_step(), supported, reps=args.reps, budget_s=60)
+    print(f"\none decode step's products, SmolLM2-135M's shapes, 1 thread, CPU time (min of {args.reps}):")
+    print("| path | 1 row (ms) | 8 rows (ms) |\n|---|---:|---:|")
+    for name, row in table.items():
+        report["paths"][name].update(row)
+        print(f"| {name} | {row['rows1_ms']:.2f} | {row['rows8_ms']:.2f} |")
+    engine_choice = choice.choose(choice.synthetic_step)
+    report.update(fastest_here=choice.fastest(table), engine=engine_choice)
+    print(f"\nfastest by these figures: {report['fastest_here']}")
+    print(f"{report['cpu']}: the engine uses {engine_choice['isa']} ({engine_choice['source']}"
+          f"{': PAIRBENCH_ENGINE_ISA' if engine_choice['source'] == 'env' else ''})")
     if args.json:
         args.json.write_text(json.dumps(report, indent=2) + "\n")
     return 0 if ok else 1

@@ -220,3 +220,25 @@ def test_the_cli_reports_each_check_and_records(tmp_path, repo_root):
     changed = {k for k, v in new["fast_paths"]["fused_decode"]["stands_in_for"].items()
                if v != stock["fast_paths"]["fused_decode"]["stands_in_for"][k]}
     assert changed == {"FeedForward"}
+
+
+@needs_native
+def test_serve_fused_decode_on_exits_naming_the_class_and_auto_serves_the_patch(tmp_path, repo_root, tiny_q4_gguf):
+    """``python -m engine serve --fused-decode on`` on a patched tree: exit 2, one line naming the
+    class; under auto the server starts, says so in its ready line and in /props."""
+    from tests.engine._server import ServerProcess, free_port
+
+    root = patched_tree(tmp_path, repo_root, ORIGINAL_FFN, COUNTING_FFN, append="\nFFN_CALLS = 0\n")
+    r = subprocess.run([sys.executable, "-m", "engine", "serve", "--model", str(tiny_q4_gguf), "--port",
+                        str(free_port()), "--max-context", "64", "--fused-decode", "on"], cwd=root, timeout=120,
+                       capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(root)))
+    assert r.returncode == 2 and "cannot load model: fused_decode on" in r.stderr and "FeedForward" in r.stderr
+    assert "Traceback" not in r.stderr
+    server = ServerProcess(root, str(tiny_q4_gguf), extra=["--max-context", "64"])
+    try:
+        fused = server.client.get("/props").json()["engine_facts"]["fast_paths"]["fused_decode"]
+        log = server.output()
+    finally:
+        server.stop()
+    assert not fused["on"] and fused["differs"] == ["FeedForward"]
+    assert "warning: fused decode off" in log and "fused decode off (the code it stands in for differs" in log
