@@ -8,7 +8,7 @@ import time
 
 def main(argv=None) -> int:
     from . import NATIVE
-    from .fastpaths import MODES
+    from .fastpaths import KNOWN, MODES
     from .weights import DEFAULT_LINEAR, KV_KINDS, LINEAR_KINDS
 
     parser = argparse.ArgumentParser(prog="python -m engine", description=NATIVE)
@@ -20,11 +20,9 @@ def main(argv=None) -> int:
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     serve.add_argument("--decode-threads", type=int, default=None,
-                       help="native pool threads for each decode step; 0 = same as --threads. Default: 1 with "
-                            "--parallel 1 (with a streaming client on the same 2 cores, 2 measured slower and "
-                            "noisier in the default pipeline; alone on an idle machine 2 are ~1.36x), all of "
-                            "--threads with several slots (a batched step is a large job: 8 streams measured "
-                            "1.30x on 2 threads against 1). See docs/perf.md")
+                       help="native pool threads for each decode step; default (or 0): all of --threads, as "
+                            "llama.cpp's --threads is its decode threads, so that servers compared at equal "
+                            "--threads decode on equal threads (docs/perf.md, issue 35)")
     serve.add_argument("--max-context", type=int, default=None,
                        help="KV cache positions of each slot (default: the model's whole context, e.g. 8192 for "
                             "SmolLM2); unlike llama-server's -c, not divided among the slots")
@@ -48,6 +46,9 @@ def main(argv=None) -> int:
                             "$PAIRBENCH_ENGINE_FUSED_DECODE): where this tree's engine/model.py is the code they "
                             "stand in for (engine/csrc/fastpaths.json), else the Python path with a warning; on: "
                             "refuse to start unless they run; off: the Python decode path")
+    serve.add_argument("--fast-path-off", action="append", choices=list(KNOWN), default=None, metavar="NAME",
+                       help="turn one native fast path off (repeat for more; default $PAIRBENCH_ENGINE_FAST_PATHS_OFF): "
+                            f"{', '.join(KNOWN)}. A harness turns off in every arm what any arm's code turned off")
     serve.add_argument("--malloc-tuning", choices=["on", "off"], default="on",
                        help="on (default): keep memory freed between requests mapped (mallopt), so a steady "
                             "request takes no page faults; off: glibc's defaults")
@@ -101,10 +102,10 @@ def main(argv=None) -> int:
 
         return run_server(args.model, host=args.host, port=args.port, threads=args.threads,
                           max_context=args.max_context, linear=args.linear,
-                          decode_threads=(1 if args.parallel == 1 else 0) if args.decode_threads is None
-                          else args.decode_threads, kv=args.kv,
+                          decode_threads=args.decode_threads or 0, kv=args.kv,
                           malloc_tuning=args.malloc_tuning == "on", parallel=args.parallel,
-                          batch_tokens=args.batch_tokens, max_queue=args.max_queue, fused_decode=args.fused_decode)
+                          batch_tokens=args.batch_tokens, max_queue=args.max_queue, fused_decode=args.fused_decode,
+                          fast_paths_off=args.fast_path_off)
     if args.command == "convert":
         from .weights import convert
 

@@ -145,8 +145,12 @@ def read_record(path: Path = RECORD) -> dict:
 
 
 #: The fast paths the engine knows, whether or not the record lists them: one missing from the
-#: record is unverified, so it does not run under ``auto``.
-KNOWN = ("fused_decode", "weight_formats")
+#: record is unverified, so it does not run under ``auto``. ``native_kv`` (the whole decode step in
+#: one native call, the KV write included) needs ``fused_decode``.
+KNOWN = ("fused_decode", "native_kv", "weight_formats")
+#: Names of fast paths to turn off, comma-separated, where no argument gives them (a harness turns
+#: off in every arm of a comparison what any arm's code turned off)
+OFF_ENV = "PAIRBENCH_ENGINE_FAST_PATHS_OFF"
 
 
 def check(module=None, path: Path = RECORD) -> dict[str, Check]:
@@ -202,3 +206,112 @@ def mode(value: str | None) -> str:
         where = "fused_decode" if value is not None else f"${ENV}"
         raise ValueError(f"{where} {chosen!r} is not one of {', '.join(MODES)}")
     return chosen
+
+
+def off_set(value=None) -> frozenset[str]:
+    """The fast paths turned off: ``value`` (names, or a comma-separated string), else
+    ``$PAIRBENCH_ENGINE_FAST_PATHS_OFF``; an unknown name is a ValueError naming it."""
+    if value is None:
+        value = os.environ.get(OFF_ENV, "")
+    names = [n.strip() for n in (value.split(",") if isinstance(value, str) else value) if n.strip()]
+    unknown = sorted(set(names) - set(KNOWN))
+    if unknown:
+        raise ValueError(f"fast path(s) {', '.join(unknown)} unknown; known: {', '.join(KNOWN)}")
+    return frozenset(names)
+
+
+def _warn(message: str) -> None:
+    import sys
+
+    print(f"pairbench-engine: warning: {message}", file=sys.stderr, flush=True)
+
+
+def weight_kind(linear: str, resolve, check: Check, mode: str, off: frozenset) -> tuple[str, dict]:
+    """The weight format: ``resolve()`` (``engine.weights.resolve_linear``), unless the code the
+    formats stand in for (``Linear``, ``linear``, ``Embedding``) differs from the record or
+    ``weight_formats`` is turned off: then ``auto`` takes fp32, which runs that code. Returns (kind,
+    the weight_formats fact)."""
+    fact = {"on": True, "differs": list(check.differs), "why": None}
+    cause = "turned off (fast_paths_off)" if "weight_formats" in off else None if check.matches else check.why()
+    if cause is None:
+        kind = resolve()
+    elif mode == "on":
+        raise FastPathRefused(f"fused_decode on: the weight formats cannot run: {cause}")
+    elif linear == "auto":
+        kind, fact["why"] = "fp32", cause
+        if not check.matches:
+            _warn(f"weight formats off: {cause}; every product runs engine/model.py's Linear in fp32 (slower)")
+    else:  # asked for by name: kept, and said
+        kind, fact["why"] = resolve(), f"linear {linear} asked for, although {cause}"
+        _warn(f"linear {linear}: its modules replace engine/model.py's Linear, although {cause}: that code "
+              "does not run")
+    fact.update(on=kind != "fp32", linear=kind)
+    return kind, fact
+
+
+def decode_allowed(mode: str, check: Check, kind: str, cfg, off: frozenset) -> tuple[bool, dict]:
+    """Whether the native decode fast paths (the fused block, the attention kernel) may run. Returns
+    (allowed, the fused_decode fact; ``layers`` is filled in by ``fuse``)."""
+    from . import native
+
+    fact = {"on": False, "attention_kernel": False, "layers": 0, "differs": list(check.differs), "why": None}
+    if mode == "off" or "fused_decode" in off:
+        fact["why"] = "fused_decode: off" if mode == "off" else "turned off (fast_paths_off)"
+        return False, fact
+    cannot = None
+    if not check.matches:
+        cannot = check.why()
+    elif not native.available():
+        cannot = f"the native kernels are unavailable ({native.unavailable_reason()})"
+    elif kind == "fp32":
+        cannot = "the weights are fp32 (linear fp32)"
+    elif not native.attention_supported(cfg.n_heads, cfg.n_kv_heads, cfg.head_dim):
+        cannot = f"the native attention kernel does not take {cfg.n_heads}/{cfg.n_kv_heads} heads of {cfg.head_dim}"
+    if cannot and mode == "on":
+        raise FastPathRefused(f"fused_decode on: the fused decode cannot run: {cannot}")
+    if cannot:
+        fact["why"] = cannot
+        if not check.matches:
+            _warn(f"fused decode off: {cannot}; every decode step runs engine/model.py's Python code (slower)")
+        return False, fact
+    return True, fact
+
+
+def step_not_fused(decode_fact: dict, check: Check) -> dict:
+    """The native_kv fact where the fused decode does not run."""
+    return {"on": False, "differs": list(check.differs), "why": "needs the fused decode, which is off"}
+
+
+def fuse(model, decode_fact: dict, kv_check: Check, mode: str, off: frozenset, norm_eps: float) -> dict:
+    """Set the native attention kernel and ``Block.fused_decode`` on every block whose weights the
+    native block takes, and ``Transformer.fused_step`` where every block has it and the KV cache is
+    the recorded code. Fills in ``decode_fact``; returns the native_kv fact."""
+    from . import native
+    from .kernels import FusedDecode, FusedStep
+
+    for layer in model.layers:
+        layer.attention.decode_attention = native.attention_decode
+        if FusedDecode.supported(layer):
+            layer.fused_decode = FusedDecode(layer, norm_eps)
+    n = len(model.layers)
+    decode_fact["attention_kernel"] = True
+    decode_fact["layers"] = sum(layer.fused_decode is not None for layer in model.layers)
+    decode_fact["on"] = decode_fact["layers"] == n
+    if not decode_fact["on"]:
+        decode_fact["why"] = (f"{n - decode_fact['layers']} of {n} blocks hold weights in no native block format "
+                              "(the fused block needs q4_1/q8_0 weights)")
+        if mode == "on":
+            raise FastPathRefused(f"fused_decode on: {decode_fact['why']}")
+        return step_not_fused(decode_fact, kv_check)
+    fact = {"on": False, "differs": list(kv_check.differs), "why": None}
+    if "native_kv" in off:
+        fact["why"] = "turned off (fast_paths_off)"
+    elif not kv_check.matches:
+        if mode == "on":
+            raise FastPathRefused(f"fused_decode on: the native KV write cannot run: {kv_check.why()}")
+        # not a warning: each block still runs natively, around the patched KVCache.update in Python
+        fact["why"] = kv_check.why() + "; each block calls the Python KVCache.update between its two native halves"
+    else:
+        model.fused_step = FusedStep(model)
+        fact["on"] = True
+    return fact

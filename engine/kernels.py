@@ -386,6 +386,43 @@ class FusedDecode:
         return x
 
 
+class FusedStep:
+    """Every decoder block of a decode step in one native call (``native.decode_layers``): each
+    block's ``FusedDecode`` halves with the KV write between them done natively too, in place of
+    ``KVCache.update``. Runs only where engine/model.py's KVCache is the code that write stands in for
+    (fast path ``native_kv``, engine/fastpaths.py); elsewhere (a patched cache, e.g. int8 KV) each
+    block's ``FusedDecode`` calls the Python ``kv_cache.update``. Same arithmetic, the same bits;
+    one call instead of ~30 Python-level steps per block."""
+
+    def __init__(self, model: nn.Module):
+        self.model = model
+        fused = [layer.fused_decode for layer in model.layers]
+        assert all(isinstance(f, FusedDecode) for f in fused), "FusedStep needs every block's FusedDecode"
+        self.layers = (native.LayerW * len(fused))(*(f.L for f in fused))
+        self.shapes = fused[0].shapes
+        self.buffers: dict[int, tuple] = {}
+        self.kv_key = None
+
+    def _kv(self):
+        caches = [layer.attention.kv_cache for layer in self.model.layers]
+        key = tuple((id(c.k), id(c.v)) for c in caches)  # the cache's tensors, reallocated by setup_cache
+        if key != self.kv_key:
+            self.kvs = (native.KvW * len(caches))(*(native.kv_weights(c.k, c.v) for c in caches))
+            self.kv_key, self.kv_keep = key, [(c.k, c.v) for c in caches]
+        return self.kvs
+
+    def __call__(self, x: torch.Tensor, step) -> torch.Tensor:
+        B = x.shape[0]
+        if B not in self.buffers:
+            H, Hkv, D = self.shapes
+            self.buffers[B] = (torch.empty(B, H * D), torch.empty(B, Hkv * D), torch.empty(B, Hkv * D))
+        q, k, v = self.buffers[B]
+        x = x.contiguous()  # (B, 1, dim), updated in place
+        native.decode_layers(self.layers, self._kv(), x, step.cos, step.sin, q, k, v, step.slots.contiguous(),
+                             step.positions.reshape(B).contiguous(), step.lengths.contiguous())
+        return x
+
+
 def weight_nbytes(model: nn.Module) -> int:
     """Bytes of weight storage a model holds, each tensor counted once (a tied table once); the KV
     cache and the RoPE tables are not weights. (Counted per tensor, not per storage: a converted

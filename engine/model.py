@@ -15,8 +15,10 @@ All matrix multiplications by weights go through ``Linear`` / ``linear`` below, 
 can be plugged in at that single point without touching the rest: ``engine.kernels`` swaps in its
 fp16 and GGUF-block modules at load (``engine.weights.build_model``). Two optional one-token fast
 paths are set at load too, each with the same math as the code here: ``Attention.decode_attention``
-(a native kernel reading an f16 cache) and ``Block.fused_decode`` (the whole block in two native
-calls around ``kv_cache.update``). This file stays the reference; tests hold the fast paths to it.
+(a native kernel reading an f16 cache), ``Block.fused_decode`` (the whole block in two native
+calls around ``kv_cache.update``) and ``Transformer.fused_step`` (every block, the KV write
+included, in one call). This file stays the reference; tests hold the fast paths to it, and each
+runs only where the code here is the code it was written for (``engine.fastpaths``).
 """
 
 from __future__ import annotations
@@ -313,6 +315,10 @@ class Transformer(nn.Module):
                              weight=self.tok_embeddings.weight if cfg.tie_embeddings else None)
         self.max_context = 0
         self.n_slots = 0
+        # Optional one-token fast path over every block at once, set at load where every block has its
+        # fused_decode and the KV cache is this file's (engine.kernels.FusedStep): the same math as
+        # the loop in _run, with KVCache.update's write done natively.
+        self.fused_step = None
         self.register_buffer("rope_cos", torch.empty(0), persistent=False)
         self.register_buffer("rope_sin", torch.empty(0), persistent=False)
 
@@ -334,8 +340,11 @@ class Transformer(nn.Module):
 
     def _run(self, tokens: torch.Tensor, step: Step, all_logits: bool) -> torch.Tensor:
         x = self.tok_embeddings(tokens)  # (B, T, dim)
-        for layer in self.layers:
-            x = layer(x, step)
+        if tokens.shape[1] == 1 and self.fused_step is not None:
+            x = self.fused_step(x, step)
+        else:
+            for layer in self.layers:
+                x = layer(x, step)
         if not all_logits:
             x = x[:, -1:]  # (B, 1, dim): the lm_head is the largest matrix; apply it once per sequence
         return self.output(self.norm(x))  # (B, T', vocab)

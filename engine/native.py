@@ -38,7 +38,7 @@ import torch
 SOURCE = Path(__file__).resolve().parent / "csrc" / "kernels.cpp"
 FLAGS = ["-O3", "-std=c++17", "-fPIC", "-shared", "-pthread", "-fvisibility=hidden",
          "-mavx2", "-mfma", "-mf16c", "-fno-math-errno"]
-ABI_VERSION = 6
+ABI_VERSION = 7
 FORMATS = {"q4_1": 0, "q8_0": 1}
 #: the integer dot-product paths of kernels.cpp, in its numbering
 ISAS = ("avx2", "avxvnni", "avx512vnni")
@@ -118,6 +118,14 @@ class LayerW(ctypes.Structure):
                 ("hidden", ctypes.c_int32), ("H", ctypes.c_int32), ("Hkv", ctypes.c_int32), ("D", ctypes.c_int32)]
 
 
+class KvW(ctypes.Structure):
+    """kernels.cpp's KvW: where one layer's KV cache is (base pointers, element strides, dtype)."""
+
+    _fields_ = [("k", ctypes.c_void_p), ("v", ctypes.c_void_p), ("kv_f16", ctypes.c_int32),
+                ("k_ss", ctypes.c_int64), ("k_hs", ctypes.c_int64), ("k_ps", ctypes.c_int64),
+                ("v_ss", ctypes.c_int64), ("v_hs", ctypes.c_int64), ("v_ps", ctypes.c_int64)]
+
+
 def _bind(path: Path) -> ctypes.CDLL:
     L = ctypes.CDLL(str(path))
     i64, i32, p, f32 = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p, ctypes.c_float
@@ -138,6 +146,7 @@ def _bind(path: Path) -> ctypes.CDLL:
         "pb_attention_decode": (i32, [p, p, p, i32, i64, i64, i64, i64, i64, i64, i32, i32, i32, i32, p, p, f32, p]),
         "pb_block_pre": (None, [ctypes.POINTER(LayerW), p, p, p, p, p, p, i32]),
         "pb_block_post": (i32, [ctypes.POINTER(LayerW), p, p, p, p, i32, i64, i64, i64, i64, i64, i64, i32, p, p]),
+        "pb_decode_layers": (i32, [p, p, i32, p, p, p, p, p, p, i32, p, p, p]),
     }
     for name, (res, args) in sig.items():
         fn = getattr(L, name)
@@ -410,3 +419,25 @@ def block_post(L: LayerW, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: 
                              x.shape[0], slots.data_ptr(), lengths.data_ptr())
     if rc != 0:
         raise ValueError(f"block_post: unsupported shape (B={x.shape[0]}, lengths {lengths.tolist()})")
+
+
+def kv_weights(k: torch.Tensor, v: torch.Tensor) -> KvW:
+    """The KvW of one layer's cache tensors k, v (N, H_kv, S, D), f16 or f32, unit stride along D.
+    The tensors must outlive it."""
+    f16, *strides = _kv_args(k, v)
+    return KvW(k.data_ptr(), v.data_ptr(), f16, *strides)
+
+
+def decode_layers(layers, kvs, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, q: torch.Tensor,
+                  k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor,
+                  lengths: torch.Tensor) -> None:
+    """Every block of one decode step in one call (kernels.cpp's pb_decode_layers): ``layers`` a
+    ctypes array of LayerW, ``kvs`` one of KvW (as many); x (B, dim) float32 in place; q (B, H*D), k,
+    v (B, H_kv*D) float32 scratch; cos, sin (B, D); slots, positions, lengths (B,) int64, all
+    contiguous, lengths = positions + 1."""
+    rc = lib().pb_decode_layers(ctypes.addressof(layers), ctypes.addressof(kvs), len(layers), x.data_ptr(),
+                                cos.data_ptr(), sin.data_ptr(), q.data_ptr(), k.data_ptr(), v.data_ptr(), x.shape[0],
+                                slots.data_ptr(), positions.data_ptr(), lengths.data_ptr())
+    if rc != 0:
+        raise ValueError(f"decode_layers: unsupported shape (B={x.shape[0]}, positions {positions.tolist()}, "
+                         f"lengths {lengths.tolist()})")

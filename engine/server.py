@@ -176,12 +176,13 @@ class ServedModel:
 
     def __init__(self, spec: str, max_context: int | None, linear: str = DEFAULT_LINEAR,
                  decode_threads: int | None = None, kv: str = "auto", parallel: int = 1,
-                 batch_tokens: int | None = None, max_queue: int = 128, fused_decode: str | None = None):
+                 batch_tokens: int | None = None, max_queue: int = 128, fused_decode: str | None = None,
+                 fast_paths_off=None):
         if parallel < 1:
             raise ValueError(f"parallel must be >= 1, got {parallel}")
         self.spec, self.requested_context, self.linear, self.kv = spec, max_context, linear, kv
         self.decode_threads, self.parallel, self.max_queue = decode_threads, parallel, max_queue
-        self.fused_decode = fused_decode
+        self.fused_decode, self.fast_paths_off = fused_decode, fast_paths_off
         # prompt tokens per forward pass and per step: today's 1,024-token passes for one slot; with
         # several, smaller chunks, so a long prompt holds every decoding stream back less
         self.batch_tokens = batch_tokens or (PREFILL_CHUNK if parallel == 1 else PARALLEL_BATCH_TOKENS)
@@ -195,7 +196,7 @@ class ServedModel:
         from .weights import load
 
         loaded = load(self.spec, self.requested_context, self.linear, self.kv, slots=self.parallel,
-                      fused_decode=self.fused_decode)
+                      fused_decode=self.fused_decode, fast_paths_off=self.fast_paths_off)
         # before `loaded` is published: /health answers 200 from then on, and a request must not
         # reach the pool while it is resized
         self.threads = torch.get_num_threads()  # prefill's (read here: decode steps change it for a while)
@@ -627,15 +628,16 @@ def tune_malloc() -> dict:
 
 
 def serve(spec: str, host: str = "127.0.0.1", port: int = 8080, threads: int | None = None,
-          max_context: int | None = None, linear: str = DEFAULT_LINEAR, decode_threads: int | None = 1,
+          max_context: int | None = None, linear: str = DEFAULT_LINEAR, decode_threads: int | None = None,
           kv: str = "auto", malloc_tuning: bool = True, parallel: int = 1, batch_tokens: int | None = None,
-          max_queue: int = 128, fused_decode: str | None = None) -> int:
+          max_queue: int = 128, fused_decode: str | None = None, fast_paths_off=None) -> int:
     """Listen at once (``/health`` answers 503 while loading), load the model, serve until SIGTERM/SIGINT."""
     tuned = tune_malloc() if malloc_tuning else {}
     if threads is not None:
         torch.set_num_threads(threads)
-    decode_threads = decode_threads or None  # 0: all of the process's threads
-    engine = ServedModel(spec, max_context, linear, decode_threads, kv, parallel, batch_tokens, max_queue, fused_decode)
+    decode_threads = decode_threads or None  # None or 0: all of the process's threads (--threads)
+    engine = ServedModel(spec, max_context, linear, decode_threads, kv, parallel, batch_tokens, max_queue, fused_decode,
+                         fast_paths_off)
     server = make_server(engine, host, port)
     thread = threading.Thread(target=server.serve_forever, name="http", daemon=True)
     thread.start()

@@ -36,7 +36,7 @@ from tokenizers import AddedToken, decoders, models, pre_tokenizers
 from torch import nn
 
 from . import fastpaths
-from .fastpaths import FastPathRefused
+from .fastpaths import FastPathRefused  # noqa: F401 (engine.weights.FastPathRefused)
 from .model import Embedding, Linear, ModelConfig, Transformer
 from .tokenizer import Tokenizer
 
@@ -137,72 +137,20 @@ def _make_embedding(w, kind: str) -> tuple[nn.Module, nn.Module]:
     return emb, Linear(w.shape[1], w.shape[0], weight=emb.weight)
 
 
-def _weight_kind(linear: str, state: dict, check, mode: str) -> tuple[str, dict]:
-    """The weight format (``resolve_linear``), unless the code the formats stand in for (``Linear``,
-    ``linear``, ``Embedding``) differs from the fast paths' record: then ``auto`` takes fp32, which
-    runs that code (``engine.fastpaths``). Returns (kind, the weight_formats fact)."""
-    fact = {"on": True, "differs": list(check.differs), "why": None}
-    if check.matches:
-        kind = resolve_linear(linear, state)
-    elif mode == "on":
-        raise FastPathRefused(f"fused_decode on: the weight formats cannot run: {check.why()}")
-    elif linear == "auto":
-        kind, fact["why"] = "fp32", check.why()
-        _warn(f"weight formats off: {check.why()}; every product runs engine/model.py's Linear in fp32 (slower)")
-    else:  # asked for by name: kept, and said
-        kind, fact["why"] = resolve_linear(linear, state), f"linear {linear} asked for, although " + check.why()
-        _warn(f"linear {linear}: its modules replace engine/model.py's Linear, whose code differs "
-              f"({', '.join(check.differs) or check.error}): that code does not run")
-    fact.update(on=kind != "fp32", linear=kind)
-    return kind, fact
-
-
-def _decode_fast_path(mode: str, check, kind: str, cfg: ModelConfig) -> tuple[bool, dict]:
-    """Whether the native decode fast paths (fused block, attention kernel) may run. Returns
-    (allowed, the fused_decode fact; its ``layers`` is filled in once the blocks are built)."""
-    from . import native
-
-    fact = {"on": False, "attention_kernel": False, "layers": 0, "differs": list(check.differs), "why": None}
-    if mode == "off":
-        fact["why"] = "fused_decode: off"
-        return False, fact
-    cannot = None
-    if not check.matches:
-        cannot = check.why()
-    elif not native.available():
-        cannot = f"the native kernels are unavailable ({native.unavailable_reason()})"
-    elif kind == "fp32":
-        cannot = "the weights are fp32 (linear fp32)"
-    elif not native.attention_supported(cfg.n_heads, cfg.n_kv_heads, cfg.head_dim):
-        cannot = f"the native attention kernel does not take {cfg.n_heads}/{cfg.n_kv_heads} heads of {cfg.head_dim}"
-    if cannot and mode == "on":
-        raise FastPathRefused(f"fused_decode on: the fused decode cannot run: {cannot}")
-    if cannot:
-        fact["why"] = cannot
-        if not check.matches:
-            _warn(f"fused decode off: {cannot}; every decode step runs engine/model.py's Python code (slower)")
-        return False, fact
-    return True, fact
-
-
-def _warn(message: str) -> None:
-    import sys
-
-    print(f"pairbench-engine: warning: {message}", file=sys.stderr, flush=True)
-
-
 def build_model(cfg: ModelConfig, state: dict, max_context: int, linear: str = DEFAULT_LINEAR,
-                kv: str = "auto", slots: int = 1, fused_decode: str | None = None) -> tuple[Transformer, str, str]:
+                kv: str = "auto", slots: int = 1, fused_decode: str | None = None,
+                fast_paths_off=None) -> tuple[Transformer, str, str]:
     """A Transformer holding ``state`` (this engine's parameter names; values are float tensors or
     ``Blocks``), each weight converted once to the decode format ``linear`` resolves to, with its KV
     cache of ``slots`` sequences allocated. Returns (model, resolved linear kind, KV dtype name).
 
     ``fused_decode`` (``engine.fastpaths.MODES``; None: ``$PAIRBENCH_ENGINE_FUSED_DECODE`` or auto)
-    says whether the native fast paths may stand in for the model's Python code; what ran is
-    ``model.fast_paths`` (facts)."""
+    says whether the native fast paths may stand in for the model's Python code, and
+    ``fast_paths_off`` (names of ``engine.fastpaths.KNOWN``; None: ``$PAIRBENCH_ENGINE_FAST_PATHS_OFF``)
+    turns single ones off; what runs is ``model.fast_paths`` (facts)."""
     from . import native
 
-    mode = fastpaths.mode(fused_decode)
+    mode, off = fastpaths.mode(fused_decode), fastpaths.off_set(fast_paths_off)
     with torch.device("meta"):
         model = Transformer(cfg)
     state = dict(state)
@@ -220,8 +168,9 @@ def build_model(cfg: ModelConfig, state: dict, max_context: int, linear: str = D
     if kv not in KV_KINDS:
         raise ValueError(f"kv {kv!r} is not one of {KV_KINDS}")
     checks = fastpaths.check()
-    kind, formats_fact = _weight_kind(linear, state, checks["weight_formats"], mode)
-    fast_attention, decode_fact = _decode_fast_path(mode, checks["fused_decode"], kind, cfg)
+    kind, formats_fact = fastpaths.weight_kind(linear, lambda: resolve_linear(linear, state),
+                                               checks["weight_formats"], mode, off)
+    fast_attention, decode_fact = fastpaths.decode_allowed(mode, checks["fused_decode"], kind, cfg, off)
     kv_dtype = {"f16": torch.float16, "f32": torch.float32}.get(kv) or (
         torch.float16 if fast_attention else torch.float32)
 
@@ -234,8 +183,6 @@ def build_model(cfg: ModelConfig, state: dict, max_context: int, linear: str = D
                              (layer.feed_forward, "w13"), (layer.feed_forward, "w2")):
             key = f"{p}{'attention' if parent is layer.attention else 'feed_forward'}.{name}.weight"
             setattr(parent, name, _make_linear(state.pop(key), kind))
-        if fast_attention:
-            layer.attention.decode_attention = native.attention_decode
     norms = {k: nn.Parameter(_as_float(v), requires_grad=False) for k, v in state.items()}
     model.load_state_dict(norms, strict=False, assign=True)
     model.eval()
@@ -243,31 +190,15 @@ def build_model(cfg: ModelConfig, state: dict, max_context: int, linear: str = D
     leftover = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
     if leftover:
         raise ValueError(f"weights do not fit the model: {leftover[:5]} not loaded")
-    if fast_attention:
-        _fuse(model, decode_fact, mode, cfg.norm_eps)
-    model.fast_paths = {"mode": mode, "fused_decode": decode_fact, "weight_formats": formats_fact}
+    step_fact = fastpaths.fuse(model, decode_fact, checks["native_kv"], mode, off, cfg.norm_eps) if fast_attention \
+        else fastpaths.step_not_fused(decode_fact, checks["native_kv"])
+    model.fast_paths = {"mode": mode, "off": sorted(off), "fused_decode": decode_fact, "native_kv": step_fact,
+                        "weight_formats": formats_fact}
     if kind == "gguf":  # the fastest instruction-set path for these products on this CPU (cached)
         from . import isa
 
         isa.choose(isa.model_step(model))
     return model, kind, {torch.float16: "f16", torch.float32: "f32"}[kv_dtype]
-
-
-def _fuse(model: Transformer, fact: dict, mode: str, norm_eps: float) -> None:
-    """Set ``Block.fused_decode`` on every block whose weights the native block takes."""
-    from .kernels import FusedDecode
-
-    fact["attention_kernel"] = True
-    for layer in model.layers:
-        if FusedDecode.supported(layer):
-            layer.fused_decode = FusedDecode(layer, norm_eps)
-    fact["layers"] = sum(layer.fused_decode is not None for layer in model.layers)
-    fact["on"] = fact["layers"] == len(model.layers)
-    if not fact["on"]:
-        fact["why"] = (f"{len(model.layers) - fact['layers']} of {len(model.layers)} blocks hold weights in no "
-                       "native block format (the fused block needs q4_1/q8_0 weights)")
-        if mode == "on":
-            raise FastPathRefused(f"fused_decode on: {fact['why']}")
 
 
 def _resolve_max_context(cfg: ModelConfig, max_context: int | None) -> int:
@@ -349,10 +280,11 @@ def random_state(cfg: ModelConfig, seed: int) -> dict[str, torch.Tensor]:
 
 
 def load_named(name: str, max_context: int | None, linear: str = DEFAULT_LINEAR, kv: str = "auto",
-               slots: int = 1, fused_decode: str | None = None) -> LoadedModel:
+               slots: int = 1, fused_decode: str | None = None, fast_paths_off=None) -> LoadedModel:
     cfg = NAMED_MODELS[name]
     model, kind, kv_dtype = build_model(cfg, random_state(cfg, zlib.crc32(name.encode())),
-                                        _resolve_max_context(cfg, max_context), linear, kv, slots, fused_decode)
+                                        _resolve_max_context(cfg, max_context), linear, kv, slots, fused_decode,
+                                        fast_paths_off)
     return LoadedModel(model=model, tokenizer=tiny_tokenizer(), config=cfg, name=name, linear=kind, kv_dtype=kv_dtype)
 
 
@@ -548,9 +480,9 @@ def read_gguf(path: Path):
 
 
 def _loaded(cfg, state, tok, meta, template, name, max_context, linear, kv, slots=1,
-            fused_decode=None) -> LoadedModel:
+            fused_decode=None, fast_paths_off=None) -> LoadedModel:
     model, kind, kv_dtype = build_model(cfg, state, _resolve_max_context(cfg, max_context), linear, kv, slots,
-                                        fused_decode)
+                                        fused_decode, fast_paths_off)
     return LoadedModel(model=model, tokenizer=_tokenizer(tok, meta, template), config=cfg, name=name, linear=kind,
                        kv_dtype=kv_dtype)
 
@@ -621,7 +553,7 @@ def mmap_safetensors(path: Path) -> dict[str, torch.Tensor]:
 
 
 def load_converted(path: Path, max_context: int | None, linear: str, kv: str, slots: int = 1,
-                   fused_decode: str | None = None) -> LoadedModel:
+                   fused_decode: str | None = None, fast_paths_off=None) -> LoadedModel:
     doc = json.loads((path / "config.json").read_text(encoding="utf-8"))
     if doc.get("format") != FORMAT:
         raise ValueError(f"{path / 'config.json'}: format {doc.get('format')!r}, expected {FORMAT!r} "
@@ -634,7 +566,7 @@ def load_converted(path: Path, max_context: int | None, linear: str, kv: str, sl
     for key, info in doc.get("weights", {}).items():
         state[key] = Blocks(info["format"], state[key], tuple(info["shape"]), info.get("layout", "gguf"))
     return _loaded(cfg, state, tok, doc["tokenizer"], template, doc["name"], max_context, linear, kv, slots,
-                   fused_decode)
+                   fused_decode, fast_paths_off)
 
 
 def load_tokenizer(spec: str) -> tuple[Tokenizer, str, int]:
@@ -660,7 +592,7 @@ def load_tokenizer(spec: str) -> tuple[Tokenizer, str, int]:
 
 
 def load(spec: str, max_context: int | None = None, linear: str = DEFAULT_LINEAR, kv: str = "auto",
-         slots: int = 1, fused_decode: str | None = None) -> LoadedModel:
+         slots: int = 1, fused_decode: str | None = None, fast_paths_off=None) -> LoadedModel:
     """Load a model: a name in NAMED_MODELS, a converted directory, or a GGUF file.
 
     ``linear`` picks the weight format of the matrix products (``engine.kernels``): ``auto`` (the
@@ -671,23 +603,24 @@ def load(spec: str, max_context: int | None = None, linear: str = DEFAULT_LINEAR
     ``--parallel``). ``fused_decode``: ``auto`` (None: ``$PAIRBENCH_ENGINE_FUSED_DECODE``, else auto)
     runs each native fast path where this tree's model code is the code it stands in for
     (``engine.fastpaths``), ``on`` refuses to load unless every one runs, ``off`` runs the Python
-    decode path. Every weight is held once, in the format decode uses."""
+    decode path; ``fast_paths_off`` (names of ``engine.fastpaths.KNOWN``, or None:
+    ``$PAIRBENCH_ENGINE_FAST_PATHS_OFF``) turns single fast paths off. Every weight is held once, in the format decode uses."""
     if linear not in LINEAR_KINDS:
         raise ValueError(f"linear {linear!r} is not one of {LINEAR_KINDS}")
     if not isinstance(slots, int) or isinstance(slots, bool) or slots < 1:
         raise ValueError(f"slots must be a positive int, got {slots!r}")
     if spec in NAMED_MODELS:
-        return load_named(spec, max_context, linear, kv, slots, fused_decode)
+        return load_named(spec, max_context, linear, kv, slots, fused_decode, fast_paths_off)
     path = Path(spec)
     if path.is_dir():
         if not (path / "config.json").exists():
             raise ValueError(f"model directory {spec} has no config.json (make one with `python -m engine convert`)")
-        return load_converted(path, max_context, linear, kv, slots, fused_decode)
+        return load_converted(path, max_context, linear, kv, slots, fused_decode, fast_paths_off)
     if path.is_file():
         with open(path, "rb") as f:
             magic = f.read(4)
         if magic != b"GGUF":
             raise ValueError(f"model file {spec} is not a GGUF file (magic {magic!r})")
-        return _loaded(*read_gguf(path), max_context, linear, kv, slots, fused_decode)
+        return _loaded(*read_gguf(path), max_context, linear, kv, slots, fused_decode, fast_paths_off)
     raise ValueError(f"model {spec!r} is neither a named model ({', '.join(NAMED_MODELS)}), "
                      "a converted directory nor a GGUF file")

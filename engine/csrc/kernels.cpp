@@ -946,7 +946,7 @@ void rope(float* x, int n_heads, int D, const float* cos, const float* sin) {
 // ---------------------------------------------------------------------------------------------
 // C API (argument shapes in engine/native.py)
 
-PB_API int pb_abi_version() { return 6; }
+PB_API int pb_abi_version() { return 7; }
 
 PB_API int pb_cpu_supported() {
   __builtin_cpu_init();
@@ -1037,6 +1037,23 @@ PB_API int pb_attention_decode(const float* q, const void* k, const void* v, int
   return 0;
 }
 
+// t = silu(gate) * up for one row of the fused gate-up product g = (gate (n), up (n)). 8 lanes at a
+// time: sigmoid(x) = 1 / (1 + e) for x >= 0 and e / (1 + e) below, e = exp(-|x|) (exp256's domain,
+// relative error ~2e-7; a scalar expf per element cost ~0.4 ms of a SmolLM2 decode step, all of it
+// on the calling thread while the pool's helpers wait).
+static void swiglu(const float* g, int n, float* t) {
+  const __m256 one = _mm256_set1_ps(1.f), sign = _mm256_set1_ps(-0.f), zero = _mm256_setzero_ps();
+  int i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 x = _mm256_loadu_ps(g + i), up = _mm256_loadu_ps(g + n + i);
+    const __m256 e = exp256(_mm256_or_ps(x, sign));  // exp(-|x|)
+    const __m256 inv = _mm256_div_ps(one, _mm256_add_ps(one, e));
+    const __m256 sig = _mm256_blendv_ps(_mm256_mul_ps(e, inv), inv, _mm256_cmp_ps(x, zero, _CMP_GE_OQ));
+    _mm256_storeu_ps(t + i, _mm256_mul_ps(_mm256_mul_ps(x, sig), up));
+  }
+  for (; i < n; ++i) t[i] = g[i] / (1.f + std::exp(-g[i])) * g[n + i];
+}
+
 // One decoder block for one token of each of B sequences, in two halves around the KV cache update
 // (which stays in Python: the cache's update(slots, positions, k, v) contract is where patches such
 // as int8 KV hook in). Same math as engine/model.py's Block.forward for T = 1.
@@ -1085,12 +1102,68 @@ PB_API int pb_block_post(const LayerW* L, float* x, const float* q, const void* 
   for (int64_t i = 0; i < (int64_t)B * dim; ++i) x[i] += tmp[i];
   for (int b = 0; b < B; ++b) rms_norm(x + (int64_t)b * dim, L->ffn_norm, dim, L->eps, att + (int64_t)b * dim);
   linear_impl(L->fmt_13, L->w13, 2 * hidden, dim, att, B, gu);
-  for (int b = 0; b < B; ++b) {
-    const float* g = gu + (int64_t)b * 2 * hidden;
-    float* t = tmp + (int64_t)b * hidden;
-    for (int i = 0; i < hidden; ++i) t[i] = g[i] / (1.f + std::exp(-g[i])) * g[hidden + i];  // silu(gate) * up
-  }
+  for (int b = 0; b < B; ++b) swiglu(gu + (int64_t)b * 2 * hidden, hidden, tmp + (int64_t)b * hidden);
   linear_impl(L->fmt_2, L->w2, dim, hidden, tmp, B, att);
   for (int64_t i = 0; i < (int64_t)B * dim; ++i) x[i] += att[i];
+  return 0;
+}
+
+// Where one layer's cache is: element (slot, h, s, d) of K at k + slot*k_ss + h*k_hs + s*k_ps + d (and V
+// likewise), f16 if kv_f16 else f32: engine/model.py's KVCache, its k and v tensors (N, H_kv, S, D).
+struct KvW {
+  void *k, *v;
+  int32_t kv_f16;
+  int64_t k_ss, k_hs, k_ps, v_ss, v_hs, v_ps;
+};
+
+// KVCache.update for one token of each of B sequences: row b's new key/value (H_kv, D) into slot
+// slots[b] at position positions[b]; an f16 cache rounds to nearest even, as torch's copy_ does.
+static void write_kv(const KvW& c, const float* k, const float* v, int B, int Hkv, int D, const int64_t* slots,
+                     const int64_t* positions) {
+  for (int b = 0; b < B; ++b)
+    for (int h = 0; h < Hkv; ++h) {
+      const float* ks = k + ((int64_t)b * Hkv + h) * D;
+      const float* vs = v + ((int64_t)b * Hkv + h) * D;
+      const int64_t ko = slots[b] * c.k_ss + h * c.k_hs + positions[b] * c.k_ps;
+      const int64_t vo = slots[b] * c.v_ss + h * c.v_hs + positions[b] * c.v_ps;
+      if (c.kv_f16) {
+        uint16_t* kd = (uint16_t*)c.k + ko;
+        uint16_t* vd = (uint16_t*)c.v + vo;
+        int d = 0;
+        for (; d + 8 <= D; d += 8) {
+          _mm_storeu_si128((__m128i*)(kd + d), _mm256_cvtps_ph(_mm256_loadu_ps(ks + d), _MM_FROUND_TO_NEAREST_INT));
+          _mm_storeu_si128((__m128i*)(vd + d), _mm256_cvtps_ph(_mm256_loadu_ps(vs + d), _MM_FROUND_TO_NEAREST_INT));
+        }
+        for (; d < D; ++d) {
+          kd[d] = _cvtss_sh(ks[d], _MM_FROUND_TO_NEAREST_INT);
+          vd[d] = _cvtss_sh(vs[d], _MM_FROUND_TO_NEAREST_INT);
+        }
+      } else {
+        std::memcpy((float*)c.k + ko, ks, sizeof(float) * D);
+        std::memcpy((float*)c.v + vo, vs, sizeof(float) * D);
+      }
+    }
+}
+
+// Every decoder block of one decode step (one token of each of B sequences) in one call: per block,
+// pb_block_pre, the KV write (write_kv: what KVCache.update does for one token), pb_block_post. x (B,
+// dim) float32 in place; q (B, H*D), k, v (B, H_kv*D) scratch; cos, sin (B, D); slots, positions (B)
+// int64, lengths[b] = positions[b] + 1. Same arithmetic as the per-block calls around a Python
+// KVCache.update, so the same bits; used where engine/model.py's KVCache is the recorded code
+// (engine/fastpaths.py). Returns -1 for an unsupported shape (before writing anything).
+PB_API int pb_decode_layers(const LayerW* L, const KvW* kv, int n_layers, float* x, const float* cos, const float* sin,
+                            float* q, float* k, float* v, int B, const int64_t* slots, const int64_t* positions,
+                            const int64_t* lengths) {
+  if (B < 1 || B > MAX_B) return -1;
+  for (int l = 0; l < n_layers; ++l)
+    if (!attention_shape_ok(L[l].H, L[l].Hkv, L[l].D)) return -1;
+  for (int b = 0; b < B; ++b)
+    if (lengths[b] != positions[b] + 1) return -1;
+  for (int l = 0; l < n_layers; ++l) {
+    const KvW& c = kv[l];
+    pb_block_pre(&L[l], x, cos, sin, q, k, v, B);
+    write_kv(c, k, v, B, L[l].Hkv, L[l].D, slots, positions);
+    pb_block_post(&L[l], x, q, c.k, c.v, c.kv_f16, c.k_ss, c.k_hs, c.k_ps, c.v_ss, c.v_hs, c.v_ps, B, slots, lengths);
+  }
   return 0;
 }

@@ -69,7 +69,7 @@ def test_the_committed_record_matches_the_committed_model_code():
     """engine/csrc/fastpaths.json is the fingerprint of engine/model.py as committed (after changing
     both together: python -m engine fastpaths --record)."""
     checks = fastpaths.check()
-    assert set(checks) == {"fused_decode", "weight_formats"}
+    assert set(checks) == {"fused_decode", "native_kv", "weight_formats"}
     assert all(c.matches for c in checks.values()), {n: c.why() for n, c in checks.items() if not c.matches}
     assert checks["fused_decode"].objects == ("Attention", "Block.forward", "FeedForward", "RMSNorm", "apply_rope")
 
@@ -242,3 +242,32 @@ def test_serve_fused_decode_on_exits_naming_the_class_and_auto_serves_the_patch(
         server.stop()
     assert not fused["on"] and fused["differs"] == ["FeedForward"]
     assert "warning: fused decode off" in log and "fused decode off (the code it stands in for differs" in log
+
+
+@needs_native
+def test_the_int8_kv_patch_keeps_the_fused_blocks_and_calls_its_own_kv_update(tmp_path, repo_root, tiny_q4_gguf):
+    """config/patches/int8-kv.patch changes KVCache only: each block stays fused and calls the
+    patched KVCache.update between its native halves; the one-call step (whose native KV write would
+    skip the patch) is off, naming KVCache; `on` refuses it."""
+    root = tmp_path / "tree"
+    shutil.copytree(repo_root / "engine", root / "engine", ignore=shutil.ignore_patterns("__pycache__"))
+    r = subprocess.run(["git", "apply", str(repo_root / "config" / "patches" / "int8-kv.patch")], cwd=root,
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    r, facts = probe(root, tiny_q4_gguf)
+    assert r.returncode == 0, r.stderr
+    fp = facts["fast_paths"]
+    assert fp["fused_decode"]["on"] and fp["weight_formats"]["on"] and "warning" not in r.stderr
+    assert not fp["native_kv"]["on"] and fp["native_kv"]["differs"] == ["KVCache"]
+    assert "KVCache" in fp["native_kv"]["why"]
+    r, _ = probe(root, tiny_q4_gguf, "on")
+    assert r.returncode != 0 and "native KV write cannot run" in r.stderr and "KVCache" in r.stderr
+
+
+@needs_native
+def test_an_unknown_fast_path_name_is_refused_naming_it(repo_root, tiny_q4_gguf):
+    r, _ = probe(repo_root, tiny_q4_gguf, env={"PAIRBENCH_ENGINE_FAST_PATHS_OFF": "native_kv,warp_drive"})
+    assert r.returncode != 0 and "warp_drive" in r.stderr and "native_kv" in r.stderr
+    r, facts = probe(repo_root, tiny_q4_gguf, env={"PAIRBENCH_ENGINE_FAST_PATHS_OFF": "native_kv"})
+    assert r.returncode == 0 and facts["fast_paths"]["off"] == ["native_kv"]
+    assert not facts["fast_paths"]["native_kv"]["on"] and facts["fast_paths"]["fused_decode"]["on"]

@@ -269,6 +269,36 @@ def test_fused_decode_block_matches_the_module_path(tmp_path):
     assert rel_err(a, b) <= 1e-2
 
 
+@needs_native
+@pytest.mark.parametrize("kv", ["f16", "f32"])
+def test_the_one_call_decode_step_gives_the_per_block_bits(tiny_q4_gguf, kv):
+    """Transformer.fused_step (every block in one native call, the KV write done natively) against
+    each block's FusedDecode around the Python KVCache.update: the same logits and the same cache,
+    bit for bit, for sequences in their own slots at their own positions, and for one alone."""
+    import engine
+
+    one = engine.load(str(tiny_q4_gguf), max_context=64, kv=kv, slots=3)
+    per_block = engine.load(str(tiny_q4_gguf), max_context=64, kv=kv, slots=3, fast_paths_off=["native_kv"])
+    assert one.model.fused_step is not None and per_block.model.fused_step is None
+    assert one.fast_paths["native_kv"]["on"] and not per_block.fast_paths["native_kv"]["on"]
+    assert all(layer.fused_decode is not None for layer in per_block.model.layers)
+    prompts = {0: [5, 80, 120], 2: [7, 9, 11, 13, 200], 1: [42]}
+    steps = [(torch.tensor([3, 99, 17]), torch.tensor([3, 5, 1]), torch.tensor([0, 2, 1])),
+             (torch.tensor([8]), torch.tensor([6]), torch.tensor([2])),  # one sequence alone
+             (torch.tensor([250, 4]), torch.tensor([2, 4]), torch.tensor([1, 0]))]
+    with torch.inference_mode():
+        for m in (one, per_block):
+            for slot, p in prompts.items():
+                m.model(torch.tensor([p]), 0, slot=slot)
+        for tokens, positions, slots in steps:
+            assert torch.equal(one.model.decode(tokens, positions, slots), per_block.model.decode(tokens, positions, slots))
+    written = {0: 5, 1: 3, 2: 7}  # positions each slot holds now
+    for a, b in zip(one.model.layers, per_block.model.layers):
+        ca, cb = a.attention.kv_cache, b.attention.kv_cache
+        for slot, n in written.items():
+            assert torch.equal(ca.k[slot, :, :n], cb.k[slot, :, :n]) and torch.equal(ca.v[slot, :, :n], cb.v[slot, :, :n])
+
+
 # ---------------------------------------------------------------------------- batches and paths
 
 
