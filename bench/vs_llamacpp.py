@@ -18,6 +18,12 @@ for decode, as llama.cpp's ``--threads N --threads-batch N`` does:
    decodes (client side), and the per-repetition ratio N streams / one stream.
 4. **Peak RSS** of every server process (VmHWM) at the end.
 
+With ``--old-engine TREE`` (a tree holding a previous engine/, e.g. ``git archive`` of main), that
+engine is served beside the others in phase 2 (``--decode-threads N`` too, so it decodes on the same
+threads): this engine's one-stream decode and prefill and its peak RSS against it, "no worse than
+today". Between two arms the benchmark waits ``--gap-s``: a llama.cpp built with OpenMP keeps its
+workers spinning for a while after each evaluation, which would take the next arm's second core.
+
 Every repetition runs the arms in a rotated order, so no arm always comes first; a ratio is the
 median of its per-repetition ratios (``engine_speed.paired_ratio``: both figures of a ratio come from
 the same minutes), with their range. Run it under ``quiet``: it prints lscpu's model name and the
@@ -80,6 +86,7 @@ def in_process(args, loaded, ids: list[int]) -> dict:
             torch.set_num_threads(t)  # the engine's prefill threads (llama.cpp's are its n_threads_batch)
             native.set_threads(t)
             r = arm.run(ids, args.decode)
+            time.sleep(args.gap_s)
             out[t][name].append(r)
             log(f"in-process rep {rep + 1}/{args.reps} {t}t {name:<10} prefill {r['prefill_tok_s']:7.1f} "
                 f"decode {r['decode_tok_s']:6.1f} tok/s (load {os.getloadavg()[0]:.1f})")
@@ -102,6 +109,9 @@ def served(args, model: str, ids: list[int], load_prompts: list[list[int]]) -> t
         for t in args.threads:
             single_srv[(t, "engine")] = Server.engine(model, t, ctx1, args.engine_args, label=f"engine-{t}t")
             single_srv[(t, "llama.cpp")] = Server.llama(args.llama_server, args.gguf, t, ctx1, 1, f"llama-server-{t}t")
+            if args.old_engine:
+                single_srv[(t, "engine@old")] = Server.engine(model, t, ctx1, ["--decode-threads", str(t)],
+                                                             root=args.old_engine, label=f"engine-old-{t}t")
             load_srv[(t, "engine")] = Server.engine(model, t, args.slot_ctx, ["--parallel", str(P), *args.engine_args],
                                                     label=f"engine-{t}t-p{P}")
             load_srv[(t, "llama.cpp")] = Server.llama(args.llama_server, args.gguf, t, P * args.slot_ctx, P,
@@ -110,11 +120,12 @@ def served(args, model: str, ids: list[int], load_prompts: list[list[int]]) -> t
             srv.complete(ids[:64], 4)  # warm-up, not counted
             if key[1] == "engine":
                 facts[srv.label] = srv.client.get("/props").json()["engine_facts"]
-        single: dict = {t: {"engine": [], "llama.cpp": []} for t in args.threads}
+        single: dict = {t: {name: [] for (u, name) in single_srv if u == t} for t in args.threads}
         load: dict = {t: {"engine": {1: [], P: []}, "llama.cpp": {1: [], P: []}} for t in args.threads}
         for rep in range(args.reps):
             for (t, name), srv in rotated(list(single_srv.items()), rep):
                 r = one_stream(srv, ids, args.decode)
+                time.sleep(args.gap_s)
                 single[t][name].append(r)
                 log(f"served rep {rep + 1}/{args.reps} {t}t {name:<10} prefill {r['prefill_tok_s']:7.1f} decode "
                     f"{r['decode_tok_s']:6.1f} (client {r['client_decode_tok_s']:6.1f}) tok/s "
@@ -122,6 +133,7 @@ def served(args, model: str, ids: list[int], load_prompts: list[list[int]]) -> t
             for (t, name), srv in rotated(list(load_srv.items()), rep):
                 for n in (1, P):
                     r = concurrent(srv, load_prompts[:n], args.load_decode)
+                    time.sleep(args.gap_s)
                     load[t][name][n].append(r)
                     log(f"load rep {rep + 1}/{args.reps} {t}t {name:<10} {n} streams: total decode "
                         f"{r['total_decode_tok_s'] or float('nan'):6.1f} tok/s (load {os.getloadavg()[0]:.1f})")
@@ -156,6 +168,12 @@ def table(args, inproc: dict, single: dict, load: dict) -> list[dict]:
                                          None)})
         rows.append({"threads": t, **row("served, 1 stream: prefill tok/s (client TTFT)", [r["prefill_tok_s"] for r in e],
                                          [r["prefill_tok_s"] for r in ll], None)})
+        if "engine@old" in single[t]:
+            old = single[t]["engine@old"]
+            for key, label in (("decode_tok_s", "decode"), ("prefill_tok_s", "prefill (client TTFT)")):
+                rows.append({"threads": t, **row(f"served, 1 stream: {label}, this engine / the engine before",
+                                                 [r[key] for r in e], [r[key] for r in old], None),
+                             "against": "engine before"})
         per = {name: [a["total_decode_tok_s"] / b["total_decode_tok_s"] if a["total_decode_tok_s"] and
                       b["total_decode_tok_s"] else None for a, b in zip(load[t][name][P], load[t][name][1])]
                for name in ("engine", "llama.cpp")}
@@ -174,15 +192,19 @@ def table(args, inproc: dict, single: dict, load: dict) -> list[dict]:
 
 def print_table(rows: list[dict], rss: dict) -> None:
     fmt = lambda v: "-" if v is None else f"{v:.1f}" if v >= 10 else f"{v:.2f}"  # noqa: E731
+    span = lambda r: "-" if r is None else f"{r[0]:.2f} ({r[1]:.2f}-{r[2]:.2f})"  # noqa: E731
     print("\n| threads | measure | engine | llama.cpp | engine / llama.cpp (range) | target |")
     print("|---:|---|---:|---:|---|---|")
-    for r in rows:
-        ratio = "-" if r["ratio"] is None else f"{r['ratio'][0]:.2f} ({r['ratio'][1]:.2f}-{r['ratio'][2]:.2f})"
-        if "streams / 1 stream" in r["measure"]:
-            ratio = "-"
+    for r in (r for r in rows if "against" not in r):
+        ratio = "-" if "streams / 1 stream" in r["measure"] else span(r["ratio"])
         target = "" if r["target"] is None else f"≥ {r['target']}: {'MET' if r['met'] else 'MISSED'}"
         print(f"| {r['threads']} | {r['measure']} | {fmt(r.get('engine'))} | {fmt(r.get('llama.cpp'))} | {ratio} | "
               f"{target} |")
+    before = [r for r in rows if "against" in r]
+    if before:
+        print("\n| threads | measure | this engine | the engine before | ratio (range) |\n|---:|---|---:|---:|---|")
+        for r in before:
+            print(f"| {r['threads']} | {r['measure']} | {fmt(r['engine'])} | {fmt(r['llama.cpp'])} | {span(r['ratio'])} |")
     print("\n| server | peak RSS (MiB) |\n|---|---:|")
     for label, v in rss.items():
         print(f"| {label} | {v / 2**20:.0f} |")
@@ -202,6 +224,8 @@ def main() -> int:
     ap.add_argument("--load-decode", type=int, default=64)
     ap.add_argument("--slot-ctx", type=int, default=512, help="positions per slot of the --parallel servers")
     ap.add_argument("--engine-args", default="", type=lambda s: s.split(), help="more flags for the engine servers")
+    ap.add_argument("--old-engine", type=Path, help="a tree holding a previous engine/, served beside (phase 2)")
+    ap.add_argument("--gap-s", type=float, default=0.5, help="pause between two arms' runs")
     ap.add_argument("--skip-in-process", action="store_true")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
