@@ -42,7 +42,7 @@ from .tokenizer import Tokenizer
 
 FORMAT = "pairbench-engine/v2"
 LINEAR_KINDS = ("auto", "fp16", "fp32")
-#: One default for ``load``, ``Engine`` and ``python -m engine serve``.
+#: One default for ``load``, ``ServedModel`` and ``python -m engine serve``.
 DEFAULT_LINEAR = "auto"
 KV_KINDS = ("auto", "f16", "f32")
 

@@ -111,3 +111,22 @@ def test_git_source_patch_that_does_not_apply_names_hunk(upstream, tmp_path):
 def test_installed_engine_has_an_empty_tree(tmp_path):
     body = export_source("a", None, [], tmp_path / "src" / "a", tmp_path, plan_sha256="0" * 64)
     assert body["source"] is None and body["version"] == "installed" and body["pristine"]["files"] == 0
+
+
+def test_engine_options_fused_decode_takes_auto_on_off_and_names_the_key_otherwise():
+    assert schema_errors(cfg(a={"engine_options": {"fused_decode": "off"}}, b={"engine_options": {}})) == []
+    assert schema_errors(cfg(a={"engine_options": {"fused_decode": False}}, b={})) == []  # YAML's bare off
+    errors = schema_errors(cfg(a={"engine_options": {"fused_decode": "fast"}}, b={}))
+    assert errors and errors[0].startswith("config key 'arms.a.engine_options.fused_decode'") and "'fast'" in errors[0]
+    assert schema_errors(cfg(a={"engine_options": {"fused": "on"}}, b={}))  # an unknown option
+    c = pb_config.normalized(cfg(a={"engine_options": {"fused_decode": False}}, b={"engine_options": {"fused_decode": True}},
+                                 c={}))
+    assert [c["arms"][n]["engine_options"]["fused_decode"] for n in "abc"] == ["off", "on", "auto"]
+
+
+def test_engine_options_on_an_engine_without_fast_paths_names_the_key():
+    with pytest.raises(pb_config.ConfigError, match=r"arms\.b\.engine_options\.fused_decode: engine llama-server "
+                                                    r"has no native fast paths.*fused_decode off"):
+        check_engines({**cfg(a={}, b={"engine": "llama-server", "engine_options": {"fused_decode": False}}),
+                       "model": None})
+    check_engines({**cfg(a={"engine_options": {"fused_decode": "on"}}, b={"engine": "llama-server"}), "model": None})

@@ -43,7 +43,7 @@ def run(tmp_path, arm_cfg, tree, model, *, recipe=None, log="b.log", commit=None
     recipe = recipe or load_profile(arm_cfg.get("engine", "embedded")).build_recipe(arm_cfg, src=tree, commit=commit)
     body = build_arm("cand", tree, recipe, source=source or source_of(tree), model=model, cache_dir=tmp_path / "cache",
                      log=tmp_path / log, source_sha256="b" * 64, root=tmp_path)
-    validate("build", {"schema": "pairbench.build/v2", **body})
+    validate("build", {"schema": "pairbench.build/v3", **body})
     return body
 
 

@@ -57,7 +57,7 @@ def build(root: Path, profile, arm: str, patches: list[str]) -> dict:
     body = build_arm(arm, tree, recipe, source=source, model={"name": "tiny-hf", "kind": "hf",
                                                                "path": str(root / "tiny-hf")},
                      cache_dir=root / "cache", log=root / f"{arm}.log", source_sha256="b" * 64, root=root)
-    validate("build", {"schema": "pairbench.build/v2", **body})
+    validate("build", {"schema": "pairbench.build/v3", **body})
     return {**body, "source": source}
 
 

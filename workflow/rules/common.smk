@@ -259,6 +259,7 @@ def visit_inputs(cfg):
     return dict(
         plan=L.plan,
         build=lambda wc: L.build(visit_by_id(cfg, wc.visit)["arm"]),
+        builds=per_arm(cfg, "build"),  # the fast paths any arm's code turned off (pairbench.engines.fastpaths)
         warmups=per_arm(cfg, "warmup"),
         fixtures=fixtures(cfg),
         prompts=prompts(cfg),

@@ -6,6 +6,9 @@ rule warmup:
     input:
         plan=L.plan,
         build=L.build("{arm}"),
+        # every arm's: each is launched with the native fast paths any arm's code turned off turned off
+        # (pairbench.engines.fastpaths)
+        builds=per_arm(CFG, "build"),
         fixtures=ancient(fixtures(CFG)),
         previous=lambda wc: previous_warmup(CFG, wc.arm),
     output:

@@ -16,7 +16,11 @@ runner (:func:`pairbench.core.steps.run_step`), its output appended to the build
    so an unchanged source, patch set and model never convert again, whichever run label asks;
 3. the version command: its first line is the native engine string recorded with every result
    (``unknown`` where it fails, unless the profile requires it);
-4. the tree check: what the build added to the arm's tree is named (``tree_outputs``: a CMake
+4. with a fast-paths check (the embedded engine's ``python -m engine fastpaths``, the profile's
+   ``fast_paths.check``), which native fast paths the arm's code permits, recorded as ``fast_paths``
+   (:mod:`pairbench.engines.fastpaths` launches every arm with what any arm's code turned off); an
+   older tree without the check records null and says so in the log;
+5. the tree check: what the build added to the arm's tree is named (``tree_outputs``: a CMake
    build folder, the arm's environment, generated files), and the tree without it must still hash
    to the patched source: a build that changed the source it claims to build fails.
 
@@ -26,6 +30,7 @@ A failing step raises :class:`BuildError` naming the arm, the step, its exit cod
 from __future__ import annotations
 
 import hashlib
+import json
 import shutil
 import sys
 import tempfile
@@ -120,6 +125,27 @@ def _version(arm: str, recipe, arm_dir: Path, log: Path) -> tuple[str | None, di
     return native, res.record
 
 
+def _fast_paths(arm: str, recipe, arm_dir: Path, log: Path) -> tuple[dict | None, dict | None]:
+    """``(the check's JSON or None, step record)``: which native fast paths the arm's code permits
+    (``{fast path: {matches, differs, error, objects}}``). A tree whose engine has no such check (an
+    older tag) leaves it None, said in the log: its fast paths cannot be judged, and run as it decides."""
+    if not recipe.fast_paths:
+        return None, None
+    res = run_step("fast_paths", list(recipe.fast_paths), cwd=arm_dir, log=log, timeout_s=recipe.timeout_s,
+                   capture="stdout", check=False, subject=f"arm {arm}: build step 'fast_paths'")
+    try:
+        found = json.loads(res.stdout) if res.exit_code == 0 else None
+    except ValueError:
+        found = None
+    keys = {"matches", "differs", "error", "objects"}
+    if not (isinstance(found, dict) and all(isinstance(v, dict) and set(v) == keys for v in found.values())):
+        with open(log, "a") as fh:
+            fh.write(f"(exit status {res.exit_code}: no fast-paths check in this tree; its fast paths are left "
+                     "unjudged)\n")
+        return None, res.record
+    return found, res.record
+
+
 def _check_tree(arm: str, tree: Path, source: dict, log: Path) -> tuple[list[str], str]:
     """``(what the build added to *tree*, the tree's sha256 without it)``; the hash must be the
     patched source's (*source*: the arm's ``source`` artifact), else :class:`BuildError` names the
@@ -183,6 +209,8 @@ def build_arm(arm: str, arm_dir: str | Path, recipe, *, source: dict, model: dic
         steps += [step] if step else []
     native, step = _version(arm, recipe, arm_dir, log)
     steps += [step] if step else []
+    fast_paths, step = _fast_paths(arm, recipe, arm_dir, log)
+    steps += [step] if step else []
     # the embedded engine's source is src/<arm>/engine/ (a folder name); a git tag's is src/<arm>/ itself
     outputs, tree_sha = _check_tree(arm, arm_dir / "engine" if isinstance(source["source"], str) else arm_dir,
                                     source, log)
@@ -201,6 +229,7 @@ def build_arm(arm: str, arm_dir: str | Path, recipe, *, source: dict, model: dic
         "toolchain": toolchain,
         "environment": _environment(installed, tree_sha, recipe.install, root) if installed else None,
         "tree_outputs": outputs,
+        "fast_paths": fast_paths,
         "inputs": {"source": source_sha256},
     }
     if recipe.engine is not None:

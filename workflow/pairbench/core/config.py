@@ -41,7 +41,8 @@ def normalized(config: dict) -> dict:
 
     Defaults are the schema's (:func:`pairbench.core.configschema.with_defaults`), each arm's and a
     load run's ``stats`` lists (:func:`pairbench.core.loadconfig.stats_defaults`) included. Then:
-    an embedded arm's null source is ``engine``, ``{path: x}`` is ``x``; ``allow_external`` and
+    an embedded arm's null source is ``engine``, ``{path: x}`` is ``x``; ``engine_options.fused_decode``
+    given as YAML's bare ``on``/``off`` (true/false) is ``"on"``/``"off"``; ``allow_external`` and
     ``server.pin`` given as the strings ``"true"``/``"false"`` (``--config``) are booleans; a
     ``load`` section that says nothing beyond its defaults is dropped (not a load run: its config
     hash is a single-stream run's). Normalizing a normalized config changes nothing.
@@ -62,6 +63,9 @@ def normalized(config: dict) -> dict:
             arm["source"] = EMBEDDED_SOURCE
         if isinstance(arm["source"], dict) and set(arm["source"]) == {"path"}:
             arm["source"] = arm["source"]["path"]
+        options = arm["engine_options"]
+        if isinstance(options.get("fused_decode"), bool):  # YAML's bare on/off
+            options["fused_decode"] = "on" if options["fused_decode"] else "off"
     cfg["allow_external"] = cfg["allow_external"] in (True, "true")
     if cfg["server"]["pin"] in ("true", "false"):
         cfg["server"]["pin"] = cfg["server"]["pin"] == "true"

@@ -35,6 +35,7 @@ from pairbench.engines.chat import render_chat_prompt
 from pairbench.engines.client import StreamResult, read_sse_line, stream_chat
 from pairbench.engines.evidence import cold_cache_evidence, native_counts
 from pairbench.engines.exchange import Exchange, Link, Prepared
+from pairbench.engines.fastpaths import Launch
 from pairbench.engines.hfmodel import encode
 from pairbench.engines.policy import plan_opt_in
 from pairbench.engines.profiles import REPO, EngineError, EngineProfile, LaunchSpec, arm_engine, launch_spec, load_profile
@@ -68,6 +69,7 @@ class ArmEngine:
         self.src_dir = Path(src_dir)
         self.repo_root = Path(repo_root)
         self.python = python  # {python}: the arm's own environment's interpreter where its build installed it
+        self.fast_paths: Launch | None = None  # its native fast-path settings (for_arm), where the engine has any
 
     @property
     def name(self) -> str:
@@ -239,6 +241,19 @@ class ArmEngine:
             return None
         return body.get("native") or (f"{self.name} {body['version']}" if body.get("version") else None)
 
+    def engine_facts(self, http, url: str) -> dict | None:
+        """The engine's effective facts as its server reports them (the profile's ``fast_paths``:
+        ``facts_path``, ``facts_field``); None where the engine reports none or the request fails."""
+        spec = self.profile.fast_paths_spec
+        if spec is None:
+            return None
+        try:
+            resp = http.get(url + spec.facts_path, timeout=10.0)
+            facts = resp.json().get(spec.facts_field) if resp.status_code == 200 else None
+        except Exception:  # noqa: BLE001 - an older engine without the facts: recorded as none
+            return None
+        return facts if isinstance(facts, dict) else None
+
     # Gates from the reply. -----------------------------------------------------------------
     def counts(self, reply: dict, *, streamed_tokens: int) -> dict:
         """``prompt_tokens``, ``completion_tokens``, ``tokens_cached`` of a reply, where this engine
@@ -341,11 +356,18 @@ def arm_python(build: dict, root: str | os.PathLike) -> str:
 
 
 def for_arm(arm_cfg: dict, *, build: dict, plan: dict, arm_dir: str | os.PathLike, server_cfg: dict,
-            root: str | os.PathLike) -> ArmEngine:
+            root: str | os.PathLike, fast_paths: Launch | None = None) -> ArmEngine:
     """The adapter a stage uses for one arm of *plan*, from its build artifact. Checks the opt-in
-    first: nothing external is launched or contacted without ``allow_external: true``."""
+    first: nothing external is launched or contacted without ``allow_external: true``. *fast_paths*:
+    the arm's native fast-path settings (:func:`pairbench.engines.fastpaths.resolve`), passed as the
+    profile's launch flags before the arm's own ``args``."""
     plan_opt_in(plan)
     model = model_arg(build, root)
     arm = {**arm_cfg, "threads": arm_cfg.get("threads") or server_cfg["threads"]}
-    return arm_adapter(arm, model=model, model_path=model, ctx=plan["max_context"], src_dir=arm_dir, repo_root=root,
-                       python=arm_python(build, root), load=plan.get("load") is not None)
+    spec = load_profile(arm_engine(arm)).fast_paths_spec
+    if fast_paths is not None and spec is not None:
+        arm["args"] = [*spec.launch_args(fast_paths.mode, fast_paths.off), *(arm.get("args") or [])]
+    engine = arm_adapter(arm, model=model, model_path=model, ctx=plan["max_context"], src_dir=arm_dir,
+                         repo_root=root, python=arm_python(build, root), load=plan.get("load") is not None)
+    engine.fast_paths = fast_paths if spec is not None else None
+    return engine

@@ -17,7 +17,7 @@ from pairbench.core import conditions as pb_conditions
 from pairbench.core.configsource import ConfigError
 from pairbench.core.models import resolve_model
 from pairbench.core.loadconfig import section as load_section
-from pairbench.engines import serving
+from pairbench.engines import fastpaths, serving
 from pairbench.engines.profiles import (ENV_DIR, MODEL_FORMATS, REPO, EngineError, EngineProfile,
                                         ExternalEngineNotAllowed, arm_engine, is_external, launch_spec, load_profile)
 from pairbench.engines.specs import env_python
@@ -42,6 +42,11 @@ def check_engines(config: dict, root: str | Path = REPO) -> None:
             raise ConfigError("model", f"{config['model']!r} is {MODEL_FORMATS[kind]}, but arm {name}'s engine "
                               f"{profile.name} reads {takes} only (model_formats in {_shown(profile)})")
         check_source_runs(name, arm, profile)
+        mode = fastpaths.mode_of(arm)
+        if mode != "auto" and profile.fast_paths_spec is None:
+            raise ConfigError(("arms", name, "engine_options", "fused_decode"),
+                              f"engine {profile.name} has no native fast paths to set (no fast_paths in "
+                              f"{_shown(profile)}); fused_decode {mode} applies to the embedded engine")
 
 
 def _shown(profile: EngineProfile) -> str:

@@ -43,13 +43,13 @@ import yaml
 
 from pairbench.core import conditions
 from pairbench.engines.specs import (ENV_DIR, PLACEHOLDERS, BuildRecipe, BuildSpec, ColdCacheSpec, CrosscheckSpec,
-                                     EngineError, ExternalEngineNotAllowed, FlushSpec, InstallRecipe, InstallSpec,
+                                     EngineError, ExternalEngineNotAllowed, FastPathsSpec, FlushSpec, InstallRecipe, InstallSpec,
                                      LaunchSpec, TokenizeSpec, check_placeholders, env_python, is_none_placeholder,
                                      render, render_body, scripts_dir)
 
 __all__ = [
     "BuildRecipe", "BuildSpec", "ColdCacheSpec", "CrosscheckSpec", "ENV_DIR", "EngineError",
-    "ExternalEngineNotAllowed", "EngineProfile", "FlushSpec", "InstallRecipe", "InstallSpec", "LaunchSpec",
+    "ExternalEngineNotAllowed", "EngineProfile", "FastPathsSpec", "FlushSpec", "InstallRecipe", "InstallSpec", "LaunchSpec",
     "MODEL_FORMATS", "PLACEHOLDERS", "PROFILE_DIR", "TokenizeSpec", "arm_engine", "available_profiles", "is_external",
     "launch_spec", "load_profile", "render",
 ]
@@ -170,6 +170,15 @@ class EngineProfile:
         return (self.data.get("version") or {}).get("path")
 
     @cached_property
+    def fast_paths_spec(self) -> FastPathsSpec | None:
+        """The engine's native fast paths (``fast_paths``), or None: it has none the harness controls."""
+        fp = self.data.get("fast_paths")
+        if not fp:
+            return None
+        return FastPathsSpec(check=tuple(fp["check"]), mode_flag=fp["mode_flag"], off_flag=fp["off_flag"],
+                             facts_path=fp["facts_path"], facts_field=fp["facts_field"])
+
+    @cached_property
     def build_spec(self) -> BuildSpec:
         b = self.data.get("build") or {}
         ins = b.get("install")
@@ -248,7 +257,9 @@ class EngineProfile:
                            convert=argv(spec.convert, f"{self.name}.build.convert"),
                            version=argv(self.version_command, f"{self.name}.version.command"),
                            version_required=self.version_required, timeout_s=spec.timeout_s,
-                           engine=self.summary() if self.external else None, install=install)
+                           engine=self.summary() if self.external else None, install=install,
+                           fast_paths=argv(self.fast_paths_spec.check, f"{self.name}.fast_paths.check")
+                           if self.fast_paths_spec else None)
 
     def summary(self) -> dict:
         """The profile facts a run artifact records (and the report shows) for an arm."""

@@ -184,7 +184,8 @@ class BuildRecipe:
     (cached per patched tree and model; the server then gets the converted folder); then *version*,
     whose first output line is the native version string (a failure fails the build only when
     *version_required*). Every step has *timeout_s*. *engine* is the profile summary the build
-    artifact records (external engines), else None.
+    artifact records (external engines), else None. *fast_paths*: the argv that prints, as JSON, which
+    native fast paths the arm's code permits (the profile's ``fast_paths.check``), else None.
     """
 
     command: tuple[str, ...] | None
@@ -196,6 +197,26 @@ class BuildRecipe:
     timeout_s: float
     engine: dict | None
     install: InstallRecipe | None = None
+    fast_paths: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True)
+class FastPathsSpec:
+    """An engine's native fast paths (the profile's ``fast_paths``): the check the build runs, the
+    launch flags that set the mode and turn one off, and where the server reports its facts."""
+
+    check: tuple[str, ...]
+    mode_flag: str
+    off_flag: str
+    facts_path: str
+    facts_field: str
+
+    def launch_args(self, mode: str, off) -> list[str]:
+        """The flags for *mode* (``auto`` adds none) and each fast path in *off*."""
+        args = [] if mode == "auto" else [self.mode_flag, mode]
+        for name in sorted(off):
+            args += [self.off_flag, name]
+        return args
 
 
 @dataclass(frozen=True)

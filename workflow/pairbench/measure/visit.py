@@ -293,6 +293,7 @@ def run_warmup(*, arm: str, engine: ArmEngine, plan: dict, server_cfg: dict, ser
     with engine.server(server_log, server_cfg) as srv:  # healthy: its probe answered 200
         link = Link(srv.url, http(), server_cfg["request_timeout_s"], Path(server_log))
         version = engine.version(link.http, link.url)
+        facts = engine.engine_facts(link.http, link.url)
         first = diagnostic_request(link, plan["seed"], engine)
         smoke = [diagnostic_request(link, plan["seed"], engine) for _ in range(2)]
     problems = []
@@ -313,5 +314,7 @@ def run_warmup(*, arm: str, engine: ArmEngine, plan: dict, server_cfg: dict, ser
         "smoke": smoke,
         "smoke_ok": not problems,
         "problems": problems,
+        "engine_facts": facts,
+        "fast_paths": engine.fast_paths.record() if getattr(engine, "fast_paths", None) is not None else None,
         "inputs": inputs,
     }

@@ -19,6 +19,7 @@ import pandas as pd
 from pairbench.core import naming
 from pairbench.core.metrics import NAMES
 from pairbench.core.conditions import label as condition_label, parse_id
+from pairbench.publish.engine_section import engine_section
 from pairbench.publish.load_section import load_section
 from pairbench.publish.stats_section import statistics_section
 from pairbench.validate import retries
@@ -415,6 +416,7 @@ def render(*, plan: dict, sources: dict, builds: dict, fixtures: dict, warmups: 
     lines = [title, "", f"Leak gate: {LEAK_GATE_MARKER}", ""]
     lines += compared_section(plan, sources, builds, measures)
     lines += build_section(plan, builds)
+    lines += engine_section(plan, warmups)
     lines += plan_section(plan, fixtures, measures)
     lines += gates_section(measures, validations, df)
     lines += exercise_section(crosscheck)

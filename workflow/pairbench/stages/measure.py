@@ -19,6 +19,7 @@ from pairbench.core import conditions, naming
 from pairbench.core.artifacts import atomic_write_text, dumps, read_artifact, sha256_file, write_artifact
 from pairbench.core.layout import Layout
 from pairbench.engines.adapter import ArmEngine, for_arm, model_arg
+from pairbench.engines import fastpaths
 from pairbench.engines.client import http
 from pairbench.integrity import recovery
 from pairbench.measure import fixtures as pb_fixtures
@@ -41,9 +42,13 @@ class Arms:
     root: str
 
     def engine(self, L: Layout, plan: dict, arm: str) -> ArmEngine:
-        """*arm*'s adapter, from its build artifact (the opt-in checked first)."""
+        """*arm*'s adapter, from its build artifact (the opt-in checked first), launched with the
+        native fast paths that any arm's code turned off turned off (every arm's build is read:
+        :func:`pairbench.engines.fastpaths.resolve`)."""
+        checks = {a: read_artifact(L.build(a), "build")["fast_paths"] for a in plan["arms"]}
+        launch = fastpaths.resolve(arm, fastpaths.mode_of(self.configs[arm]), checks)
         return for_arm(self.configs[arm], build=read_artifact(L.build(arm), "build"), plan=plan, arm_dir=L.tree(arm),
-                       server_cfg=self.server, root=self.root)
+                       server_cfg=self.server, root=self.root, fast_paths=launch)
 
 
 @contextlib.contextmanager
@@ -101,9 +106,12 @@ def warmup_stage(layout: Layout, *, arm: str, arm_config: dict, server: dict, ro
     engine = Arms({arm: arm_config}, server, root).engine(L, plan_body, arm)
     body = pb_visit.run_warmup(arm=arm, engine=engine, plan=plan_body, server_cfg=server,
                                server_log=Path(L.server_log(f"warmup/{arm}")),
-                               inputs={"plan": sha256_file(L.plan), "build": sha256_file(L.build(arm))})
+                               inputs={"plan": sha256_file(L.plan), "build": sha256_file(L.build(arm)),
+                                       **{f"build.{a}": sha256_file(L.build(a)) for a in plan_body["arms"] if a != arm}})
     if not body["smoke_ok"]:
         log.warning("warmup of %s: %s", arm, "; ".join(body["problems"]))
+    for line in fastpaths.notes(arm, body["engine_facts"], body["fast_paths"]):
+        log.warning("%s", line)
     write_artifact(L.warmup(arm), "warmup", body)
 
 
