@@ -97,10 +97,13 @@ def test_embedded_converts_once_per_tree_and_model_and_hands_the_server_the_conv
     tree, model = exported(tmp_path), gguf(tmp_path)
     tree_sha = source_of(tree)["patched"]["tree_sha256"]
     first = run(tmp_path, {}, tree, model)
-    assert [s["step"] for s in first["steps"]] == ["byte_compile", "convert", "version"]
+    assert [s["step"] for s in first["steps"]] == ["byte_compile", "convert", "version", "fast_paths"]
     assert first["steps"][0]["argv"] == ["python", "-m", "compileall", "-q", "engine"]
     assert first["steps"][1]["argv"][-2] == "m.gguf"  # file names only: the paths are private
-    assert first["native_version"] == "fake-engine 0.1.0-fake" and all(s["exit_code"] == 0 for s in first["steps"])
+    assert first["native_version"] == "fake-engine 0.1.0-fake" and all(s["exit_code"] == 0 for s in first["steps"][:3])
+    # the fake engine, like an engine from before the fast-paths check, has none: unjudged, and said
+    assert first["fast_paths"] is None and first["steps"][3]["exit_code"] != 0
+    assert "no fast-paths check in this tree" in (tmp_path / "b.log").read_text()
     key = conversion_key(tree_sha, hashlib.sha256(b"GGUF fake weights").hexdigest())
     assert first["conversion"] == {"key": key, "cached": False, "path": f"cache/{key}",
                                    "model_sha256": hashlib.sha256(b"GGUF fake weights").hexdigest()}
@@ -111,14 +114,33 @@ def test_embedded_converts_once_per_tree_and_model_and_hands_the_server_the_conv
     assert first["tree_outputs"] == [] and first["environment"] is None
     assert any(p.suffix == ".pyc" for p in (tree / "engine").rglob("*.pyc"))
     again = run(tmp_path, {}, tree, model, log="b2.log")
-    assert [s["step"] for s in again["steps"]] == ["byte_compile", "version"] and again["conversion"]["cached"]
+    assert [s["step"] for s in again["steps"]] == ["byte_compile", "version", "fast_paths"]
+    assert again["conversion"]["cached"]
     assert list((tmp_path / "cache").iterdir()) == [tmp_path / "cache" / key]  # no partial folder left behind
 
 
 def test_embedded_named_model_is_not_converted_and_its_name_is_the_argument(tmp_path):
     body = run(tmp_path, {}, exported(tmp_path), {"name": "tiny", "kind": "named", "path": None})
-    assert [s["step"] for s in body["steps"]] == ["byte_compile", "version"]
+    assert [s["step"] for s in body["steps"]] == ["byte_compile", "version", "fast_paths"]
     assert body["conversion"] is None and body["model"]["arg"] == "tiny"
+
+
+def test_the_fast_paths_check_is_recorded_as_the_engine_prints_it(tmp_path):
+    """The embedded profile's check (python -m engine fastpaths) prints each fast path against the
+    arm's code; the build records it as printed (here a stand-in that prints one differing class)."""
+    check = {"fused_decode": {"matches": False, "differs": ["FeedForward"], "error": None, "objects": ["FeedForward"]},
+             "native_kv": {"matches": True, "differs": [], "error": None, "objects": ["KVCache"]}}
+    tree = exported(tmp_path)
+    emb = load_profile("embedded").build_recipe({}, src=tree)
+    assert emb.fast_paths == (sys.executable, "-m", "engine", "fastpaths")
+    recipe = replace(emb, fast_paths=(sys.executable, "-c", f"import json; print(json.dumps({check!r}))"))
+    body = run(tmp_path, {}, tree, {"name": "tiny", "kind": "named", "path": None}, recipe=recipe)
+    assert body["fast_paths"] == check and body["steps"][-1]["step"] == "fast_paths"
+    # a check that prints something else is no check: unjudged
+    recipe = replace(emb, fast_paths=(sys.executable, "-c", "print('{\"fused_decode\": 1}')"))
+    assert run(tmp_path, {}, tree, {"name": "tiny", "kind": "named", "path": None}, recipe=recipe,
+               log="c.log")["fast_paths"] is None
+    assert load_profile("llama-server").build_recipe({}, src=tree).fast_paths is None
 
 
 def test_a_required_version_that_prints_nothing_fails_the_build(tmp_path):

@@ -74,8 +74,8 @@ def warmed(tmp_path_factory):
                        "comment": {"patches": [write_patch(work, "comment-ffn.patch", COMMENT_FFN)]}}}
     (work / "fidelity.yaml").write_text(json.dumps(config))  # JSON is YAML
     res = work / "results" / "fidelity"
-    snakemake(work, "--cores", "2", "--configfile", "fidelity.yaml",
-              *(str(Path("results/fidelity/warmup") / f"{a}.json") for a in config["arms"]))
+    snakemake(work, *(f"results/fidelity/warmup/{a}.json" for a in config["arms"]), "--cores", "2",
+              "--configfile", "fidelity.yaml")
     return res
 
 
