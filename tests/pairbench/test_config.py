@@ -139,7 +139,7 @@ def test_gguf_context_read_from_metadata(smollm2_gguf):
 def test_normalized_fills_arm_defaults():
     cfg = pb_config.normalized(base_config(arms={"a": {}, "b": {"patches": ["p"]}}))
     assert cfg["arms"]["a"] == {"source": "engine", "patches": [], "args": [], "env": {}, "engine": "embedded",
-                                "threads": None, "build": None, "launch": None}
+                                "threads": None, "build": None, "launch": None, "engine_options": {"fused_decode": "auto"}}
     assert cfg["arms"]["b"]["patches"] == ["p"]
     assert pb_config.baseline_arm(cfg) == "a" and pb_config.candidate_arms(cfg) == ["b"]
 
