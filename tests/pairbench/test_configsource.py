@@ -128,8 +128,8 @@ def test_every_problem_at_once_each_at_its_line(tmp_path):
         f"  {path}:3: config key 'colour': unknown key (allowed: allow_external, arms, baseline, candidate, "
         "candidates, crosscheck, gates, label, lengths, load, model, order, output_tokens, repeats, resources, retries, "
         "rounds, seed, server, stats, validate)",
-        f"  {path}:6: config key 'arms.candidate.patchez': unknown key (allowed: args, build, engine, env, launch, "
-        "patches, source, threads)",
+        f"  {path}:6: config key 'arms.candidate.patchez': unknown key (allowed: args, build, engine, engine_options, "
+        "env, launch, patches, source, threads)",
         f"  {path}:6: arms.candidate.patches[0]: patch file config/patches/missing.patch does not exist",
         f"  {path}:7: lengths[1]: 9000 input + 64 output tokens (+16 margin) exceed the context of model 'tiny' (8192)",
         f"  {path}:8: config key 'rounds': 0 is less than the minimum of 1",
@@ -185,5 +185,6 @@ def test_the_schema_runs_once_and_the_config_comes_back_whole(monkeypatch):
     # read, defaulted (the schema's defaults, each arm's too) and normalized, in one call
     assert cfg["label"] == "tiny" and cfg["rounds"] == 2 and cfg["order"] == "abba"
     assert cfg["arms"]["baseline"] == {"source": "engine", "patches": [], "args": [], "env": {}, "engine": "embedded",
-                                       "threads": None, "build": None, "launch": None}
+                                       "threads": None, "build": None, "launch": None,
+                                       "engine_options": {"fused_decode": "auto"}}
     assert cfg["server"]["request_timeout_s"] == 300 and "load" not in cfg
