@@ -720,7 +720,9 @@ class Server(ThreadingHTTPServer):
         rows = [("connections_open", "gauge", "Connections being served now.", self.active),
                 ("connections_max", "gauge", "Connections served at once (--max-connections).",
                  self.limits.max_connections),
-                ("connections_refused_total", "counter", "Connections refused with 503: too many open.", self.refused)]
+                ("connections_refused_total", "counter", "Connections refused with 503: too many open.", self.refused),
+                ("body_bytes_reading", "gauge", "Bytes of request bodies being read now (of --body-budget).",
+                 self.budget.used)]
         return "".join(f"# HELP pairbench_engine_{n} {h}\n# TYPE pairbench_engine_{n} {k}\npairbench_engine_{n} {v}\n"
                        for n, k, h, v in rows)
 
