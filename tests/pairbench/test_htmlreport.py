@@ -1,0 +1,121 @@
+"""report.html (``snakemake --report``) through the bundle's scrubber and leak gate (issue 38: it was
+written outside the gate). The page's own text and every file it embeds as a base64 ``data:`` URI
+are scrubbed; the gate scans both; the page is written only when the gate finds nothing."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from pairbench import __main__ as cli
+from pairbench.publish import htmlreport, leakgate
+
+from sanitize_support import IDS, png
+
+PATHS = ["/scratch/qx_bob/jobs/4711/build", "/opt/qx_bob/toolchain/bin/g++", "/tmp/qx_bob-tmp/bench.log"]
+
+
+def uri(mime: str, name: str, data: bytes) -> str:
+    return f"data:{mime};charset=utf8;filename={name};base64,{base64.b64encode(data).decode()}"
+
+
+def page() -> str:
+    """A page shaped like Snakemake's: its own text (a rule's shell command, a run time) and embedded
+    files (a CSV naming a path, provenance JSON with digests, a plot whose PNG carries text chunks)."""
+    digest = hashlib.sha256(b"x").hexdigest()
+    csv = f"arm,condition,note\nbaseline,in256-out64,built in {PATHS[0]}\n".encode()
+    prov = json.dumps({"sha256": digest, "cxx": PATHS[1], "host": "zq-devbox-07"}).encode()
+    plot = png({"Software": "matplotlib", "Author": "zq_alice"})
+    return ("<!DOCTYPE html>\n<html><head><title>pairbench</title></head><body>\n"
+            f"<pre>shell: tee {PATHS[2]}</pre>\n<p>ran on zq-devbox-07 for 12.3 s; GET /v1/completions</p>\n"
+            f'<a href="{uri("text/csv", "measurements.csv", csv)}">measurements.csv</a>\n'
+            f'<a href="{uri("application/json", "provenance.json", prov)}">provenance.json</a>\n'
+            f'<img src="{uri("image/png", "decode_tok_s.png", plot)}"/>\n</body></html>\n')
+
+
+def embedded(html: str) -> dict[str, bytes]:
+    return {p.where: (p.text.encode() if p.text is not None else p.data) for p in htmlreport.parts(html)}
+
+
+def test_the_page_and_every_embedded_file_are_scrubbed_and_pass_the_gate(tmp_path):
+    src, out = tmp_path / "report.html", tmp_path / "public" / "report.html"
+    src.write_text(page())
+    raw = embedded(page())
+    assert PATHS[0].encode() in raw["report.html#measurements.csv"]  # hidden from a scan of the page's text
+    assert PATHS[0] not in page()
+    result = htmlreport.publish(src, out, IDS)
+    assert result == {"report": str(out), "findings": 0, "embedded": 3}
+    clean = out.read_text()
+    parts = embedded(clean)
+    for where, data in parts.items():
+        for secret in (b"qx_bob", b"zq-devbox-07", b"zq_alice"):
+            assert secret not in data, (where, secret)
+    assert "shell: tee <path>" in clean and "GET /v1/completions" in clean and "ran on host-1 " in clean
+    assert b"built in <path>" in parts["report.html#measurements.csv"]
+    prov = json.loads(parts["report.html#provenance.json"])
+    assert prov["sha256"] == hashlib.sha256(b"x").hexdigest() and prov["cxx"] == "<path>"  # a digest stays
+    assert leakgate.png_text_chunks(parts["report.html#decode_tok_s.png"]) == []
+    assert htmlreport.scan(clean, IDS) == []
+
+
+def test_what_bypasses_the_scrubber_fails_the_gate_and_nothing_is_written(tmp_path, monkeypatch):
+    src, out = tmp_path / "report.html", tmp_path / "public.html"
+    src.write_text(page())
+    monkeypatch.setattr(htmlreport, "scrub", lambda html, ids: html)  # a scrubber that missed everything
+    with pytest.raises(htmlreport.HtmlReportError, match="nothing written") as err:
+        htmlreport.publish(src, out, IDS)
+    assert not out.exists()
+    found = {str(f) for f in htmlreport.scan(page(), IDS)}
+    assert {"report.html:3: abs-path", "report.html:4: literal:hostname", "report.html#measurements.csv:2: abs-path",
+            "report.html#provenance.json:1: abs-path", "report.html#provenance.json:1: literal:hostname",
+            "report.html#decode_tok_s.png:0: png-metadata"} <= found, found
+    assert "report.html#measurements.csv:2: abs-path" in str(err.value) and "qx_bob" not in str(err.value)
+
+
+def test_a_broken_embedded_file_is_named(tmp_path):
+    src = tmp_path / "report.html"
+    src.write_text('<img src="data:image/png;filename=p.png;base64,iVBORw0KGgo="/>\n')
+    with pytest.raises(htmlreport.HtmlReportError, match="p.png"):
+        htmlreport.publish(src, tmp_path / "out.html", IDS)
+
+
+def test_the_command_writes_a_clean_page_and_refuses_a_leaking_one(tmp_path, capsys, monkeypatch):
+    src, out = tmp_path / "report.html", tmp_path / "public.html"
+    src.write_text(page())
+    assert cli.main(["html-report", str(src), "--out", str(out)]) == 0
+    assert "qx_bob" not in out.read_text() and "OK:" in capsys.readouterr().out
+    monkeypatch.setattr(htmlreport, "scrub", lambda html, ids: html)
+    out.unlink()
+    assert cli.main(["html-report", str(src), "--out", str(out)]) == 1
+    assert not out.exists() and "abs-path" in capsys.readouterr().err
+
+
+SNAKEFILE = """
+rule all:
+    input: report("out.txt", caption="cap.rst", category="x"), report("data.json", category="x")
+rule make:
+    output: "out.txt", "data.json"
+    shell: "echo 'built in PATH0' > {output[0]}; echo '{{\\"p\\": \\"PATH1\\"}}' > {output[1]}"
+"""
+
+
+@pytest.mark.skipif(shutil.which("snakemake") is None, reason="snakemake is not on PATH")
+def test_a_real_snakemake_report_is_scrubbed_and_gated_without_false_findings(tmp_path):
+    """Snakemake's own page (its scripts, styles and fonts) passes the gate once scrubbed; the paths a
+    rule's shell command, a caption and the embedded outputs carried are gone."""
+    (tmp_path / "Snakefile").write_text(SNAKEFILE.replace("PATH0", PATHS[0]).replace("PATH1", PATHS[1]))
+    (tmp_path / "cap.rst").write_text(f"A caption naming {PATHS[2]}\n")
+    for args in (["--cores", "1", "--quiet"], ["--report", "report.html"]):
+        subprocess.run([sys.executable, "-m", "snakemake", *args], cwd=tmp_path, check=True, capture_output=True)
+    src = (tmp_path / "report.html").read_text()
+    assert any("qx_bob" in (p.text or "") for p in htmlreport.parts(src))  # the report carries them
+    htmlreport.publish(tmp_path / "report.html", tmp_path / "public.html", IDS)
+    clean = (tmp_path / "public.html").read_text()
+    assert all("qx_bob" not in (p.text or "") for p in htmlreport.parts(clean))
+    assert len(clean) > 0.9 * len(src)  # the page itself left whole
