@@ -112,9 +112,9 @@ def test_a_page_without_data_blocks_is_refused(tmp_path):
 
 def test_a_broken_embedded_file_is_named(tmp_path):
     src = tmp_path / "report.html"
-    src.write_text('<script id="results">\nvar results = {"p": "data:image/png;filename=p.png;base64,iVBORw0KGgo="};\n'
-                   "</script>\n")
-    with pytest.raises(htmlreport.HtmlReportError, match="p.png"):
+    src.write_text('<script id="results">\nvar results = {"p": "' + uri("image/png", "p.png", b"GIF89a, not a PNG")
+                   + '"};\n</script>\n')
+    with pytest.raises(htmlreport.HtmlReportError, match="embedded p.png: not a PNG file"):
         htmlreport.publish(src, tmp_path / "out.html", IDS)
 
 
