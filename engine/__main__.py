@@ -52,6 +52,9 @@ def main(argv=None) -> int:
     serve.add_argument("--malloc-tuning", choices=["on", "off"], default="on",
                        help="on (default): keep memory freed between requests mapped (mallopt), so a steady "
                             "request takes no page faults; off: glibc's defaults")
+    from .httpconn import add_arguments as add_connection_arguments, limits_from
+
+    add_connection_arguments(serve)  # connection cap, timeouts, body limits, backlog (engine/httpconn.py)
     conv = sub.add_parser("convert", help="convert a GGUF file to the engine's fast-loading directory "
                                           "(and build the native kernels, so a server start never compiles)")
     conv.add_argument("gguf")
@@ -99,13 +102,17 @@ def main(argv=None) -> int:
             parser.error(f"--batch-tokens must be >= 1, got {args.batch_tokens}")
         if args.max_queue < 1:
             parser.error(f"--max-queue must be >= 1, got {args.max_queue}")
+        try:
+            limits = limits_from(args)
+        except ValueError as e:
+            parser.error(str(e))
 
         return run_server(args.model, host=args.host, port=args.port, threads=args.threads,
                           max_context=args.max_context, linear=args.linear,
                           decode_threads=args.decode_threads or 0, kv=args.kv,
                           malloc_tuning=args.malloc_tuning == "on", parallel=args.parallel,
                           batch_tokens=args.batch_tokens, max_queue=args.max_queue, fused_decode=args.fused_decode,
-                          fast_paths_off=args.fast_path_off)
+                          fast_paths_off=args.fast_path_off, limits=limits)
     if args.command == "convert":
         from .weights import convert
 

@@ -9,9 +9,12 @@ the default, so a client never gets a silently different answer.
 from __future__ import annotations
 
 import json
+import math
 
 DEFAULT_MAX_TOKENS = 16
 DEFAULT_TEMPERATURE = 0.8  # llama.cpp's default
+#: OpenAI's documented range of ``temperature`` is [0, 2]; beyond it (Infinity, 1e309) is refused
+MAX_TEMPERATURE = 2.0
 MAX_STOP = 16
 
 
@@ -29,7 +32,30 @@ def is_int(x) -> bool:
 
 
 def _is_num(x) -> bool:
-    return (is_int(x) or isinstance(x, float)) and not isinstance(x, bool)
+    """A finite JSON number (not a bool; never NaN or an infinity)."""
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        return False
+    return is_int(x) or math.isfinite(x)
+
+
+def check_strings(body) -> None:
+    """Refuse a body holding a string with a lone UTF-16 surrogate (JSON's ``"\\ud800"``): it is no
+    text, no tokenizer can take it, and it once got a 500. RequestError names where it is."""
+    stack = [("", body)]
+    while stack:
+        where, value = stack.pop()
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                raise RequestError(f"field '{where or 'body'}' holds a lone UTF-16 surrogate, which is not text",
+                                   param=where or None) from None
+        elif isinstance(value, dict):
+            for k, v in value.items():
+                stack.append((f"{where}.{k}" if where else str(k), k))
+                stack.append((f"{where}.{k}" if where else str(k), v))
+        elif isinstance(value, list):
+            stack.extend((f"{where}[{i}]", v) for i, v in enumerate(value))
 
 
 def get_field(body: dict, key: str, check, what: str, default, where: str = ""):
@@ -80,8 +106,8 @@ def parse_common(body: dict) -> dict:
                            "disagree; send one of them", param="max_completion_tokens")
     return {
         "max_tokens": next((v for v in (max_completion, max_tokens) if v is not None), DEFAULT_MAX_TOKENS),
-        "temperature": float(get_field(body, "temperature", lambda v: _is_num(v) and v >= 0, "a number >= 0",
-                                  DEFAULT_TEMPERATURE)),
+        "temperature": float(get_field(body, "temperature", lambda v: _is_num(v) and 0 <= v <= MAX_TEMPERATURE,
+                                       f"a number in [0, {MAX_TEMPERATURE:g}]", DEFAULT_TEMPERATURE)),
         "seed": get_field(body, "seed", lambda v: is_int(v) and -2**63 <= v < 2**64,
                           "an integer in [-2^63, 2^64)", None),
         "stream": get_field(body, "stream", lambda v: isinstance(v, bool), "a boolean", False),

@@ -64,10 +64,20 @@ def intra_op_threads(n: int | None):
 
 
 def sample(logits: torch.Tensor, temperature: float = 0.0, generator: torch.Generator | None = None) -> int:
-    """Greedy (argmax, deterministic) at temperature 0, else a draw from softmax(logits / T)."""
+    """Greedy (argmax, deterministic) at temperature 0, else a draw from softmax(logits / T).
+
+    A temperature so small that logits / T overflows (1e-38 once gave NaN probabilities and a 500)
+    is drawn from softmax((logits - max) / T) in float64 instead, the same distribution computed
+    where it is finite (the top logit is 0, the rest towards -inf); where even that is undefined (a
+    T that rounds to 0), the limit T -> 0: greedy."""
     if temperature <= 0:
         return int(torch.argmax(logits))
-    probs = torch.softmax(logits / temperature, dim=-1)
+    scaled = logits / temperature
+    if not bool(torch.isfinite(scaled).all()):
+        scaled = (logits.double() - logits.max()) / temperature
+        if bool(torch.isnan(scaled).any()):
+            return int(torch.argmax(logits))
+    probs = torch.softmax(scaled, dim=-1)
     return int(torch.multinomial(probs, 1, generator=generator))
 
 

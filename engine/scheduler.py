@@ -161,7 +161,7 @@ class Scheduler:
         self._admit()
         decoding = [s for s in self.running if s.feed is not None]
         if decoding:
-            self._guarded(decoding, self._decode)
+            self._decode(decoding)
         room, first = self.budget - len(decoding), True
         for seq in [s for s in self.running if s.prefilled < len(s.ids)]:
             while seq.slot >= 0 and seq.prefilled < len(seq.ids):
@@ -196,7 +196,8 @@ class Scheduler:
                 seq.sink.started(reuse, seq.limit)
 
     def _guarded(self, seqs: list[Sequence], fn) -> None:
-        """Run a forward over ``seqs``; if it fails, those requests fail and their slots are dropped."""
+        """Run a forward over ``seqs`` (a prompt chunk: one sequence); if it fails, those requests fail
+        and their slots are dropped."""
         try:
             fn(seqs)
         except Exception as e:  # a bug must not stop the other streams
@@ -205,6 +206,30 @@ class Scheduler:
                     self._fail(seq, e)
 
     def _decode(self, seqs: list[Sequence]) -> None:
+        """One batched decode step of ``seqs``; whatever fails fails its own request only. A forward
+        that raises is run again for each sequence alone (it rewrites the same KV position of each
+        slot, so a sequence that succeeds alone gets exactly the token it would have got in the
+        batch); a failure after the forward (sampling, the sink) is that sequence's."""
+        try:
+            logits = self._decode_forward(seqs)  # (B, vocab)
+        except Exception as e:  # noqa: BLE001 -- one request's bad input must not fail its batch
+            if len(seqs) == 1:
+                return self._fail(seqs[0], e)
+            traceback.print_exc()
+            for seq in seqs:
+                if seq.slot >= 0:
+                    self._decode([seq])
+            return
+        for seq, row in zip(seqs, logits):
+            try:
+                self.slots[seq.slot].cached.append(seq.feed)
+                seq.feed = None
+                self._next_token(seq, row)
+            except Exception as e:  # noqa: BLE001 -- as above: this sequence alone fails
+                if seq.slot >= 0:
+                    self._fail(seq, e)
+
+    def _decode_forward(self, seqs: list[Sequence]) -> torch.Tensor:
         tokens = torch.tensor([s.feed for s in seqs])  # (B,)
         positions = torch.tensor([len(s.ids) + s.generated - 1 for s in seqs])  # (B,) where each feed goes
         slots = torch.tensor([s.slot for s in seqs])  # (B,)
@@ -215,10 +240,7 @@ class Scheduler:
         B = len(seqs)
         self.decode_steps, self.decode_tokens, self.last_batch = self.decode_steps + 1, self.decode_tokens + B, B
         self.batch_hist[next((i for i, le in enumerate(BATCH_BUCKETS) if B <= le), len(BATCH_BUCKETS))] += 1
-        for seq, row in zip(seqs, logits):
-            self.slots[seq.slot].cached.append(seq.feed)
-            seq.feed = None
-            self._next_token(seq, row)
+        return logits
 
     def _prefill_chunk(self, seqs: list[Sequence]) -> None:
         (seq,) = seqs

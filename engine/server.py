@@ -44,11 +44,13 @@ freed by one request stays mapped for the next (``--malloc-tuning off`` restores
 from __future__ import annotations
 
 import ctypes
+import io
 import json
 import os
 import queue
+import re
 import resource
-import select
+import selectors
 import signal
 import socket
 import sys
@@ -61,29 +63,18 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import torch
 
 from . import ENGINE_NAME, NATIVE, __version__
-from .api import RequestError, StopMatcher, get_field, is_int, parse_common, parse_messages
+from .api import RequestError, StopMatcher, check_strings, get_field, is_int, parse_common, parse_messages
 from .generate import PREFILL_CHUNK
+from .httpconn import Budget, ClientReader, Limits, SocketWriter, error_body, refuse
 from .scheduler import BATCH_BUCKETS, QueueFull, Scheduler, Sequence
 from .tokenizer import IncrementalDecoder
 from .weights import DEFAULT_LINEAR
 
-MAX_BODY_BYTES = 32 * 1024 * 1024
 #: prompt tokens per chunk and per step with more than one slot (``--batch-tokens``)
 PARALLEL_BATCH_TOKENS = 512
 
 
 # --------------------------------------------------------------------------------------------------
-
-
-def peer_closed(sock: socket.socket) -> bool:
-    """Has the client closed its end of a readable socket? (Nothing to read, or a reset; data, e.g. a
-    pipelined next request, is not a close.)"""
-    try:
-        return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
-    except BlockingIOError:
-        return False
-    except OSError:
-        return True
 
 
 class Completion:
@@ -220,11 +211,7 @@ class ServedModel:
     def prompt_ids(self, body: dict, chat: bool) -> list[int]:
         tok = self.loaded.tokenizer
         if chat:
-            messages = parse_messages(body)
-            try:
-                ids = tok.encode_chat(messages)
-            except Exception as e:  # a template error is the request's fault (raise_exception)
-                raise RequestError(f"chat template failed: {e}", param="messages") from e
+            ids = self.chat_ids(parse_messages(body))
         else:
             prompt = body.get("prompt")
             if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
@@ -247,15 +234,22 @@ class ServedModel:
                                param="messages" if chat else "prompt", code="context_length_exceeded")
         return ids
 
+    def chat_ids(self, messages: list[dict]) -> list[int]:
+        try:
+            return self.loaded.tokenizer.encode_chat(messages)
+        except Exception as e:  # a template error is the request's fault (raise_exception)
+            raise RequestError(f"chat template failed: {e}", param="messages") from e
+
     def memory(self) -> dict:
         return {"kv_bytes": int(self.loaded.model.kv_nbytes()),
                 "kv_bytes_per_position": int(self.loaded.model.kv_bytes_per_position()),
                 "peak_rss_bytes": peak_rss_bytes()}
 
-    def run(self, ids: list[int], p: dict, conn: socket.socket | None = None):
+    def run(self, ids: list[int], p: dict, client: ClientReader | None = None):
         """Queue a generation and yield its events (``Completion``) as the scheduler makes them.
         Closing the generator early cancels the request, which frees its slot; so does the client
-        closing ``conn`` (its socket) while this waits, which also raises ConnectionAbortedError."""
+        closing its connection (*client*'s socket) while this waits, which also raises
+        ConnectionAbortedError. Bytes the client sends meanwhile are kept for its next request."""
         sink = Completion(self, ids, p)
         seq = Sequence(ids, p["max_tokens"], sink, temperature=p["temperature"], seed=p["seed"],
                        ignore_eos=p["ignore_eos"], cache_prompt=p["cache_prompt"])
@@ -265,20 +259,26 @@ class ServedModel:
             sink._close_writer()
             os.close(sink.wake_r)
             raise RequestError(f"server busy: {e}; try again later", 503, "unavailable_error", code="queue_full") from e
-        done, watch = False, conn  # the socket is watched for a close until the client sends more
+        # poll(2) through selectors: no FD_SETSIZE limit (select() broke beyond descriptor 1023)
+        watch = selectors.PollSelector() if hasattr(selectors, "PollSelector") else selectors.DefaultSelector()
+        watch.register(sink.wake_r, selectors.EVENT_READ, None)
+        if client is not None:
+            watch.register(client.sock, selectors.EVENT_READ, client)
+        done = False
         try:
             while True:
                 try:
                     ev = sink.events.get_nowait()
                 except queue.Empty:
-                    fds = [sink.wake_r] if watch is None else [sink.wake_r, watch]
-                    readable = select.select(fds, [], [])[0]  # sleeps until an event or the client moves
-                    if sink.wake_r in readable:
-                        os.read(sink.wake_r, 65536)
-                    if watch is not None and watch in readable:
-                        if peer_closed(watch):
+                    for key, _ in watch.select():  # sleeps until an event or the client moves
+                        if key.data is None:
+                            os.read(sink.wake_r, 65536)
+                            continue
+                        closed = client.absorb()
+                        if closed:
                             raise ConnectionAbortedError("the client disconnected")
-                        watch = None  # a pipelined next request: data, not a close
+                        if closed is None:  # it sent more than a next request while waiting: stop watching
+                            watch.unregister(client.sock)
                     continue
                 if ev[0] == "error":
                     raise RuntimeError(f"generation failed: {type(ev[1]).__name__}: {ev[1]}") from ev[1]
@@ -288,6 +288,7 @@ class ServedModel:
                 if done:
                     return
         finally:
+            watch.close()
             if not done:
                 self.scheduler.cancel(seq)
             os.close(sink.wake_r)
@@ -362,10 +363,16 @@ class Handler(BaseHTTPRequestHandler):
     engine: ServedModel  # set on the subclass made by make_server
 
     def setup(self):
-        super().setup()
+        self.connection = self.request
         # Headers and the first streamed chunk are two small writes; with Nagle's algorithm the
         # second waits for the client's (delayed) ACK of the first: 40+ ms on a reused connection.
         self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.reader = ClientReader(self.connection)  # every read under a deadline (engine/httpconn.py)
+        self.rfile = io.BufferedReader(self.reader, 1 << 16)
+        self.wfile = SocketWriter(self.connection)
+
+    def finish(self):
+        pass  # nothing buffered on the way out; the server closes the socket
 
     def handle(self):
         try:
@@ -373,6 +380,64 @@ class Handler(BaseHTTPRequestHandler):
         except (ConnectionError, TimeoutError) as e:
             self.log_message("client connection closed: %s", type(e).__name__)  # one line, no traceback
             self.close_connection = True
+
+    def handle_one_request(self):
+        """Read one request under the header deadline, then dispatch it (BaseHTTPRequestHandler's,
+        with the deadlines, a 408 for a request cut short, 405 for an unknown method and no HTTP/0.9)."""
+        limits: Limits = self.server.limits
+        self.close_connection = True  # until a whole request line and its headers are in
+        self.command, self.request_version, self.requestline, self.raw_requestline = "", "HTTP/1.1", "", b""
+        self.reader.received = 0
+        self.reader.deadline = time.monotonic() + limits.header_timeout_s
+        try:
+            self.raw_requestline = self.rfile.readline(65537)
+            if not self.raw_requestline:
+                return
+            if len(self.raw_requestline) > 65536:
+                return self.send_error(414)
+            if not self.parse_request():
+                return  # parse_request answered (400, 431, ...)
+        except TimeoutError:
+            if self.reader.received:  # a request begun and never finished; an idle connection just closes
+                self.send_error(408, f"the request's headers did not arrive within {limits.header_timeout_s:g} s")
+            return
+        finally:
+            self.reader.deadline = None
+        if self.request_version == "HTTP/0.9":
+            return self.send_error(400, "HTTP/0.9 requests are not supported")
+        method = getattr(self, "do_" + self.command, None)
+        if method is None:
+            return self.send_error(405, f"method {self.command} is not allowed")
+        self.connection.settimeout(limits.body_timeout_s)  # each write of the response, to a client not reading
+        method()
+        self.wfile.flush()
+
+    def send_error(self, code, message=None, explain=None):
+        """Every error the HTTP layer itself sends (a malformed request line, headers too large, a
+        timeout...) in OpenAI's JSON shape, never the standard library's HTML page; the connection is
+        closed after it. A version the server does not speak is a 400 (the client's request is wrong)."""
+        if code == 505:
+            code = 400
+        short = self.responses.get(code, ("Error", ""))[0]
+        if self.request_version == "HTTP/0.9":
+            self.request_version = "HTTP/1.1"  # an answer with a status line, never a bare body
+        kind = {404: "not_found_error", 408: "timeout_error", 503: "unavailable_error"}.get(code, "invalid_request_error")
+        body = error_body(f"{short}: {message or short}" + (f" ({explain})" if explain else ""), kind)
+        self.close_connection = True
+        try:
+            self.send_response(code, short)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.send_header("Connection", "close")
+            self.end_headers()
+            # a HEAD answer has no body, even when the request line failed to parse before the
+            # method was taken from it (``HEAD /x HTTP/2.0``: found by tests/engine/test_server_fuzz.py)
+            line = getattr(self, "raw_requestline", b"")
+            head = self.command == "HEAD" or (not self.command and line.split(b" ", 1)[0] == b"HEAD")
+            if not head:
+                self.wfile.write(body)
+        except OSError:
+            pass
 
     def log_message(self, format, *args):  # one short line per request, on stderr
         sys.stderr.write(f"{self.address_string()} {format % args}\n")
@@ -382,6 +447,8 @@ class Handler(BaseHTTPRequestHandler):
         self.send_response(status)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(data)))
+        if self.close_connection:
+            self.send_header("Connection", "close")
         self.end_headers()
         if self.command != "HEAD":
             self.wfile.write(data)
@@ -392,22 +459,52 @@ class Handler(BaseHTTPRequestHandler):
     def _send_error(self, e: RequestError) -> None:
         self._send_json(e.status, {"error": {"message": str(e), "type": e.kind, "param": e.param, "code": e.code}})
 
-    def _read_body(self) -> dict:
-        try:
-            length = int(self.headers.get("Content-Length", "0"))
-        except ValueError:
-            raise RequestError("bad Content-Length header") from None
-        if length > MAX_BODY_BYTES:
+    def _body_length(self) -> int:
+        """The request body's length from its headers; RequestError (and the connection closed: its
+        body cannot be skipped) for a transfer coding, a missing, bad or ambiguous Content-Length, or
+        a body beyond ``--max-body-bytes``."""
+        if "Transfer-Encoding" in self.headers:
             self.close_connection = True
-            raise RequestError(f"request body of {length} bytes is too large", status=413)
-        raw = self.rfile.read(length) if length > 0 else b""
+            coding = self.headers["Transfer-Encoding"]
+            if "chunked" in coding.lower():
+                raise RequestError("chunked request bodies are not supported: send the body with a "
+                                   "Content-Length header", 411, code="length_required")
+            raise RequestError(f"Transfer-Encoding {coding[:40]!r} is not supported", 501, "not_implemented_error")
+        values = {v.strip() for v in self.headers.get_all("Content-Length") or []}
+        if not values:
+            self.close_connection = True
+            raise RequestError("a POST needs a Content-Length header", 411, code="length_required")
+        value = values.pop()
+        if values or not re.fullmatch(r"[0-9]{1,18}", value):
+            self.close_connection = True
+            raise RequestError(f"bad Content-Length header {value[:40]!r}", code="bad_content_length")
+        length = int(value)
+        if length > self.server.limits.max_body_bytes:
+            self.close_connection = True
+            raise RequestError(f"request body of {length} bytes is larger than the server's limit of "
+                               f"{self.server.limits.max_body_bytes} (--max-body-bytes)", status=413)
+        return length
+
+    def _read_body(self) -> dict:
+        length = self._body_length()
+        limits, budget = self.server.limits, self.server.budget
+        if not budget.take(length):
+            self.close_connection = True
+            raise RequestError(f"server busy: request bodies being read exceed {limits.body_budget_bytes} bytes "
+                               "(--body-budget); try again later", 503, "unavailable_error", code="body_budget")
         try:
-            body = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise RequestError(f"malformed JSON body: {e}") from None
-        if not isinstance(body, dict):
-            raise RequestError("the JSON body must be an object")
-        return body
+            self.reader.deadline = time.monotonic() + limits.body_timeout_s
+            raw = self.rfile.read(length) if length > 0 else b""
+        except TimeoutError:
+            self.close_connection = True
+            raise RequestError(f"the request body ({length} bytes) did not arrive within {limits.body_timeout_s:g} s",
+                               408, "timeout_error", code="body_timeout") from None
+        finally:
+            self.reader.deadline = None
+            budget.give(length)
+        if len(raw) < length:
+            raise ConnectionAbortedError("the client closed the connection in the middle of the body")
+        return parse_json_body(raw)
 
     def _chunk(self, data: bytes) -> None:
         self.wfile.write(b"%X\r\n%s\r\n" % (len(data), data))
@@ -421,6 +518,8 @@ class Handler(BaseHTTPRequestHandler):
         self.do_GET()
 
     def do_GET(self):
+        if "Transfer-Encoding" in self.headers or self.headers.get("Content-Length", "0").strip() not in ("", "0"):
+            self.close_connection = True  # a body we do not read: the connection cannot carry on
         loaded = self.engine.loaded
         path = self.path.split("?", 1)[0]
         if path == "/health":
@@ -439,7 +538,8 @@ class Handler(BaseHTTPRequestHandler):
                 self._send_error(RequestError(f"model {name!r} does not exist", 404, "not_found_error",
                                               param="model", code="model_not_found"))
         elif path == "/metrics":
-            self._send(200, self.engine.metrics().encode(), "text/plain; version=0.0.4; charset=utf-8")
+            text = self.engine.metrics() + self.server.metrics()
+            self._send(200, text.encode(), "text/plain; version=0.0.4; charset=utf-8")
         elif path == "/props":  # llama-server's route for the server's settings; here what runs
             self._send_json(200, {"engine_facts": self.engine.facts()})
         else:
@@ -462,7 +562,7 @@ class Handler(BaseHTTPRequestHandler):
             routes[self.path](body)
         except RequestError as e:
             self._send_error(e)
-        except ConnectionError:
+        except (ConnectionError, TimeoutError):
             self.log_message("client connection closed mid-response")
             self.close_connection = True
         except Exception as e:  # a bug must not take the server down; report it as a 500
@@ -472,7 +572,7 @@ class Handler(BaseHTTPRequestHandler):
     def tokenize(self, body: dict) -> None:
         tok = self.engine.loaded.tokenizer
         if "messages" in body:
-            ids = tok.encode_chat(parse_messages(body))
+            ids = self.engine.chat_ids(parse_messages(body))
         else:
             content = body.get("content")
             if not isinstance(content, str):
@@ -487,7 +587,7 @@ class Handler(BaseHTTPRequestHandler):
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         head = {"id": rid, "object": "chat.completion" if chat else "text_completion",
                 "created": int(time.time()), "model": self.engine.loaded.name}
-        events = self.engine.run(ids, p, conn=self.connection)
+        events = self.engine.run(ids, p, client=self.reader)
         if p["stream"]:
             self._stream(events, head, p, chat)
         else:
@@ -560,7 +660,7 @@ class Handler(BaseHTTPRequestHandler):
                         self._event(dict(chunk_head, choices=[], usage=stats["usage"], **self._extras(stats)))
             self._event(b"[DONE]")
             self._chunk(b"")  # end of the chunked body
-        except ConnectionError:
+        except (ConnectionError, TimeoutError):
             self.log_message("client left mid-stream")  # closing the generator frees the request's slot
             self.close_connection = True
         except Exception as e:
@@ -576,8 +676,72 @@ class Handler(BaseHTTPRequestHandler):
             events.close()
 
 
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not JSON (send a finite number)")
+
+
+def parse_json_body(raw: bytes) -> dict:
+    """A request body as a JSON object; RequestError (400) naming what is wrong: not JSON, NaN or
+    Infinity (not JSON either, though Python reads them), nested too deeply, not an object, or a
+    string holding a lone UTF-16 surrogate (which no tokenizer can take)."""
+    try:
+        body = json.loads(raw, parse_constant=_no_constant)
+    except RecursionError:
+        raise RequestError("malformed JSON body: nested too deeply") from None
+    except (ValueError, UnicodeDecodeError) as e:
+        raise RequestError(f"malformed JSON body: {e}"[:300]) from None
+    if not isinstance(body, dict):
+        raise RequestError("the JSON body must be an object")
+    check_strings(body)
+    return body
+
+
 class Server(ThreadingHTTPServer):
+    """A thread per connection, at most ``limits.max_connections`` at once (one more gets a 503
+    from the accepting thread and is closed), with a listen backlog of ``limits.backlog``."""
+
     daemon_threads = True
+
+    def __init__(self, address, handler, limits: Limits):
+        self.limits, self.budget = limits, Budget(limits.body_budget_bytes)
+        self.request_queue_size = limits.backlog  # listen()'s backlog, read by server_activate
+        self.active = self.refused = 0
+        self.active_lock = threading.Lock()
+        super().__init__(address, handler)
+
+    def process_request(self, request, client_address):
+        with self.active_lock:
+            full = self.active >= self.limits.max_connections
+            self.active += not full
+            self.refused += full
+        if full:
+            refuse(request, 503, "Service Unavailable", f"server busy: {self.limits.max_connections} connections "
+                   "are open (--max-connections); try again later", "unavailable_error", "too_many_connections")
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:  # no thread started: this connection is not open
+            with self.active_lock:
+                self.active -= 1
+            raise
+
+    def process_request_thread(self, request, client_address):
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            with self.active_lock:
+                self.active -= 1
+
+    def metrics(self) -> str:
+        rows = [("connections_open", "gauge", "Connections being served now.", self.active),
+                ("connections_max", "gauge", "Connections served at once (--max-connections).",
+                 self.limits.max_connections),
+                ("connections_refused_total", "counter", "Connections refused with 503: too many open.", self.refused),
+                ("body_bytes_reading", "gauge", "Bytes of request bodies being read now (of --body-budget).",
+                 self.budget.used)]
+        return "".join(f"# HELP pairbench_engine_{n} {h}\n# TYPE pairbench_engine_{n} {k}\npairbench_engine_{n} {v}\n"
+                       for n, k, h, v in rows)
 
     def handle_error(self, request, client_address):
         # A client that resets its connection is routine: one line, not socketserver's traceback.
@@ -588,9 +752,9 @@ class Server(ThreadingHTTPServer):
             super().handle_error(request, client_address)
 
 
-def make_server(engine: ServedModel, host: str, port: int) -> Server:
+def make_server(engine: ServedModel, host: str, port: int, limits: Limits | None = None) -> Server:
     handler = type("BoundHandler", (Handler,), {"engine": engine})
-    server = Server((host, port), handler)
+    server = Server((host, port), handler, limits or Limits())
     server.started = time.time()
     return server
 
@@ -630,7 +794,8 @@ def tune_malloc() -> dict:
 def serve(spec: str, host: str = "127.0.0.1", port: int = 8080, threads: int | None = None,
           max_context: int | None = None, linear: str = DEFAULT_LINEAR, decode_threads: int | None = None,
           kv: str = "auto", malloc_tuning: bool = True, parallel: int = 1, batch_tokens: int | None = None,
-          max_queue: int = 128, fused_decode: str | None = None, fast_paths_off=None) -> int:
+          max_queue: int = 128, fused_decode: str | None = None, fast_paths_off=None,
+          limits: Limits | None = None) -> int:
     """Listen at once (``/health`` answers 503 while loading), load the model, serve until SIGTERM/SIGINT."""
     tuned = tune_malloc() if malloc_tuning else {}
     if threads is not None:
@@ -638,7 +803,7 @@ def serve(spec: str, host: str = "127.0.0.1", port: int = 8080, threads: int | N
     decode_threads = decode_threads or None  # None or 0: all of the process's threads (--threads)
     engine = ServedModel(spec, max_context, linear, decode_threads, kv, parallel, batch_tokens, max_queue, fused_decode,
                          fast_paths_off)
-    server = make_server(engine, host, port)
+    server = make_server(engine, host, port, limits)
     thread = threading.Thread(target=server.serve_forever, name="http", daemon=True)
     thread.start()
 

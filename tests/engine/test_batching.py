@@ -281,3 +281,57 @@ def test_a_request_that_fails_at_admission_takes_no_slot_and_the_next_one_runs(t
     assert bad.reason.startswith("failed:") and bad.tokens == []
     assert good.reason == "length" and len(good.tokens) == 3
     assert all(slot.seq is None for slot in sched.slots) and not sched.running
+
+
+class ExplodingSink(FailingSink):
+    """A request whose text side raises on its 4th token, inside a batched decode step."""
+
+    def token(self, token):
+        if len(self.tokens) == 3:
+            raise RuntimeError("this request's sink broke")
+        return super().token(token)
+
+
+def test_a_request_failing_inside_a_batched_step_fails_alone(tiny4):
+    """Four streams decode in one batch; one of them fails in the middle of a step (after the batched
+    forward, at its own token). The other three finish with exactly the tokens each gets alone, and
+    the failing one gets the failure, not their tokens."""
+    want = [alone(tiny4, p, 11)[1][:12] for p in PROMPTS[:4]]
+    sched, ref = make(tiny4, chunk=64)
+    sinks = [submit(sched, ref, p, 12, cache_prompt=False) for p in (PROMPTS[0], PROMPTS[2], PROMPTS[3])]
+    bad = ExplodingSink(ref)
+    sched.submit(Sequence(list(PROMPTS[1]), 12, bad, ignore_eos=True, cache_prompt=False))
+    run_until_idle(sched)
+    assert [s.tokens for s in sinks] == [want[0], want[2], want[3]]
+    assert all(s.reason == "length" for s in sinks)
+    assert bad.reason == "failed: this request's sink broke" and bad.tokens == want[1][:3]
+    assert max(sched.batch_hist[2:]) > 0 and not sched.running  # they did decode in batches of 3-4
+
+
+def test_a_batched_forward_that_fails_is_retried_per_request_and_fails_only_its_culprit(tiny4, monkeypatch):
+    """The batched decode forward itself raises whenever the poisoned slot is in the batch (as a
+    bad input of one request would make it): each sequence is then decoded alone, the poisoned one
+    fails, and the rest finish with exactly their tokens alone (the retry rewrites the same KV
+    position, so nothing is lost or doubled)."""
+    want = [alone(tiny4, p, 9)[1][:10] for p in PROMPTS[:4]]
+    sched, ref = make(tiny4, chunk=64)
+    sinks = [submit(sched, ref, p, 10, cache_prompt=False) for p in (PROMPTS[0], PROMPTS[2], PROMPTS[3])]
+    bad = FailingSink(ref)
+    sched.submit(Sequence(list(PROMPTS[1]), 10, bad, ignore_eos=True, cache_prompt=False))
+    sched.step()  # everyone admitted and prefilled: the poisoned request's slot is known now
+    poisoned = next(s.slot for s in sched.running if s.sink is bad)
+    real = tiny4.model.decode
+    calls = []
+
+    def decode(tokens, positions, slots):
+        calls.append(len(slots))
+        if poisoned in slots.tolist():
+            raise RuntimeError("a bad input in this batch")
+        return real(tokens, positions, slots)
+
+    monkeypatch.setattr(tiny4.model, "decode", decode)
+    run_until_idle(sched)
+    assert [s.tokens for s in sinks] == [want[0], want[2], want[3]]
+    assert bad.reason == "failed: a bad input in this batch" and bad.tokens == want[1][:1]
+    assert calls[0] == 4 and calls[1:5] == [1, 1, 1, 1]  # the failed batch of 4, then each alone
+    assert all(slot.seq is None for slot in sched.slots)

@@ -196,14 +196,31 @@ def test_max_tokens_zero(server):
     assert r["usage"]["completion_tokens"] == 0 and r["choices"][0]["text"] == ""
 
 
-def test_client_disconnect_mid_stream_releases_the_model(server):
-    body = {"prompt": "Leave early", "max_tokens": 200, "temperature": 0, "ignore_eos": True, "stream": True}
-    with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=30) as r:
-        for line in r.iter_lines():
-            if line.startswith("data: "):
-                json.loads(line[6:])
-                break
-    assert complete(server, prompt="after", max_tokens=2, cache_prompt=False)["usage"]["completion_tokens"] == 2
+def test_client_disconnect_mid_stream_releases_the_model(repo_root):
+    """A client that leaves after its first token cancels its request: the generation stops (it is
+    never counted as a completed request, and its 4,000 tokens are never generated) and the slot
+    serves the next request. (It once only checked that a later request succeeded, which it did
+    even when the abandoned one ran to its end.)"""
+    from tests.engine.test_server_parallel import metrics, wait_idle
+
+    srv = ServerProcess(repo_root, "tiny", ["--max-context", "4096"])
+    try:
+        before = metrics(srv)
+        body = {"prompt": "Leave early", "max_tokens": 4000, "temperature": 0, "ignore_eos": True, "stream": True,
+                "cache_prompt": False}
+        with httpx.stream("POST", srv.url + "/v1/completions", json=body, timeout=30) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    json.loads(line[6:])
+                    break
+        wait_idle(srv)
+        after = metrics(srv)
+        assert after["requests_total"] == before["requests_total"]
+        assert after["generated_tokens_total"] == before["generated_tokens_total"]
+        assert complete(srv, prompt="after", max_tokens=2, cache_prompt=False)["usage"]["completion_tokens"] == 2
+        assert metrics(srv)["requests_total"] == before["requests_total"] + 1
+    finally:
+        srv.stop()
 
 
 def test_sigterm_exits_cleanly(repo_root):
@@ -355,7 +372,6 @@ def test_first_streamed_chunk_is_not_held_back_on_a_reused_connection(server):
     gap between sending a request and reading its first chunk, beyond the engine's own prompt time,
     stays small on every request after the first."""
     import socket
-    import statistics
     import time
 
     body = json.dumps({"prompt": "Nagle", "max_tokens": 2, "temperature": 0, "ignore_eos": True,
@@ -375,4 +391,8 @@ def test_first_streamed_chunk_is_not_held_back_on_a_reused_connection(server):
                 buf += s.recv(65536)
             timings = json.loads(next(line[6:] for line in buf.split(b"\r\n") if b'"timings"' in line))["timings"]
             excess.append((t_first - t0) * 1e3 - timings["prompt_ms"])
-    assert statistics.median(excess[1:]) < 20, excess  # the first request opens the connection
+    # Nagle held every chunk after the first request for the client's delayed ACK, at least 40 ms
+    # (Linux's TCP_DELACK_MIN): so the *fastest* of the later requests shows it, whatever the load.
+    # A loaded host adds delays to some requests, never takes 40 ms off all seven. (The median
+    # against 20 ms failed under load.)
+    assert min(excess[1:]) < 35, excess  # the first request opens the connection

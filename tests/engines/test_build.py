@@ -116,7 +116,8 @@ def test_embedded_converts_once_per_tree_and_model_and_hands_the_server_the_conv
     again = run(tmp_path, {}, tree, model, log="b2.log")
     assert [s["step"] for s in again["steps"]] == ["byte_compile", "version", "fast_paths"]
     assert again["conversion"]["cached"]
-    assert list((tmp_path / "cache").iterdir()) == [tmp_path / "cache" / key]  # no partial folder left behind
+    # no partial folder left behind (the key's lock file stays: taking turns needs it to exist)
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == sorted([key, f".{key}.lock"])
 
 
 def test_embedded_named_model_is_not_converted_and_its_name_is_the_argument(tmp_path):
@@ -207,3 +208,79 @@ def test_what_a_build_added_is_named_by_its_topmost_new_folder_or_by_itself(tmp_
         (tmp_path / rel).write_text(rel)
     assert build_outputs(tmp_path, source) == [".venv", "build", "vllm.egg-info", "vllm/_C.abi3.so", "vllm/ops/gen"]
     assert sorted(manifest(tmp_path, build_outputs(tmp_path, source))) == source
+
+
+# --- the conversion cache under concurrent builds ----------------------------------------------------
+
+SLOW_CONVERT = (
+    "import sys, time, pathlib\n"
+    "gguf, out = sys.argv[1], pathlib.Path(sys.argv[2])\n"
+    "with open(pathlib.Path(gguf).parent / 'conversions.txt', 'a') as fh:\n"
+    "    fh.write(out.name + '\\n')\n"
+    "(out / 'part1').write_text('1')\n"
+    "time.sleep(SLEEP_S)\n"
+    "(out / 'config.json').write_text('{}')\n"
+)
+
+
+def _convert_args(tmp_path, sleep_s: float):
+    from pairbench.arms import build
+
+    tree = exported(tmp_path)
+    model = Path(gguf(tmp_path)["path"])
+    # a converter taking (gguf, out) last, as the engine's does, that writes its output in two parts
+    argv = [sys.executable, "-c", SLOW_CONVERT.replace("SLEEP_S", repr(sleep_s))]
+    return build, tree, model, argv
+
+
+def test_two_builds_of_one_key_convert_once_and_neither_removes_the_others_folder(tmp_path):
+    """Issue 38: the cache's rmtree raced a concurrent build of the same key (one build could delete
+    the folder the other had just finished, or fail renaming onto it). Two builds at once: the
+    converter runs once, both get the same complete folder, one of them as cached."""
+    import threading
+
+    build, tree, model, argv = _convert_args(tmp_path, 1.0)
+    source = source_of(tree)
+    results, errors = [], []
+
+    def one(i):
+        try:
+            results.append(build._convert("cand", argv, model, source, arm_dir=tree, cache_dir=tmp_path / "cache",
+                                          log=tmp_path / f"b{i}.log", timeout_s=60, root=tmp_path))
+        except Exception as exc:  # noqa: BLE001 -- reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert errors == []
+    assert sorted(r[0]["cached"] for r in results) == [False, True]
+    assert (model.parent / "conversions.txt").read_text().count("\n") == 1  # converted once
+    key = results[0][0]["key"]
+    out = tmp_path / "cache" / key
+    assert sorted(p.name for p in out.iterdir()) == [".complete", "config.json", "part1"]
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == sorted([key, f".{key}.lock"])
+
+
+def test_a_crashed_conversions_leftover_is_replaced_and_a_failed_one_leaves_nothing(tmp_path):
+    build, tree, model, argv = _convert_args(tmp_path, 0.0)
+    source = source_of(tree)
+    key = conversion_key(source["patched"]["tree_sha256"], hashlib.sha256(b"GGUF fake weights").hexdigest())
+    leftover = tmp_path / "cache" / key
+    leftover.mkdir(parents=True)
+    (leftover / "part1").write_text("half")  # no .complete: a conversion that died
+    rec, step = build._convert("cand", argv, model, source, arm_dir=tree, cache_dir=tmp_path / "cache",
+                               log=tmp_path / "b.log", timeout_s=60, root=tmp_path)
+    assert rec["cached"] is False and step["exit_code"] == 0
+    assert sorted(p.name for p in leftover.iterdir()) == [".complete", "config.json", "part1"]
+    assert (leftover / "part1").read_text() == "1"
+    other = tmp_path / "other"
+    other.mkdir()
+    failing = [sys.executable, "-c", "import sys; sys.exit(3)"]
+    src2 = {**source, "patched": {**source["patched"], "tree_sha256": "f" * 64}}
+    with pytest.raises(BuildError, match="convert"):
+        build._convert("cand", failing, model, src2, arm_dir=tree, cache_dir=other, log=tmp_path / "b2.log",
+                       timeout_s=60, root=tmp_path)
+    assert [p.name for p in other.iterdir() if not p.name.endswith(".lock")] == []

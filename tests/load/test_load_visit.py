@@ -83,9 +83,11 @@ def test_closed_loop_levels_in_counterbalanced_order_every_request_gated(tmp_pat
             assert len(private["level"]["records"]) == 11 and all(g["gates"]["cold_cache"] for g in private["gates"])
             assert r["requests_sha256"] == digest(private)
             assert outputs[r["condition"]]["text"]  # the first measured request's output, for validation
-    # the output throughput rises with the streams on a batching server
+    # the output throughput rises with the streams on a batching server: a ratio with a generous bound
+    # (measured under load 2.7 on 2 cores: 4 streams gave 2.5-3.6x the output of 1; the chain
+    # 1 < 2 < 4 had margins down to 1.4x and could invert on a busier host)
     tput = {r["concurrency"]: r["metrics"]["output_tok_s"] for r in judged(bodies[0][0], plan)["records"]}
-    assert tput[1] < tput[2] < tput[4]
+    assert tput[4] > 1.5 * tput[1], tput
 
 
 def test_an_open_loop_level_runs_on_its_planned_schedule(tmp_path):

@@ -60,9 +60,12 @@ def test_open_loop_never_waits_for_replies(fake):
     assert all(r.ok for r in run.records)
     assert max(r.sent_s for r in run.records) < min(r.end_s for r in run.records)
     assert [r.scheduled_s for r in run.records] == list(sched.offsets_s)
+    assert all(r.sent_s >= r.scheduled_s for r in run.records)  # never early: each waits for its arrival
     m = level_metrics(run.client(), level="r10", percentiles=(50,))
     assert m.offered_rate_rps == pytest.approx(10.0)
-    assert m["achieved_rate_rps"] == pytest.approx(10.0, rel=0.05)
+    # late sends lower the achieved rate; the bound is generous (measured under load 2.9 on 2 cores:
+    # 0.4-5 ms of lag over a 0.7 s schedule, achieved 9.93-9.99 req/s), the exact checks are above
+    assert m["achieved_rate_rps"] == pytest.approx(10.0, rel=0.2)
 
 
 def test_a_stalled_stream_times_out_while_the_client_idles(fake):

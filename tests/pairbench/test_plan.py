@@ -51,7 +51,22 @@ def test_salts_differ_per_round_and_depend_on_seed():
 
 
 def test_same_config_same_plan_and_hash():
-    assert pb_plan.make_plan(cfg(), REPO) == pb_plan.make_plan(cfg(), REPO)
+    """The same config gives the same plan in another process, under another hash seed (a plan
+    that leaned on Python's salted ``hash`` or on set order would differ there), and a different
+    measurement config a different hash."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    here = pb_plan.make_plan(cfg(), REPO)
+    script = ("import json, sys; from pathlib import Path; from pairbench.core import plan; "
+              "print(json.dumps(plan.make_plan(json.loads(sys.argv[1]), Path(sys.argv[2])), sort_keys=True))")
+    for hash_seed in ("1", "4242"):
+        env = dict(os.environ, PYTHONHASHSEED=hash_seed, PYTHONPATH=str(REPO / "workflow"))
+        out = subprocess.run([sys.executable, "-c", script, json.dumps(cfg()), str(REPO)], env=env, check=True,
+                             capture_output=True, text=True).stdout
+        assert json.loads(out) == json.loads(json.dumps(here, sort_keys=True)), hash_seed
     assert pb_plan.config_sha256(cfg()) != pb_plan.config_sha256(cfg(rounds=6))
     assert pb_plan.make_plan(cfg(), REPO)["max_context"] == 400 + 8 + 16
 

@@ -60,7 +60,7 @@ def test_planted_identifiers_never_reach_the_bundle(planted):
     assert result["excluded"] == ["logs/server.log", "outputs/r01-candidate-in256-out64.json"]
     assert result["findings"] == 0 and result["files"] == len(files) and result["patches_checked"]
     line = re.fullmatch(r"0 findings by detect-secrets \((\d+) plugins, independent of the scrubber\), by the "
-                        r"scrubber's own 15 pattern rules and this machine's literal identifiers \((\d+) categories\) "
+                        r"scrubber's own 16 pattern rules and this machine's literal identifiers \((\d+) categories\) "
                         r"re-run over its output, and by 3 file checks \(PNG metadata, symlinks, UTF-8\), over "
                         rf"{len(files)} files", result["report_line"])
     assert line, result["report_line"]
@@ -231,3 +231,39 @@ def test_a_candidate_whose_patches_do_not_give_its_measured_source_is_named(plan
     with pytest.raises(publish.PublishError, match=r"^candidate tag: patched source differs from the measured one"):
         planted["build"](patched_files=None, patch_sets=candidate_sets(planted, {"engine/model.py": model}))
     assert not planted["out"].exists()
+
+
+BOB_PATHS = ["/opt/qx_bob/toolchain/bin/g++", "/scratch/qx_bob/jobs/4711/build", "/tmp/qx_bob-tmp/bench.log",
+             "/var/spool/slurmd/job4711/slurm_script"]
+
+
+def test_a_path_under_any_prefix_never_reaches_the_bundle(planted):
+    """Issue 38: a candidate patch whose header names a toolchain, a sibling build directory and a
+    log under prefixes the scrubber did not know (/opt, /scratch, /tmp; a user it was not told of),
+    and an engine's error text in the report naming a Slurm spool path, were published verbatim and
+    the gate said nothing. Now every absolute path is scrubbed, and the patch still applies."""
+    tmp = planted["tmp"]
+    patch = (DATA / "0001-int8-path.patch").read_text().replace(
+        "Measured on zq-devbox-07.\n",
+        f"Measured on zq-devbox-07.\nBuilt with {BOB_PATHS[0]} in {BOB_PATHS[1]}; log {BOB_PATHS[2]}.\n")
+    (tmp / "0001-int8-path.patch").write_text(patch)
+    files = dict(planted["run"]["files"])
+    readme = Path(files["README.md"]).read_text() + f"\nengine error: cannot open {BOB_PATHS[3]}: denied\n"
+    files["README.md"] = readme.encode()
+    patches = dict(planted["run"]["patches"], **{"0001-int8-path": tmp / "0001-int8-path.patch"})
+    result = planted["build"](files=files, patches=patches)
+    bundle = bundle_bytes(planted["out"])
+    for rel, data in bundle.items():
+        assert b"qx_bob" not in data and b"slurmd" not in data, rel
+    assert b"Built with <path> in <path>; log <path>." in bundle["patches/0001-int8-path.patch"]
+    assert result["findings"] == 0 and result["patches_checked"]
+
+
+def test_the_gate_fails_on_a_path_that_bypassed_the_scrubber(tmp_path):
+    """The gate's own detector: an absolute path written into a bundle file behind the scrubber's
+    back is a finding, whatever its prefix."""
+    from pairbench.publish import leakgate
+
+    (tmp_path / "README.md").write_text("ok\n" + "\n".join(f"see {p}" for p in BOB_PATHS) + "\n")
+    found = [(f.file, f.line, f.detector, f.value) for f in leakgate.scan(tmp_path, {})]
+    assert found == [("README.md", i + 2, "abs-path", p) for i, p in enumerate(BOB_PATHS)]

@@ -2,7 +2,8 @@
 
 from pairbench.publish.report import isolation_lines
 
-ALL = ["env", "tmpdir", "rlimit", "wall", "output", "netns", "landlock-fs", "landlock-net", "landlock-scope", "audit"]
+ALL = ["env", "tmpdir", "rlimit", "wall", "output", "user", "pidns", "mountns", "netns", "landlock-fs", "landlock-net",
+       "landlock-scope", "audit"]
 
 
 def _rec(missing=None, sandboxed=True):
@@ -21,8 +22,8 @@ def _validations(*records_per_visit):
 
 def test_every_layer_applied_is_said_in_one_line():
     lines = isolation_lines(_validations([_rec([]), _rec([])], [_rec([])]))
-    assert lines == ["Sandbox isolation: all 10 layers (env, tmpdir, rlimit, wall, output, netns, landlock-fs, "
-                     "landlock-net, landlock-scope, audit) applied to each of the 3 records whose function ran in "
+    assert lines == ["Sandbox isolation: all 13 layers (env, tmpdir, rlimit, wall, output, user, pidns, mountns, "
+                     "netns, landlock-fs, landlock-net, landlock-scope, audit) applied to each of the 3 records whose function ran in "
                      "the sandbox; the verdict is decided outside it. (docs/validation.md)", ""]
 
 
@@ -36,6 +37,9 @@ def test_a_missing_layer_is_named_with_how_many_records_lacked_it():
 def test_missing_landlock_fs_says_what_that_means():
     line = isolation_lines(_validations([_rec(["landlock-fs", "landlock-net", "landlock-scope"])]))[0]
     assert "missing `landlock-fs` for 1 of 1; `landlock-net` for 1 of 1; `landlock-scope` for 1 of 1." in line
+    assert "saw only the sandbox's read-only view" in line
+    line = isolation_lines(_validations([_rec(["mountns", "landlock-fs"])]))[0]
+    assert "missing `mountns` for 1 of 1; `landlock-fs` for 1 of 1." in line
     assert "could read this machine's files" in line
 
 

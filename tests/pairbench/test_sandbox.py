@@ -8,9 +8,10 @@ import os
 import socket
 import threading
 
+import psutil
 import pytest
 
-from pairbench.validate import sandbox
+from pairbench.validate import confine, sandbox
 from pairbench.validate.sandbox import run_python_tests
 
 ADD = "def add(a, b):\n    return a + b\n"
@@ -209,22 +210,136 @@ def test_bad_arguments_raise():
         run_python_tests(None, ADD_TESTS)
 
 
-@pytest.mark.skipif(not sandbox._landlock_abi(), reason="CI cannot meet: Landlock is not available on this kernel")
-def test_landlock_alone_contains_writes_and_reads(tmp_path):
-    """The kernel layer holds even when the Python audit hook is switched off."""
+# --- the kernel's layers, each shown to hold with the layers above it switched off ---------------
+#
+# None of these skip: a machine (CI's included) that cannot give the sandbox its namespaces and an
+# unprivileged user gets the verdict "error" from every run, and these tests fail there.
+
+KERNEL_ONLY = frozenset({"audit", "landlock"})  # the Python audit hook and Landlock switched off
+
+
+def test_this_machine_can_confine_model_written_code():
+    how = confine.plan()
+    assert isinstance(how, confine.Plan), how  # else: the reason and how to enable it
+    r = run_python_tests(ADD, ADD_TESTS)
+    assert set(confine.REQUIRED) | {"rlimit"} <= set(r["isolation"]), r
+
+
+def test_the_code_runs_as_an_unprivileged_user_even_as_root():
+    code = ("import os\nIDS = sorted(set(os.getresuid() + os.getresgid()))\n"
+            "CAPS = [l.split()[1] for l in open('/sandbox/status.txt')] if False else None\n")
+    expected = sorted({confine.plan().uid, confine.plan().gid}) if os.geteuid() == 0 else [0]
+    r = run_python_tests(code, f"assert IDS == {expected!r}\n", _off=KERNEL_ONLY)
+    assert r["verdict"] == "pass", r
+    assert "user" in r["isolation"]  # observed from here: no uid 0, no capability, no new privileges
+
+
+def test_the_namespaces_alone_contain_writes_and_reads(tmp_path):
+    """Without the audit hook and Landlock: the harness's files, /tmp and /proc are not in the
+    child's view of the filesystem, and what is in it is read-only outside /sandbox."""
     target = tmp_path / "escaped.txt"
     secret = tmp_path / "secret.txt"
     secret.write_text("s3cr3t")
     code = (
-        "import errno\nresults = []\n"
-        f"for path, mode in (({str(target)!r}, 'w'), ({str(secret)!r}, 'r')):\n"
+        "results = []\n"
+        f"for path, mode in (({str(target)!r}, 'w'), ({str(secret)!r}, 'r'), ({__file__!r}, 'r'),\n"
+        "                   ('/proc/1/environ', 'rb'), ('/usr/escaped.txt', 'w'), ('/escaped.txt', 'w')):\n"
         "    try:\n        open(path, mode)\n        results.append('open')\n"
-        "    except PermissionError:\n        results.append('denied')\n"
+        "    except OSError:\n        results.append('denied')\n"
+        "open('/sandbox/mine.txt', 'w').write('ok')\n"
     )
-    r = run_python_tests(code, "assert results == ['denied', 'denied'], results\n", _audit=False)
+    r = run_python_tests(code, "assert results == ['denied'] * 6\nassert open('/sandbox/mine.txt').read() == 'ok'\n",
+                         _off=KERNEL_ONLY)
+    assert r["verdict"] == "pass", r
+    assert {"mountns", "user"} <= set(r["isolation"]) and "landlock-fs" not in r["isolation"]
+    assert not target.exists()
+
+
+def test_a_patched_realpath_does_not_open_the_filesystem(tmp_path):
+    """Issue 38's attack on a kernel without Landlock: patch os.path.realpath, which the audit hook
+    used, then write outside. The hook now holds its own realpath; the mount namespace holds anyway."""
+    target = tmp_path / "escaped.txt"
+    code = ("import os, os.path\nos.path.realpath = lambda p, **k: '/sandbox/x'\n"
+            f"try:\n    open({str(target)!r}, 'w').write('out')\n    WROTE = True\nexcept OSError:\n    WROTE = False\n")
+    for off in (frozenset({"landlock"}), KERNEL_ONLY):
+        r = run_python_tests(code, "assert WROTE is False\n", _off=off)
+        assert r["verdict"] == "pass", (off, r)
+        assert not target.exists()
+
+
+def test_rebinding_the_audit_hooks_globals_does_not_let_the_code_fork():
+    """Issue 38's first attack: set the runner's _BLOCKED to () and fork. The hook reads its own
+    closure; without it, RLIMIT_NPROC = 0 holds for the unprivileged user (it did not for root)."""
+    code = ("import __main__, os\n__main__._BLOCKED = ()\n__main__._PATH_EVENTS = ()\n"
+            "try:\n    pid = os.fork()\nexcept OSError as e:\n    FORK = type(e).__name__\nelse:\n"
+            "    if pid == 0:\n        os._exit(0)\n    FORK = 'forked'\n")
+    r = run_python_tests(code, "assert FORK == 'PermissionError'\n")
+    assert r["verdict"] == "pass", r
+    r = run_python_tests(code, "assert FORK == 'BlockingIOError'\n", _off=KERNEL_ONLY)  # EAGAIN: RLIMIT_NPROC
+    assert r["verdict"] == "pass", r
+
+
+def _sandboxed_processes() -> list[psutil.Process]:
+    runner = str(sandbox.RUNNER)
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        if runner in " ".join(p.info["cmdline"] or ()):
+            found.append(p)
+    return found
+
+
+def test_no_process_outlives_the_sandbox():
+    """With every layer but the namespaces off (RLIMIT_NPROC too), the candidate forks, the child
+    leaves the process group and session (setsid) and forks a grandchild that would sleep a
+    minute. The candidate's add() returns only once the grandchild has written its handshake file,
+    so it surely ran; when the verdict is in, no process of the sandbox is left, and the verdict
+    did not wait for the grandchild."""
+    code = (
+        "import os, time\n"
+        "if os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
+        "        open('/sandbox/grandchild', 'w').write(str(os.getpid()))\n        time.sleep(60)\n    os._exit(0)\n"
+        "def add(a, b):\n"
+        "    while not os.path.exists('/sandbox/grandchild'):\n        time.sleep(0.01)\n    return a + b\n"
+    )
+    r = run_python_tests(code, ADD_TESTS, timeout_s=20, _off=KERNEL_ONLY | {"nproc"})
+    assert r["verdict"] == "pass", r
+    assert r["duration_s"] < 15
+    assert "pidns" in r["isolation"]
+    assert _sandboxed_processes() == []
+
+
+def test_a_machine_that_cannot_confine_refuses_to_run_the_code(monkeypatch, tmp_path):
+    marker = tmp_path / "ran"
+    code = f"open({str(marker)!r}, 'w')\n" + ADD
+    monkeypatch.setattr(confine, "plan", lambda: "`unshare --pid` failed here (no namespaces): enable them so")
+    r = run_python_tests(code, ADD_TESTS)
+    assert r["verdict"] == "error"
+    assert r["reason"].startswith("the sandbox refuses to run model-written code: `unshare --pid` failed here")
+    assert r["isolation"] == [] and not marker.exists()
+
+
+@pytest.mark.parametrize("layer", confine.REQUIRED)
+def test_a_kernel_layer_the_worker_does_not_show_refuses_the_run(monkeypatch, layer):
+    """The kernel layers come from /proc of the worker, read from the harness's side; one missing
+    refuses the run before the candidate is loaded (this one would sleep a minute at import)."""
+    real = confine.observe
+    monkeypatch.setattr(confine, "observe", lambda pid, how: real(pid, how) - {layer})
+    r = run_python_tests("import time\ntime.sleep(60)\n" + ADD, ADD_TESTS, timeout_s=30)
+    assert r["verdict"] == "error", r
+    assert f"the kernel does not show {layer} for its worker" in r["reason"]
+    assert r["duration_s"] < 20 and layer not in r["isolation"]
+
+
+@pytest.mark.skipif(not sandbox._landlock_abi(), reason="CI cannot meet: Landlock is not available on this kernel")
+def test_landlock_alone_denies_what_the_view_holds():
+    """Landlock on top of the view: /usr/bin is in the view (bound read-only) but not on Landlock's
+    read list, so reading it is denied by Landlock even with the audit hook off."""
+    code = "try:\n    open('/usr/bin/env', 'rb')\n    R = 'open'\nexcept PermissionError:\n    R = 'denied'\n"
+    r = run_python_tests(code, "assert R == 'denied'\n", _off=frozenset({"audit"}))
     assert r["verdict"] == "pass", r
     assert "landlock-fs" in r["isolation"] and "audit" not in r["isolation"]
-    assert not target.exists()
+    r = run_python_tests(code, "assert R == 'open'\n", _off=KERNEL_ONLY)  # the control: the view alone has it
+    assert r["verdict"] == "pass", r
 
 
 # --- hostile code that tries to forge its own verdict ------------------------------------------------

@@ -40,7 +40,10 @@ NEGATIVES = [
     "HF_TOKEN=<redacted> and PASSWORD=${DB_PASSWORD} and OPENAI_API_KEY=***",
     "ether 00:00:00:00:00:00 brd ff:ff:ff:ff:ff:ff",
     "desktop-class and laptop-friendly machines, DESKTOP-ish",
-    "a homepage at /homepage and /usr/share/home-assistant, path engine/Users.py",
+    "a homepage at https://x.example.org/homepage/x and src/Users.py, path engine/Users.py",
+    "tok/s and ms/token, 1/2 and 3/4, docs/perf.md, ~/.cache/pairbench, <path>/engine/x.py, cd /",
+    "--- /dev/null\n+++ b/engine/new.py; GET /v1/chat/completions, /health and /metrics",
+    "</td><td>0.95</td></tr></details><br/>",
     "the ratio 1.163 [1.12, 1.20] p=0.031 over 4 rounds of 256 tokens",
     "time per output token improves; the first token arrives sooner; token throughput doubles",
     "MAX_TOKENS=100000 TOKENIZERS_PARALLELISM=false --max-tokens 64 --token-budget=4096",
@@ -81,7 +84,8 @@ def test_scrub_fqdn_email_secret_and_home():
 
 def test_literal_home_that_is_not_under_home():
     ids = {"home": ["/srv/zq"]}
-    assert scrub_text("model at /srv/zq/models/x.gguf, not /srv/zqx", ids) == "model at ~/models/x.gguf, not /srv/zqx"
+    # the literal home first (its pseudonym ~), then any other absolute path (abs-path)
+    assert scrub_text("model at /srv/zq/models/x.gguf, not /srv/zqx", ids) == "model at ~/models/x.gguf, not <path>"
 
 
 def test_scrub_keeps_json_valid():
@@ -141,8 +145,9 @@ def test_strip_patch_series_in_one_file():
 def test_path_category_and_unknown_categories():
     ids = {"path": ["/work/zq-pb", "/work/zq-pb/results/smoke"], "home": ["/home/zq_alice"], "badge": ["zq-badge-0042"]}
     text = "/work/zq-pb/results/smoke/x.json and /work/zq-pb/engine, not /work/zq-pb2; /home/zq_alice; zq-badge-0042"
-    assert scrub_text(text, ids) == "<path>/x.json and <path>/engine, not /work/zq-pb2; ~; <redacted>"
-    assert {m.detector for m in find(text, ids)} == {"literal:path", "literal:home", "home-path", "literal:badge"}
+    assert scrub_text(text, ids) == "<path>/x.json and <path>/engine, not <path>; ~; <redacted>"
+    assert {m.detector for m in find(text, ids)} == {"literal:path", "literal:home", "home-path", "literal:badge",
+                                                     "abs-path"}
 
 
 def test_scrub_is_idempotent_and_pseudonyms_are_not_identifiers():

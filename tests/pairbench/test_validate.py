@@ -258,17 +258,17 @@ def test_python_function_records_which_isolation_layers_applied(monkeypatch):
 
     v = _run(["python_function"])["python_function"]
     applied, missing = v["isolation"]["applied"], v["isolation"]["missing"]
-    assert {"env", "tmpdir", "rlimit", "wall", "output", "audit"} <= set(applied)
+    # the kernel layers are required: a run without them is refused, never recorded as a pass
+    assert {"env", "tmpdir", "rlimit", "wall", "output", "user", "pidns", "mountns", "netns", "audit"} <= set(applied)
     assert sorted(applied + missing) == sorted(sandbox.LAYERS) and not set(applied) & set(missing)
 
-    # A machine without Landlock or unshare: the record says which layers were missing.
+    # A machine without Landlock: the record says which layers were missing.
+    kernel = ["env", "tmpdir", "rlimit", "wall", "output", "user", "pidns", "mountns", "netns", "audit"]
     real = sandbox.run_python_tests
-    monkeypatch.setattr(sandbox, "run_python_tests", lambda *a, **k: {
-        **real(*a, **k), "isolation": ["env", "tmpdir", "rlimit", "wall", "output", "audit"]})
+    monkeypatch.setattr(sandbox, "run_python_tests", lambda *a, **k: {**real(*a, **k), "isolation": kernel})
     entry = validate.record_entry(_record(), _fixture(), _run(["python_function"]))
     assert entry["verdicts"]["python_function"]["isolation"] == {
-        "applied": ["env", "tmpdir", "rlimit", "wall", "output", "audit"],
-        "missing": ["netns", "landlock-fs", "landlock-net", "landlock-scope"]}
+        "applied": kernel, "missing": ["landlock-fs", "landlock-net", "landlock-scope"]}
     doc = {"schema": artifacts.schema_id("validate"), "inputs": {}, "round": 1, "arm": "baseline", "attempt": 1,
            "cases": ["python_function"], "records": [entry]}
     artifacts.validate("validate", doc)

@@ -153,3 +153,24 @@ def test_manifest_problems(tmp_path, bundle):
     m.write_text(dumps(data))
     problems = verify_bundle(b)
     assert len(problems) == 1 and problems[0].startswith("MANIFEST.json: ") and "sha256" in problems[0]
+
+
+def test_a_table_is_read_back_against_its_schema_naming_file_line_and_column(tmp_path):
+    """Issue 38: publish and the report's landing page read tables/*.csv with a bare pd.read_csv, so a
+    cell of free text (a path, a message) where a number belongs went on into the report."""
+    from pairbench.publish.verify import TableError, read_table
+
+    good = tmp_path / "measurements.csv"
+    good.write_text("round,arm,condition,selected,decode_tok_s\n1,baseline,in256-out64,true,41.5\n")
+    df = read_table(good, publish.CATEGORICAL_FIELDS, required=("round", "arm", "condition", "selected"))
+    assert list(df.columns) == ["round", "arm", "condition", "selected", "decode_tok_s"]
+    assert df["decode_tok_s"].tolist() == [41.5]
+    bad = tmp_path / "bad.csv"
+    bad.write_text("round,arm,condition,selected,decode_tok_s\n1,baseline,in256-out64,true,41.5\n"
+                   "2,baseline,in256-out64,true,see /scratch/qx_bob/log\n")
+    with pytest.raises(TableError, match=r"bad\.csv: line 3: column 'decode_tok_s' is not numeric"):
+        read_table(bad, publish.CATEGORICAL_FIELDS)
+    short = tmp_path / "short.csv"
+    short.write_text("round,arm,condition\n1,baseline,in256-out64\n")
+    with pytest.raises(TableError, match=r"short\.csv: line 1: missing column\(s\) \['selected'\]"):
+        read_table(short, publish.CATEGORICAL_FIELDS, required=("round", "arm", "condition", "selected"))

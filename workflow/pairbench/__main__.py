@@ -18,6 +18,10 @@ Commands:
   (:func:`pairbench.arms.llamacpp_tree.ensure_tree`); prints its path, tag and commit as JSON.
 - ``scan <dir>``: run the leak gate over a folder with this machine's identifiers
   (:func:`pairbench.publish.leakgate.scan`); prints ``file:line: detector`` per finding, never the values.
+- ``html-report <report.html> --out <public.html>``: the page ``snakemake --report`` wrote, its text and
+  every embedded file scrubbed and put through the leak gate with this machine's identifiers
+  (:func:`pairbench.publish.htmlreport.publish`); written only when the gate finds nothing, exit
+  status 1 and ``file:line: detector`` per finding otherwise.
 
 Other stages add their subcommands to :data:`COMMANDS`.
 """
@@ -116,6 +120,26 @@ def _scan(args: argparse.Namespace) -> int:
     return 1 if findings else 0
 
 
+def _html_report(args: argparse.Namespace) -> int:
+    from pairbench.publish import envfacts, htmlreport
+
+    ids = envfacts.identifiers(envfacts.collect(torch=False))
+    try:
+        result = htmlreport.publish(args.report, args.out, ids)
+    except (htmlreport.HtmlReportError, OSError) as exc:
+        print(f"html-report: {exc}", file=sys.stderr)
+        return 1
+    print(f"OK: {result['report']}: 0 findings over the page and {result['embedded']} embedded file(s)")
+    return 0
+
+
+def _add_html_report(sub) -> None:
+    p = sub.add_parser("html-report", help="scrub and leak-gate the page snakemake --report wrote, for sharing")
+    p.add_argument("report", help="the page snakemake --report wrote (report.html)")
+    p.add_argument("--out", required=True, help="where the publishable page goes (written only if the gate passes)")
+    p.set_defaults(func=_html_report)
+
+
 def _add_verify(sub) -> None:
     p = sub.add_parser("verify", help="verify a publication bundle offline")
     p.add_argument("bundle", help="the bundle folder (results/<label>/publish)")
@@ -169,7 +193,7 @@ def _llama_tree(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS: list[Callable] = [_add_plan, _add_verify, _add_scan, _add_audit, _add_llama_tree]
+COMMANDS: list[Callable] = [_add_plan, _add_verify, _add_scan, _add_html_report, _add_audit, _add_llama_tree]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,7 +13,8 @@ runner (:func:`pairbench.core.steps.run_step`), its output appended to the build
 2. with a conversion command (the embedded engine's ``python -m engine convert``) and a GGUF model,
    the model converted into the engine's fast-loading format, which the server is then handed.
    Conversions are cached by content: the key is the sha256 of (patched source tree, model file),
-   so an unchanged source, patch set and model never convert again, whichever run label asks;
+   so an unchanged source, patch set and model never convert again, whichever run label asks; two
+   builds of one key take turns on its lock file, so neither removes what the other made;
 3. the version command: its first line is the native engine string recorded with every result
    (``unknown`` where it fails, unless the profile requires it);
 4. with a fast-paths check (the embedded engine's ``python -m engine fastpaths``, the profile's
@@ -29,8 +30,11 @@ A failing step raises :class:`BuildError` naming the arm, the step, its exit cod
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
+import os
 import shutil
 import sys
 import tempfile
@@ -39,7 +43,7 @@ from pathlib import Path
 
 from pairbench.arms.cmake import CMakeBuildError, cmake_build
 from pairbench.arms.pyenv import InstallError, install
-from pairbench.core.artifacts import sha256_file
+from pairbench.core.artifacts import fsync_dir, sha256_file
 from pairbench.core.steps import StepError, run_step
 from pairbench.core.trees import build_outputs, manifest, tree_sha256
 
@@ -63,28 +67,49 @@ def _rel(path: Path, root: Path, *, link: bool = False) -> str:
         return str(path)
 
 
+@contextlib.contextmanager
+def _locked(path: Path):
+    """Hold an exclusive ``flock`` on *path* (made if missing) for the block; the kernel releases it
+    if this process dies, so a crashed build never leaves the key locked."""
+    with open(path, "a") as fh:
+        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+
+
 def _convert(arm: str, argv: list[str], gguf: Path, source: dict, *, arm_dir: Path, cache_dir: Path, log: Path,
              timeout_s: float, root: Path) -> tuple[dict, dict | None]:
     """``(conversion record, step record or None when cached)``: *gguf* converted once per
-    (patched tree, model) into ``<cache_dir>/<key>/`` by ``argv + [gguf, out]``."""
+    (patched tree, model) into ``<cache_dir>/<key>/`` by ``argv + [gguf, out]``.
+
+    Builds of two arms (or two comparisons of a study, or two runs) with the same key take turns on
+    the key's lock file (``.<key>.lock``): the first converts, the others wait and find it done. So
+    no build deletes or renames a folder another is writing or serving from; a leftover without
+    ``.complete`` (a crashed conversion) is moved aside and removed under the lock, and the finished
+    folder is renamed into place and the rename synced to disk."""
     model_sha = sha256_file(gguf)
     key = conversion_key(source["patched"]["tree_sha256"], model_sha)
     out = cache_dir / key
     step = None
-    cached = (out / ".complete").is_file()
-    if not cached:
-        # A folder of our own: builds of two arms (or two comparisons of a study) with the same key
-        # may convert at once, and must not delete or rename each other's partial output.
-        cache_dir.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{key}.partial-", dir=cache_dir))
-        step = _step(arm, "convert", [*argv, str(gguf.resolve()), str(tmp.resolve())], arm_dir, log, timeout_s).record
-        (tmp / ".complete").write_text(key + "\n")
-        if (out / ".complete").is_file():
-            shutil.rmtree(tmp)  # another build finished the same conversion first: keep its copy
-        else:
-            if out.exists():
-                shutil.rmtree(out)  # an incomplete leftover of a crashed build
-            tmp.rename(out)
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    with _locked(cache_dir / f".{key}.lock"):
+        cached = (out / ".complete").is_file()
+        if not cached:
+            tmp = Path(tempfile.mkdtemp(prefix=f".{key}.partial-", dir=cache_dir))
+            try:
+                step = _step(arm, "convert", [*argv, str(gguf.resolve()), str(tmp.resolve())], arm_dir, log,
+                             timeout_s).record
+                (tmp / ".complete").write_text(key + "\n")
+                if out.exists():  # an incomplete leftover of a crashed build: nobody can be using it
+                    stale = Path(tempfile.mkdtemp(prefix=f".{key}.stale-", dir=cache_dir))
+                    os.replace(out, stale / key)
+                    shutil.rmtree(stale)
+                os.replace(tmp, out)
+                fsync_dir(cache_dir)
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)  # a failed conversion's partial output
     return {"key": key, "cached": cached, "model_sha256": model_sha, "path": _rel(out, root)}, step
 
 

@@ -82,8 +82,25 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     atomic_write_bytes(path, text.encode())
 
 
+def fsync_dir(path: str | os.PathLike) -> None:
+    """Make the entries of directory *path* durable (a rename into it, a file made in it): without
+    this, a crash soon after ``os.replace`` can leave the old name, or none, on disk even though the
+    file's own data was synced. Where a filesystem cannot sync a directory, nothing is done."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # e.g. EINVAL on a filesystem without directory fsync
+        pass
+    finally:
+        os.close(fd)
+
+
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
-    """Write *data* to *path* via a temporary file in the same folder and ``os.replace``."""
+    """Write *data* to *path* via a temporary file in the same folder, ``os.replace``, and a sync of
+    the folder, so the new name is on disk too."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -93,6 +110,7 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
+        fsync_dir(path.parent)
     except BaseException:
         try:
             os.unlink(tmp)

@@ -17,7 +17,6 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-import pandas as pd
 import yaml
 
 from pairbench.analysis import tables as pb_tables
@@ -27,8 +26,12 @@ from pairbench.core.artifacts import read_artifact, sha256_file, write_artifact
 from pairbench.core.layout import LOAD_PLOTS, LOAD_TABLES, PLOTS, TABLES, Layout
 from pairbench.publish import bundle as pb_bundle
 from pairbench.publish import envfacts, report
+from pairbench.publish.verify import TableError, read_table
 
 log = logging.getLogger("pairbench")
+
+#: The measurements table's columns the report reads whatever the run measured.
+MEASUREMENT_KEYS = ("round", "arm", "condition", "selected")
 
 
 @dataclass(frozen=True)
@@ -178,7 +181,10 @@ def publish(run: Run, root: str, hosts: list[str]) -> dict:
     # publish's field check. Its numbers are in tables/*.csv, its words in README.md, and what
     # recomputes both (the parameters and run facts) in stats_params.json: `pairbench verify` does.
     ps = patch_sets(run, root)
-    df = pd.read_csv(L.table("measurements"))
+    try:  # read back against its schema: the report and the bundle trust what it holds
+        df = read_table(L.table("measurements"), pb_bundle.CATEGORICAL_FIELDS, required=MEASUREMENT_KEYS)
+    except TableError as exc:
+        raise pb_bundle.PublishError(f"tables/measurements.csv is not a valid table: {exc}") from None
     listing = [*files, *(f"patches/{n}" for n in ps.patches), "README.md"]
     files["README.md"] = report.render(
         plan=plan, sources=run.sources, builds=run.builds, fixtures=run.fixtures, warmups=run.warmups,

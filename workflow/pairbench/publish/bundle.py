@@ -23,7 +23,8 @@ from typing import Any, Iterable, Mapping
 from pairbench import __version__
 from pairbench.publish import leakgate
 from pairbench.publish import sanitize
-from pairbench.core.artifacts import ArtifactError, atomic_write_text, dumps, parse_artifact, sha256_bytes, validate, write_artifact
+from pairbench.core.artifacts import (ArtifactError, atomic_write_text, dumps, fsync_dir, parse_artifact, sha256_bytes,
+                                      validate, write_artifact)
 from pairbench.publish.verify import (MANIFEST, TABLE_SCHEMA, PatchError, apply_patches, fixture_problems, messages_sha256,
                      patched_file_problems, table_problems, text_sha256)
 
@@ -396,12 +397,24 @@ def _leak_gate(tmp_bundle: Path, out_dir: Path, private_dir: Path, prepared: Map
     return private_result
 
 
+def fsync_path(p: Path) -> None:
+    """Sync a file's data, or a folder's entries."""
+    if p.is_dir():
+        fsync_dir(p)
+        return
+    with open(p, "rb") as fh:
+        os.fsync(fh.fileno())
+
+
 def _move_into_place(tmp_bundle: Path, out_dir: Path) -> None:
     """Replace *out_dir* by *tmp_bundle*: the old bundle (if any) aside, the new one in, the old one deleted."""
     old = None
+    for p in [*tmp_bundle.rglob("*"), tmp_bundle]:  # every file's data and every folder's entries on disk
+        fsync_path(p)
     if out_dir.exists():
         old = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.old-", dir=out_dir.parent))
         os.replace(out_dir, old / "bundle")
     os.replace(tmp_bundle, out_dir)
+    fsync_dir(out_dir.parent)  # the renames themselves
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)

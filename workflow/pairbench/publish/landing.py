@@ -17,6 +17,8 @@ import pandas as pd
 
 from pairbench.core.artifacts import atomic_write_text
 from pairbench.core.conditions import parse_id
+from pairbench.publish.bundle import CATEGORICAL_FIELDS
+from pairbench.publish.verify import read_table
 
 
 def _num(x, spec: str = ".3f") -> str:
@@ -85,8 +87,9 @@ def _list_table(title: str, header: list[str], rows: list[list[str]], cls: str) 
 
 
 def landing_rst(paired_csv: str | Path, measurements_csv: str | Path) -> str:
-    paired = pd.read_csv(paired_csv)
-    measurements = pd.read_csv(measurements_csv)
+    # both read back against their schema (pairbench.table/v1): text lands on the report's first page
+    paired = read_table(paired_csv, CATEGORICAL_FIELDS, required=("candidate", "condition", "metric", "verdict"))
+    measurements = read_table(measurements_csv, CATEGORICAL_FIELDS, required=("round", "arm", "condition", "selected"))
     parts = []
     verdicts = verdict_rows(paired)
     if verdicts:

@@ -244,7 +244,7 @@ def report_line(findings: int, detectors: Iterable[str], files: int) -> str:
     """The report's leak-gate line, counting *detectors* (their names) by family, so the scrubber's
     own rules re-run over its output are not added to the independent scanner as if they were
     more evidence. For example: "0 findings by detect-secrets (27 plugins, independent of the
-    scrubber), by the scrubber's own 15 pattern rules and this machine's literal identifiers (2
+    scrubber), by the scrubber's own 16 pattern rules and this machine's literal identifiers (2
     categories) re-run over its output, and by 3 file checks (PNG metadata, symlinks, UTF-8), over
     12 files"."""
     if isinstance(detectors, (int, str)):

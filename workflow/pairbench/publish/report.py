@@ -193,9 +193,12 @@ def isolation_lines(validations: dict[tuple[str, int], dict]) -> list[str]:
         parts = "; ".join(f"`{layer}` for {missing[layer]} of {runs}" for layer in LAYERS if layer in missing)
         line = (f"Sandbox isolation: NOT every layer applied to the records whose function ran in the sandbox: "
                 f"missing {parts}.")
-        if "landlock-fs" in missing:
-            line += (" Without `landlock-fs` the model's code could read this machine's files; the verdict is "
-                     "still decided outside the sandbox.")
+        if "mountns" in missing:
+            line += (" Without `mountns` the model's code could read this machine's files (a sandbox of an "
+                     "older pairbench); the verdict is still decided outside the sandbox.")
+        elif "landlock-fs" in missing:
+            line += (" Without `landlock-fs` the model's code saw only the sandbox's read-only view of the "
+                     "system's and Python's files (`mountns`); the verdict is decided outside the sandbox.")
     else:
         line = (f"Sandbox isolation: all {len(LAYERS)} layers ({', '.join(LAYERS)}) applied to each of the "
                 f"{runs} records whose function ran in the sandbox; the verdict is decided outside it.")

@@ -108,6 +108,23 @@ def _is_public_ipv6(value: str) -> bool:
     return ip.is_link_local or digits >= 6 or "." in addr
 
 
+#: Absolute paths that name no one and may stay: the null device and its kin (``--- /dev/null`` in a
+#: patch), the kernel's public files, and the HTTP routes of the engines' APIs (``/v1/completions``).
+PUBLIC_PATHS = frozenset({"/dev/null", "/dev/zero", "/dev/urandom", "/dev/random", "/dev/stdin", "/dev/stdout",
+                          "/dev/stderr", "/proc/cpuinfo", "/proc/meminfo", "/proc/self/status", "/proc/loadavg",
+                          "/health", "/metrics", "/tokenize", "/detokenize", "/version", "/completion", "/props",
+                          "/slots"})
+_API_ROUTE = re.compile(r"/v1(?:/[a-z_]+)+")
+# one component of a path: never ending in a dot, so "... at /x/y." leaves the sentence's full stop
+_PATH_PART = r"\.*[\w@%+=~#-]+(?:\.+[\w@%+=~#-]+)*"
+
+
+def _is_private_path(value: str) -> bool:
+    """An absolute path that is not one of :data:`PUBLIC_PATHS` or an API route (``/v1/...``)."""
+    bare = value.removeprefix("file://")
+    return bare not in PUBLIC_PATHS and not _API_ROUTE.fullmatch(bare)
+
+
 def _is_real_mac(value: str) -> bool:
     hexes = re.sub(r"[:-]", "", value).lower()
     return hexes not in ("000000000000", "ffffffffffff")
@@ -188,6 +205,19 @@ DETECTORS: tuple[Detector, ...] = (
         ),
         "~",
         description="home directories: /home/x, /Users/x, /root, C:\\Users\\x",
+    ),
+    Detector(
+        "abs-path",
+        # An absolute POSIX path of at least one component, wherever it starts: not the path part of a
+        # URL (after its host, or the // of scheme://), not a relative path or a unit (tok/s), not
+        # what a scrubbed prefix left (<path>/engine/x.py, ~/x). A file:// URL is a path.
+        re.compile(r"file://(?:/" + _PATH_PART + ")+"
+                   r"|(?<![\w.~%+/\\-])(?<!<path>)(?<!:/)(?<!://)(?!(?<=<)/[A-Za-z][\w-]*>)"
+                   r"/(?!/)" + _PATH_PART + "(?:/" + _PATH_PART + ")*/?"
+                   r"|(?<![\w])[A-Za-z]:(?:\\{1,2}|/)[\w.@%+=,~#$ -]*[\w.@%+=,~#$-](?:(?:\\{1,2}|/)[\w.@%+=,~#$-]+)*"),
+        "<path>",
+        accept=_is_private_path,
+        description="any other absolute path, whatever its prefix (/scratch/x, /opt/x/bin/g++, /tmp/x-tmp/log, D:\\x)",
     ),
     Detector(
         "unc-path",

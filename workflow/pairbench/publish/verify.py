@@ -115,6 +115,27 @@ def table_problems(rel: str, text: str, categorical: Iterable[str]) -> list[str]
     return problems
 
 
+class TableError(ValueError):
+    """A CSV table that is not what its schema says; the message names the file, line and column."""
+
+
+def read_table(path: str | Path, categorical: Iterable[str], required: Iterable[str] = ()):
+    """The CSV table at *path* as a DataFrame, read back against ``pairbench.table/v1`` (every cell
+    numeric, boolean or empty except the *categorical* columns, which hold short labels) and holding
+    the *required* columns; :class:`TableError` naming the file, line and column otherwise. A table
+    is data the next stage trusts: it is checked where it is read, as an artifact is."""
+    import pandas as pd
+
+    text = Path(path).read_text(encoding="utf-8")
+    header = next(csv.reader(io.StringIO(text)), [])
+    missing = [c for c in required if c not in header]
+    problems = [f"{path}: line 1: missing column(s) {missing}"] if missing else []
+    problems += table_problems(str(path), text, [c for c in categorical if c in header])
+    if problems:
+        raise TableError("\n".join(problems[:20]))
+    return pd.read_csv(io.StringIO(text))
+
+
 # --- fixtures ----------------------------------------------------------------------------------
 
 def fixture_problems(rel: str, data: Mapping[str, Any]) -> list[str]:

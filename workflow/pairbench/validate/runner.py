@@ -1,17 +1,28 @@
-"""The program that runs inside the sandbox child: it contains itself, loads the candidate and
+"""The program that runs inside the sandbox child: it confines itself, loads the candidate and
 answers the supervisor's questions. It decides nothing.
 
-:mod:`pairbench.validate.sandbox` starts it as ``python -I -S runner.py <tmpdir> <request_fd>
-<reply_fd> <candidate.py>`` in a fresh, limited process. It uses the standard library only (``-I
--S`` puts nothing else on the path) and is importable, so its pieces can be read and tested as code.
+:mod:`pairbench.validate.sandbox` starts it as ``unshare --pid --mount --net --ipc --uts -- python
+-I -S runner.py <config JSON>`` (:mod:`pairbench.validate.confine`). It uses the standard library
+only (``-I -S`` puts nothing else on the path; :mod:`pairbench.validate.jail` is loaded by path) and
+is importable, so its pieces can be read and tested as code. It runs as three processes:
 
-What it does, in order:
+- the **keeper** (:func:`keeper`, the process ``unshare`` executes): builds the filesystem view in
+  the new mount namespace (:func:`pairbench.validate.jail.enter`), forks the monitor and keeps none
+  of the pipes;
+- the **monitor** (:func:`monitor`), PID 1 of the new PID namespace: forks the worker, reaps, and
+  reports on the status pipe (which only it holds) how the worker ended; its death ends the
+  namespace;
+- the **worker** (:func:`worker`), which runs the candidate.
 
-1. **Contain itself**, before any model-written code exists in the process: Linux Landlock
-   (:func:`landlock`), a patched ``socket`` module (:func:`refuse_network`) and a PEP 578 audit hook
-   (:func:`audit_hook`). The layers that applied go to the supervisor in the first message,
-   ``{"phase": "ready", "isolation": [...]}``, so that report is written while the process is still
-   the harness's own.
+What the worker does, in order:
+
+1. **Contain itself**, before any model-written code exists in the process: the unprivileged user,
+   no new privileges and the resource limits (:func:`pairbench.validate.jail.drop`, ``limit``),
+   then Linux Landlock (:func:`landlock`), a patched ``socket`` module (:func:`refuse_network`) and
+   a PEP 578 audit hook (:func:`audit_hook`). The in-process layers that applied go to the
+   supervisor in the first message, ``{"phase": "ready", "isolation": [...]}``, so that report is
+   written while the process is still the harness's own; the kernel's layers the supervisor reads
+   from ``/proc`` itself.
 2. **Answer requests**, one JSON line each way, in order (:func:`serve`):
 
    - ``{"id": 0, "op": "load"}``: compile and run ``candidate.py`` (the model's function);
@@ -103,8 +114,8 @@ def landlock(tmp: str) -> list[str]:
         finally:
             os.close(fd)
 
-    ro = {sys.base_prefix, sys.base_exec_prefix, sys.prefix, sys.exec_prefix,
-          "/usr/lib", "/usr/lib64", "/lib", "/lib64", "/usr/share/zoneinfo", "/dev/urandom"}
+    ro = {sys.base_prefix, sys.base_exec_prefix, sys.prefix, sys.exec_prefix, "/usr/lib", "/usr/lib64", "/lib",
+          "/lib64", "/usr/share/zoneinfo", "/etc/ld.so.cache", "/etc/localtime", "/dev/urandom", "/dev/zero"}
     for key in ("stdlib", "platstdlib"):
         ro.add(sysconfig.get_paths().get(key, "/nonexistent"))
     for path in sorted(ro):
@@ -143,29 +154,33 @@ _PATH_EVENTS = ("os.remove", "os.rename", "os.rmdir", "os.mkdir", "os.chmod", "o
 def audit_hook(tmp: str):
     """A PEP 578 hook refusing network, subprocesses, ``ctypes``, signals to others, writes and
     removals outside *tmp* and reads under ``/proc``. Defence in depth: on its own it stops
-    accidents, not a determined attacker (audit hooks are bypassable from inside the process)."""
+    accidents, not a determined attacker (audit hooks are bypassable from inside the process). What
+    it reads is bound into the closure when it is made, so rebinding this module's globals or
+    ``os.path.realpath`` later changes nothing; the kernel's layers are the boundary."""
+    blocked, path_events, write_flags = _BLOCKED, _PATH_EVENTS, _WRITE_FLAGS
+    realpath, fsdecode, sep = os.path.realpath, os.fsdecode, os.sep
 
     def inside(path) -> bool:
         try:
-            real = os.path.realpath(os.fsdecode(path))
+            real = realpath(fsdecode(path))
         except (TypeError, ValueError):
             return False
-        return real == tmp or real.startswith(tmp + os.sep)
+        return real == tmp or real.startswith(tmp + sep)
 
     def hook(event: str, args: tuple) -> None:
-        if event.startswith(_BLOCKED):
+        if event.startswith(blocked):
             raise PermissionError(f"{event} is disabled in the pairbench sandbox")
         if event == "open":
             path, mode, flags = args
             if isinstance(path, int):
                 return
-            text = os.fsdecode(path)
-            if os.path.realpath(text).startswith("/proc"):
+            text = fsdecode(path)
+            if realpath(text).startswith("/proc"):
                 raise PermissionError(f"reading {text} is disabled in the pairbench sandbox")
-            writing = (mode is not None and any(c in mode for c in "wax+")) or bool((flags or 0) & _WRITE_FLAGS)
+            writing = (mode is not None and any(c in mode for c in "wax+")) or bool((flags or 0) & write_flags)
             if writing and not inside(text):
                 raise PermissionError(f"writing {text} (outside the sandbox temp dir) is disabled")
-        elif event.startswith(_PATH_EVENTS):
+        elif event.startswith(path_events):
             for arg in args:
                 if isinstance(arg, (str, bytes, os.PathLike)) and not inside(arg):
                     raise PermissionError(f"{event} outside the sandbox temp dir is disabled")
@@ -293,17 +308,106 @@ def serve(requests, replies, namespace: dict, candidate_path: str) -> None:
         replies.flush()
 
 
-def main(argv: list[str]) -> None:
-    tmp, request_fd, reply_fd, candidate_path = os.path.realpath(argv[1]), int(argv[2]), int(argv[3]), argv[4]
-    applied = contain(tmp, use_landlock=os.environ.get("PAIRBENCH_SANDBOX_LANDLOCK") == "1",
-                      use_audit=os.environ.get("PAIRBENCH_SANDBOX_AUDIT") == "1")
-    requests = os.fdopen(request_fd, "rb")
-    replies = os.fdopen(reply_fd, "wb")
+def _load_jail():
+    """:mod:`pairbench.validate.jail`, loaded by path: ``-I -S`` puts nothing of pairbench on the path."""
+    import importlib.util
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    spec = importlib.util.spec_from_file_location("pairbench_sandbox_jail", os.path.join(here, "jail.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _report(fd: int, message: dict) -> None:
+    """One JSON line on the monitor's status pipe (the worker never holds it)."""
+    try:
+        os.write(fd, json.dumps(message).encode() + b"\n")
+    except OSError:
+        pass
+
+
+def _close(*fds: int) -> None:
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
+def keeper(cfg: dict) -> None:
+    """The process ``unshare`` started, in the new mount (and network, IPC, UTS) namespace but not
+    itself in the new PID namespace: enter the jail, then fork the namespace's PID 1 (the
+    monitor) and keep none of the conversation's descriptors, so that the worker alone holds its
+    end of each pipe (a worker that closes its reply pipe is seen at once)."""
+    status = cfg["status_fd"]
+    jail = _load_jail()
+    try:
+        jail.enter(cfg["tmp"])
+    except OSError as exc:
+        _report(status, {"error": f"could not build the sandbox's filesystem view: {exc}"})
+        os._exit(70)
+    pid = os.fork()
+    if pid == 0:
+        monitor(cfg, jail)  # never returns
+    _close(status, cfg["request_fd"], cfg["reply_fd"], 0, 1, 2)
+    os.waitpid(pid, 0)
+    os._exit(0)
+
+
+def monitor(cfg: dict, jail) -> None:
+    """PID 1 of the sandbox's PID namespace: start the worker, reap until it is done, and tell the
+    supervisor how it ended on the status pipe, which the worker never holds. Runs no code of the
+    candidate's; when it exits, the kernel kills every process left in the namespace."""
+    status = cfg["status_fd"]
+    if os.getpid() != 1:
+        _report(status, {"error": "the sandbox's monitor is not PID 1 of its own PID namespace"})
+        os._exit(70)
+    if jail._c().prctl(jail.PR_SET_PDEATHSIG, 9, 0, 0, 0) != 0:  # the keeper killed: this namespace ends
+        _report(status, {"error": "prctl(PR_SET_PDEATHSIG) failed"})
+        os._exit(70)
+    worker_pid = os.fork()
+    if worker_pid == 0:
+        os.close(status)
+        worker(cfg, jail)  # never returns
+    _close(cfg["request_fd"], cfg["reply_fd"], 0, 1, 2)
+    while True:  # reap everything (orphans are re-parented here) until the worker itself is done
+        try:
+            pid, wstatus = os.wait()
+        except ChildProcessError:
+            os._exit(70)
+        if pid == worker_pid:
+            break
+    if os.WIFSIGNALED(wstatus):
+        _report(status, {"signal": os.WTERMSIG(wstatus)})
+    else:
+        _report(status, {"exit": os.WEXITSTATUS(wstatus)})
+    os._exit(0)
+
+
+def worker(cfg: dict, jail) -> None:
+    """Drop to the unprivileged user, set the limits, contain the interpreter, say ready, serve."""
+    try:
+        jail.drop(cfg["uid"], cfg["gid"])
+        # nproc False (tests only) lets the candidate fork, to show that the PID namespace ends it all
+        jail.limit(cfg["cpu_s"], cfg["mem_bytes"], cfg["fsize_bytes"], nproc=cfg["nproc"])
+    except OSError as exc:
+        sys.stderr.write(f"pairbench sandbox: could not drop privileges: {exc}\n")
+        os._exit(70)
+    tmp = jail.SANDBOX_DIR
+    os.environ.update({"HOME": tmp, "TMPDIR": tmp})
+    applied = contain(tmp, use_landlock=cfg["landlock"], use_audit=cfg["audit"])
+    requests = os.fdopen(cfg["request_fd"], "rb")
+    replies = os.fdopen(cfg["reply_fd"], "wb")
     replies.write(json.dumps({"phase": "ready", "isolation": applied}).encode() + b"\n")
     replies.flush()
     namespace = {"__name__": "__candidate__", "__builtins__": builtins}
-    serve(requests, replies, namespace, candidate_path)
+    serve(requests, replies, namespace, os.path.join(tmp, "candidate.py"))
     os._exit(0)  # no interpreter teardown: nothing the candidate registered (atexit, __del__) runs
+
+
+def main(argv: list[str]) -> None:
+    keeper(json.loads(argv[1]))
 
 
 if __name__ == "__main__":

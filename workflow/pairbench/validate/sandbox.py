@@ -2,35 +2,49 @@
 and decide the verdict outside it.
 
 The validation stage executes code that a language model wrote. It never runs in the harness
-process. :func:`run_python_tests` is a *supervisor*: it starts a fresh ``python -I -S`` child running
-:mod:`pairbench.validate.runner`, asks it to load the candidate and to evaluate, one by one, the
+process. :func:`run_python_tests` is a *supervisor*: it starts a fresh, confined ``python -I -S`` child
+running :mod:`pairbench.validate.runner`, asks it to load the candidate and to evaluate, one by one, the
 operands of the tests' assertions (``add(2, 3)``), and compares what comes back with the expected
 values (``5``) itself (:mod:`pairbench.validate.assertions`). The expected values never enter the
 child; the child's replies are plain data read with ``ast.literal_eval``; only the supervisor
 says ``pass``.
 
-The child gets these layers, each where the platform allows it; the result's ``isolation`` lists
-those that applied, in the order of :data:`LAYERS`:
+The child gets these layers; the result's ``isolation`` lists those that applied, in the order of
+:data:`LAYERS`. The kernel's come first and are required: a machine that cannot give them refuses
+to run model-written code (verdict ``error``, saying how to enable them), never runs it unconfined.
 
-- ``env``: an environment built from nothing (PATH, LANG, HOME/TMPDIR = the temp dir). Nothing of
-  the harness's environment is inherited, so no secrets; ``-I`` also makes Python ignore
-  ``PYTHON*`` variables, the user site and the current directory.
-- ``tmpdir``: a fresh temporary working directory holding only ``candidate.py``, removed afterwards.
-- ``rlimit``: RLIMIT_CPU (CPU seconds), RLIMIT_AS (address space), RLIMIT_FSIZE (largest file it may
-  write), RLIMIT_NPROC (no new processes; not enforced by Linux for root), RLIMIT_CORE = 0.
-- ``wall``: a wall-clock deadline over the whole conversation; the child runs in its own session
-  and its whole process group is SIGKILLed at the end, whatever happened.
+- ``env``: an environment built from nothing (PATH, LANG; HOME/TMPDIR = /sandbox). Nothing of the
+  harness's environment is inherited, so no secrets; ``-I`` also makes Python ignore ``PYTHON*``
+  variables, the user site and the current directory.
+- ``tmpdir``: a fresh temporary directory whose ``work/`` (the sandbox's ``/sandbox``) holds only
+  ``candidate.py``, removed afterwards.
+- ``user``, ``pidns``, ``mountns``, ``netns`` (:mod:`pairbench.validate.confine`,
+  :mod:`pairbench.validate.jail`): ``unshare`` gives the child its own PID, mount, network, IPC and
+  UTS namespaces; PID 1 there (the *monitor*) builds a read-only root holding only the system's and
+  Python's files and ``/sandbox``, then forks the *worker*, which becomes ``nobody`` (when the
+  harness runs as root; otherwise the harness's own user in a user namespace, every capability
+  dropped), with no new privileges, before the candidate exists. Killing the keeper's process group
+  kills PID 1, and with it every process of the namespace, whatever session the candidate moved
+  them to. These four are read by the supervisor from ``/proc`` of the worker (uids, capabilities,
+  NoNewPrivs, namespace ids), never taken from the child's word.
+- ``rlimit``: RLIMIT_CPU (CPU seconds), RLIMIT_AS (address space), RLIMIT_FSIZE (largest file),
+  RLIMIT_CORE = 0 and RLIMIT_NPROC = 0 (no process, no thread: enforced, since the worker is not
+  root), set by the worker on itself before the candidate exists and read back from ``/proc``.
+- ``wall``: a wall-clock deadline over the whole conversation; the namespace is killed at the end,
+  whatever happened.
 - ``output``: stdout/stderr are drained through pipes into bounded buffers (``max_output_bytes``
   each); the rest is counted and dropped, never buffered. Nothing printed is ever read as a result.
-- ``netns``: ``unshare -n`` (``-rn`` when not root) gives the child an empty network namespace.
-- ``landlock-fs``: Linux Landlock (kernel >= 5.13) restricts the child to *reading* its Python
-  installation and system libraries and to reading/writing its temp dir; everything else (the
-  harness's files, ``/proc`` and so the harness's memory and environment, the repo) is denied by
-  the kernel. ``landlock-net`` (ABI >= 4) denies TCP bind/connect; ``landlock-scope`` (ABI >= 6)
-  denies signals and abstract unix sockets outside the sandbox.
+- ``landlock-fs``: Linux Landlock (kernel >= 5.13) restricts the worker further, inside that view,
+  to *reading* its Python installation and system libraries and reading/writing /sandbox
+  (``landlock-net``, ABI >= 4: no TCP bind/connect; ``landlock-scope``, ABI >= 6: no signals or
+  abstract unix sockets outside it). Where the kernel has no Landlock these are missing and the
+  report says so; the namespaces hold without them.
 - ``audit``: a Python audit hook (PEP 578) and a patched ``socket`` module refuse network calls,
-  subprocesses, ``ctypes``, writes outside the temp dir and reads under ``/proc``. Defence in depth:
+  subprocesses, ``ctypes``, writes outside /sandbox and reads under ``/proc``. Defence in depth:
   on its own it stops accidents, not a determined attacker.
+
+How the child ended comes from the monitor on a status pipe that the worker never holds (its exit
+status or signal), so the worker cannot forge it either.
 
 Threat model. The candidate is treated as hostile code that wants a ``pass`` it did not earn.
 Anything inside the child is the candidate's: once it has run it can rewrite the runner, builtins
@@ -42,9 +56,8 @@ anything else on the pipe, an early exit, a closed pipe or a value that is not p
 here. What stays possible, and what no black-box test can rule out: a candidate that returns the
 right answers for the tested inputs only (the task catalogue is public, so it could know them), and
 one that makes itself fail or time out (a timeout can earn a re-measurement, never a pass). The
-containment layers guard the machine, not the verdict; where ``landlock-fs`` is missing the child
-can read the harness's files (the catalogue's expected values among them), so the report says which
-layers were missing. The kernel, Python itself and the layers above are trusted; a kernel exploit
+containment layers guard the machine, not the verdict: the harness's files (the catalogue's
+expected values among them) are not in the worker's view of the filesystem at all. The kernel, Python itself and the layers above are trusted; a kernel exploit
 is out of scope (for that, run the whole pipeline in a VM).
 """
 
@@ -62,15 +75,19 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
-from pairbench.validate import assertions, runner
+from pairbench.validate import assertions, confine, runner
 
 VERDICTS = ("pass", "fail", "timeout", "error")
 
 #: Every isolation layer this sandbox knows, in the order a result lists them.
-LAYERS = ("env", "tmpdir", "rlimit", "wall", "output", "netns", "landlock-fs", "landlock-net",
-          "landlock-scope", "audit")
+LAYERS = ("env", "tmpdir", "rlimit", "wall", "output", "user", "pidns", "mountns", "netns", "landlock-fs",
+          "landlock-net", "landlock-scope", "audit")
+
+#: What tests may switch off (``_off``) to show that the layers left hold on their own.
+TEST_SWITCHES = frozenset({"audit", "landlock", "nproc"})
 
 #: Largest file the child may write (RLIMIT_FSIZE); a bigger write fails (Python ignores SIGXFSZ).
 FILE_SIZE_LIMIT_BYTES = 16 << 20
@@ -89,21 +106,6 @@ PLAIN_DATA = "None, bool, int, float, complex, str, bytes, and tuples, lists, se
 def missing_layers(applied) -> list[str]:
     """The :data:`LAYERS` not in *applied*, in order."""
     return [layer for layer in LAYERS if layer not in set(applied)]
-
-
-def _unshare_prefix() -> tuple[str, ...]:
-    """``unshare -n`` (or ``-rn`` for non-root) if this machine lets us make a network namespace."""
-    exe = shutil.which("unshare")
-    if exe is None or sys.platform != "linux":
-        return ()
-    prefix = (exe, "-n") if os.geteuid() == 0 else (exe, "-rn")
-    try:
-        # Probe under the same rlimits as a real run (RLIMIT_NPROC=0 must not break unshare).
-        ok = subprocess.run([*prefix, "true"], capture_output=True, timeout=10, check=False,
-                            preexec_fn=_limits(5, 512 << 20)).returncode == 0
-    except (OSError, subprocess.SubprocessError):
-        ok = False
-    return prefix if ok else ()
 
 
 @functools.cache
@@ -136,30 +138,6 @@ def _drain(stream, limit: int, sink: dict) -> None:
             kept += chunk[:room]
     sink["data"] = bytes(kept)
     sink["total"] = total
-
-
-def _limits(cpu_s: int, mem_bytes: int):
-    def apply() -> None:
-        import resource
-
-        def setlimit(name: str, soft: int, hard: int | None = None) -> None:
-            which = getattr(resource, name, None)
-            if which is None:
-                return
-            hard = soft if hard is None else hard
-            _, cur_hard = resource.getrlimit(which)
-            if cur_hard != resource.RLIM_INFINITY:  # an unprivileged process cannot raise it
-                soft, hard = min(soft, cur_hard), min(hard, cur_hard)
-            resource.setrlimit(which, (soft, hard))
-
-        setlimit("RLIMIT_CPU", cpu_s, cpu_s + 1)  # SIGXCPU first, SIGKILL a second later
-        setlimit("RLIMIT_AS", mem_bytes)
-        setlimit("RLIMIT_FSIZE", FILE_SIZE_LIMIT_BYTES)
-        setlimit("RLIMIT_CORE", 0)
-        setlimit("RLIMIT_NPROC", 0)
-
-    return apply
-
 
 
 
@@ -325,20 +303,26 @@ def _converse(channel: _Channel, steps: list[assertions.Step]) -> tuple[str, str
     return "pass", "all tests passed"
 
 
-def _exit_verdict(proc: subprocess.Popen, started: bool, cpu_s: int, stderr_tail: str) -> tuple[str, str]:
-    """The verdict for a child that closed its reply pipe before the conversation ended."""
-    rc = proc.returncode
-    if rc < 0:
+def _exit_verdict(status: dict, rc: int | None, started: bool, cpu_s: int, stderr_tail: str) -> tuple[str, str]:
+    """The verdict for a worker that closed its reply pipe before the conversation ended, from what
+    the monitor reported on its status pipe (*status*; the keeper's exit status *rc* when the monitor
+    said nothing, e.g. it was killed)."""
+    if "error" in status:
+        return "error", f"sandbox failed to start: {_text(status['error'], 300)}"
+    sig = status.get("signal")
+    if sig is None and rc is not None and rc < 0 and "exit" not in status:
         sig = -rc
+    if isinstance(sig, int):
         name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else str(sig)
         if sig in (signal.SIGXCPU, signal.SIGKILL):
             return "timeout", f"CPU-time limit of {cpu_s} s exceeded ({name})"
         if sig == signal.SIGXFSZ:
             return "fail", f"file size limit of {FILE_SIZE_LIMIT_BYTES} bytes exceeded"
         return "fail", f"killed by {name}"
+    code = status.get("exit", rc)
     if not started:
-        return "error", f"sandbox failed to start (exit {rc}): {stderr_tail}"
-    return "fail", f"candidate exited with status {rc} before the tests finished"
+        return "error", f"sandbox failed to start (exit {code}): {stderr_tail}"
+    return "fail", f"candidate exited with status {code} before the tests finished"
 
 
 def run_python_tests(
@@ -349,7 +333,7 @@ def run_python_tests(
     cpu_s: int = 5,
     mem_bytes: int = 512 << 20,
     max_output_bytes: int = 64 << 10,
-    _audit: bool = True,
+    _off: frozenset[str] = frozenset(),
 ) -> dict:
     """Run *code*, then check *tests* (plain asserts; see :mod:`pairbench.validate.assertions`)
     against it in a contained child Python.
@@ -359,13 +343,17 @@ def run_python_tests(
     assertion held, compared here; ``fail`` means the candidate did not compile, raised, failed or
     could not be checked on an assertion, broke the result protocol, exited early or hit a resource
     limit other than time; ``timeout`` means the wall-clock or CPU-time limit; ``error`` means the
-    sandbox itself could not run or the tests cannot be checked (never the candidate's doing).
+    sandbox itself could not run (this machine cannot confine the code: the reason says how to
+    enable it; the code never ran) or the tests cannot be checked (never the candidate's doing).
     Never raises for anything the candidate does; TypeError/ValueError for bad arguments.
+    *_off* is for tests only: layers (:data:`TEST_SWITCHES`) to leave out, to show the rest hold.
     """
     if not isinstance(code, str) or not isinstance(tests, str):
         raise TypeError("code and tests must be str")
     if timeout_s <= 0 or cpu_s <= 0 or mem_bytes <= 0 or max_output_bytes <= 0:
         raise ValueError("timeout_s, cpu_s, mem_bytes and max_output_bytes must be positive")
+    if not set(_off) <= TEST_SWITCHES:
+        raise ValueError(f"_off: unknown switches {sorted(set(_off) - TEST_SWITCHES)}")
     start = time.monotonic()
     try:
         steps = assertions.plan(tests)
@@ -373,64 +361,86 @@ def run_python_tests(
         return _result("error", f"the task's tests do not compile: {exc}", start)
     except assertions.TestsError as exc:
         return _result("error", f"the task's tests cannot be checked outside the sandbox: {exc}", start)
+    how = confine.plan()
+    if isinstance(how, str):
+        return _result("error", f"the sandbox refuses to run model-written code: {how}", start)
 
     tmp = tempfile.mkdtemp(prefix="pairbench-sandbox-")
     try:
-        return _supervise(code, steps, tmp, start, timeout_s=timeout_s, cpu_s=cpu_s, mem_bytes=mem_bytes,
-                          max_output_bytes=max_output_bytes, audit=_audit)
+        return _supervise(code, steps, tmp, start, how, _Limits(timeout_s, cpu_s, mem_bytes, max_output_bytes),
+                          frozenset(_off))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _supervise(code: str, steps: list[assertions.Step], tmp: str, start: float, *, timeout_s: float, cpu_s: int,
-               mem_bytes: int, max_output_bytes: int, audit: bool) -> dict:
-    """Start the child in *tmp* with *code* as its candidate, hold the conversation and return the
-    result; the child's whole process group is killed on the way out, whatever happened."""
-    proc = None
-    channel = None
+@dataclass(frozen=True)
+class _Limits:
+    timeout_s: float
+    cpu_s: int
+    mem_bytes: int
+    max_output_bytes: int
+
+
+def _prepare(tmp: str, code: str, how: confine.Plan) -> None:
+    """``tmp/work`` (the sandbox's /sandbox, the worker's own) holding candidate.py, and ``tmp/root``
+    (where the jail mounts its root)."""
+    work = Path(tmp) / "work"
+    work.mkdir(mode=0o700)
+    (work / "candidate.py").write_text(code)
+    (work / "candidate.py").chmod(0o644)
+    (Path(tmp) / "root").mkdir(mode=0o755)
+    if how.uid is not None:
+        os.chown(work, how.uid, how.gid)
+
+
+def _start(tmp: str, how: confine.Plan, limits: _Limits, off: frozenset[str]):
+    """Start the child: the process, and the supervisor's ends of the request, reply and status pipes."""
+    request_r, request_w = os.pipe()
+    reply_r, reply_w = os.pipe()
+    status_r, status_w = os.pipe()
+    cfg = {"tmp": tmp, "request_fd": request_r, "reply_fd": reply_w, "status_fd": status_w, "uid": how.uid,
+           "gid": how.gid, "cpu_s": limits.cpu_s, "mem_bytes": limits.mem_bytes, "fsize_bytes": FILE_SIZE_LIMIT_BYTES,
+           "landlock": "landlock" not in off, "audit": "audit" not in off, "nproc": "nproc" not in off}
+    argv = [*how.prefix, sys.executable, "-I", "-S", str(RUNNER), json.dumps(cfg)]
     try:
-        candidate = Path(tmp) / "candidate.py"
-        candidate.write_text(code)
-        request_r, request_w = os.pipe()
-        reply_r, reply_w = os.pipe()
-        prefix = _unshare_prefix()
-        argv = [*prefix, sys.executable, "-I", "-S", str(RUNNER), tmp, str(request_r), str(reply_w),
-                str(candidate)]
+        proc = subprocess.Popen(argv, cwd=tmp, env=_child_env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, pass_fds=(request_r, reply_w, status_w), start_new_session=True)
+    except (OSError, subprocess.SubprocessError):
+        for fd in (request_r, request_w, reply_r, reply_w, status_r, status_w):
+            os.close(fd)
+        raise
+    for fd in (request_r, reply_w, status_w):
+        os.close(fd)
+    return proc, request_w, reply_r, status_r
+
+
+def _supervise(code: str, steps: list[assertions.Step], tmp: str, start: float, how: confine.Plan, limits: _Limits,
+               off: frozenset[str]) -> dict:
+    """Start the child in *tmp* with *code* as its candidate, hold the conversation and return the
+    result; the child's whole process group, and with it its PID namespace, is killed on the way out,
+    whatever happened."""
+    proc = channel = None
+    try:
+        _prepare(tmp, code, how)
         try:
-            proc = subprocess.Popen(
-                argv, cwd=tmp, env=_child_env(tmp, audit), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE, pass_fds=(request_r, reply_w), start_new_session=True,
-                # setrlimit must run in the child before exec; _limits only calls setrlimit there.
-                preexec_fn=_limits(cpu_s, mem_bytes),  # noqa: PLW1509
-            )
-        except (OSError, subprocess.SubprocessError) as exc:  # SubprocessError: setrlimit failed in the child
-            for fd in (request_r, request_w, reply_r, reply_w):
-                os.close(fd)
+            proc, request_w, reply_r, status_r = _start(tmp, how, limits, off)
+        except (OSError, subprocess.SubprocessError) as exc:
             return _result("error", f"could not start the sandbox: {exc}", start)
-        finally:
-            if proc is not None:
-                os.close(request_r)
-                os.close(reply_w)
-        sinks = {"out": {}, "err": {}}
-        threads = [
-            threading.Thread(target=_drain, args=(proc.stdout, max_output_bytes, sinks["out"]), daemon=True),
-            threading.Thread(target=_drain, args=(proc.stderr, max_output_bytes, sinks["err"]), daemon=True),
-        ]
+        sinks = {"out": {}, "err": {}, "status": {}}
+        streams = ((proc.stdout, limits.max_output_bytes, sinks["out"]), (proc.stderr, limits.max_output_bytes,
+                   sinks["err"]), (os.fdopen(status_r, "rb"), 4096, sinks["status"]))
+        threads = [threading.Thread(target=_drain, args=args, daemon=True) for args in streams]
         for t in threads:
             t.start()
-
-        channel = _Channel(request_w, reply_r, deadline=start + timeout_s)
-        verdict, reason, ready = _hold_conversation(channel, steps, proc, threads[1], sinks["err"],
-                                                    timeout_s=timeout_s, cpu_s=cpu_s)
+        channel = _Channel(request_w, reply_r, deadline=start + limits.timeout_s)
+        verdict, reason, ready, layers = _hold_conversation(channel, steps, proc, how, threads, sinks, limits, off)
         _kill_group(proc)
         proc.wait()
         channel.close()
-        for t in threads:
+        for t in threads:  # the PID namespace is gone with its PID 1: every pipe writer has exited
             t.join(timeout=5)
-        proc.stdout.close()
-        proc.stderr.close()
         duration = time.monotonic() - start
-        return _outcome(verdict, reason, duration, ready, bool(prefix), sinks, max_output_bytes)
+        return _outcome(verdict, reason, duration, ready, layers, sinks, limits.max_output_bytes)
     finally:
         if channel is not None:
             channel.close()
@@ -439,65 +449,82 @@ def _supervise(code: str, steps: list[assertions.Step], tmp: str, start: float, 
             proc.wait()
 
 
-def _child_env(tmp: str, audit: bool) -> dict[str, str]:
-    """The child's whole environment, built from nothing (the ``env`` layer)."""
-    return {
-        "PATH": "/usr/bin:/bin",
-        "LANG": "C.UTF-8",
-        "LC_ALL": "C.UTF-8",
-        "HOME": tmp,
-        "TMPDIR": tmp,
-        "PAIRBENCH_SANDBOX_LANDLOCK": "1",
-        # Tests switch the audit layer off to show that the kernel layer holds on its own.
-        "PAIRBENCH_SANDBOX_AUDIT": "1" if audit else "0",
-    }
+def _child_env() -> dict[str, str]:
+    """The child's whole environment, built from nothing (the ``env`` layer); the worker sets HOME
+    and TMPDIR to its own directory."""
+    return {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
 
 
-def _hold_conversation(channel: _Channel, steps: list[assertions.Step], proc: subprocess.Popen,
-                       err_drain: threading.Thread, err_sink: dict, *, timeout_s: float,
-                       cpu_s: int) -> tuple[str, str, dict | None]:
-    """Wait for the child's 'ready', then converse; the verdict, its reason, and the first message
-    (None if none came)."""
-    ready = None
+def _worker_pid(proc: subprocess.Popen) -> int | None:
+    """The worker's pid as this side sees it: the keeper's child (the monitor, PID 1 inside) has one
+    child, the worker."""
+    for monitor in confine.children(proc.pid):
+        for worker in confine.children(monitor):
+            return worker
+    return None
+
+
+def _hold_conversation(channel: _Channel, steps: list[assertions.Step], proc: subprocess.Popen, how: confine.Plan,
+                       threads: list[threading.Thread], sinks: dict, limits: _Limits,
+                       off: frozenset[str]) -> tuple[str, str, dict | None, set[str]]:
+    """Wait for the worker's 'ready', check what the kernel shows it became, then converse; the
+    verdict, its reason, the first message (None if none came) and the kernel layers observed."""
+    ready, layers = None, set()
     try:
         ready = channel.recv()
         if ready.get("phase") != "ready":
             raise _Broken("a first message that is not 'ready'")
+        worker = _worker_pid(proc)
+        layers = confine.observe(worker, how) if worker is not None else set()
+        missing = [x for x in confine.REQUIRED if x not in layers]
+        if "nproc" not in off and "rlimit" not in layers:
+            missing.append("rlimit")
+        if missing:
+            return ("error", f"the sandbox refuses to run model-written code: the kernel does not show "
+                             f"{', '.join(missing)} for its worker ({confine.HOW_TO_ENABLE})", ready, layers)
         verdict, reason = _converse(channel, steps)
     except _Deadline:
-        verdict, reason = "timeout", f"wall-clock limit of {timeout_s:g} s exceeded"
+        verdict, reason = "timeout", f"wall-clock limit of {limits.timeout_s:g} s exceeded"
     except _Broken as exc:
         verdict, reason = ("fail", f"the sandboxed code broke the result protocol: it sent {exc}") \
             if ready is not None else ("error", f"sandbox failed to start: it sent {exc}")
     except _Gone:
-        verdict, reason = _gone_verdict(proc, ready is not None, channel.deadline, cpu_s, err_drain, err_sink)
-    return verdict, reason, ready
+        verdict, reason = _gone_verdict(proc, ready is not None, channel.deadline, limits.cpu_s, threads, sinks)
+    return verdict, reason, ready, layers
 
 
 def _gone_verdict(proc: subprocess.Popen, started: bool, deadline: float, cpu_s: int,
-                  err_drain: threading.Thread, err_sink: dict) -> tuple[str, str]:
-    """The verdict once the child closed its reply pipe. A dying child's pipe closes as it exits;
-    one still running a moment later closed it itself."""
+                  threads: list[threading.Thread], sinks: dict) -> tuple[str, str]:
+    """The verdict once the worker's reply pipe closed. Only the worker holds its end, so the pipe
+    closes as it exits; a worker whose monitor has not reported it gone a moment later (the
+    keeper then exits too) closed the pipe itself."""
     try:
         proc.wait(timeout=min(max(deadline - time.monotonic(), 0.05), _EXIT_GRACE_S))
     except subprocess.TimeoutExpired:
         return "fail", "the sandboxed code closed the result pipe before the tests finished"
-    # stderr is complete once the child has exited (its group may live on until killed)
-    err_drain.join(timeout=1)
-    tail = err_sink.get("data", b"")[-300:].decode("utf-8", "replace").strip()
-    return _exit_verdict(proc, started, cpu_s, tail)
+    threads[2].join(timeout=1)  # the status pipe: its only writer, the monitor, has exited
+    threads[1].join(timeout=1)  # stderr is complete once every process of the namespace is gone
+    status = {}
+    for line in sinks["status"].get("data", b"").splitlines()[:1]:
+        try:
+            status = json.loads(line)
+        except ValueError:
+            status = {}
+    tail = sinks["err"].get("data", b"")[-300:].decode("utf-8", "replace").strip()
+    return _exit_verdict(status if isinstance(status, dict) else {}, proc.returncode, started, cpu_s, tail)
 
 
-def _outcome(verdict: str, reason: str, duration: float, ready: dict | None, netns: bool, sinks: dict,
+def _outcome(verdict: str, reason: str, duration: float, ready: dict | None, kernel: set[str], sinks: dict,
              max_output_bytes: int) -> dict:
-    """The result of a conversation that took place: the output counts, and the layers that applied."""
+    """The result of a conversation that took place: the output counts, and the layers that applied
+    (the kernel's as observed from here; the in-process ones as the worker reported them in its
+    first message, sent before the candidate existed in it)."""
     out_total = sinks["out"].get("total", 0) + sinks["err"].get("total", 0)
     truncated = (sinks["out"].get("total", 0) > max_output_bytes
                  or sinks["err"].get("total", 0) > max_output_bytes)
-    # The child's own layers come in its first message, sent before the candidate existed in it.
     child_layers = (ready or {}).get("isolation")
     child_layers = {x for x in child_layers if isinstance(x, str)} if isinstance(child_layers, list) else set()
-    applied = {"env", "tmpdir", "rlimit", "wall", "output"} | ({"netns"} if netns else set())
+    applied = {"env", "tmpdir", "wall", "output"} | (kernel & {"user", "pidns", "mountns", "netns", "rlimit"})
     applied |= child_layers & {"landlock-fs", "landlock-net", "landlock-scope", "audit"}
     if truncated:
         reason += f" (output truncated: {out_total} bytes, {max_output_bytes} kept per stream)"
@@ -507,6 +534,9 @@ def _outcome(verdict: str, reason: str, duration: float, ready: dict | None, net
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL the keeper's process group: the keeper and the monitor (PID 1 of the sandbox's PID
+    namespace, which never leaves the group), so the kernel kills every process in the namespace,
+    whichever session or group the candidate moved them to."""
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
