@@ -20,6 +20,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from pairbench.arms.gitsource import (GitRef, GitSourceError, check_clean, export_ref, export_tag, is_url, resolve_ref,
+                                      resolve_tag)
 from pairbench.core.artifacts import sha256_file
 from pairbench.core.trees import manifest, tree_sha256
 
@@ -80,16 +82,18 @@ def apply_patches(arm: str, patches: list[str], arm_dir: Path, root: Path) -> li
 
 
 def export_source(arm: str, source: str, patches: list[str], arm_dir: str | Path, root: str | Path,
-                  plan_sha256: str) -> dict:
+                  plan_sha256: str, commit: str | None = None) -> dict:
     """Export *source* into ``arm_dir/engine/``, apply *patches*; return the ``source`` artifact body.
 
-    *source* may also be ``{"git": <path or URL>, "tag": <tag>}`` (exported clean at the tag into
-    ``arm_dir/`` itself, so patches are against the repository's own paths) or None (an installed
-    engine: an empty tree, no patches).
+    *source* may also be ``{"git": <path or URL>, "tag": <tag>}`` or ``{"git": ..., "ref": <branch,
+    tag or sha>}`` (exported clean at that commit into ``arm_dir/`` itself, so patches are against the
+    repository's own paths: ``engine/...`` for this repository's embedded engine) or None (an
+    installed engine: an empty tree, no patches). *commit*, when given, is the sha the pipeline
+    resolved the ref to when it planned the job: a ref that names another commit by now is an error.
     """
     root, arm_dir = Path(root), Path(arm_dir)
     if source is None or isinstance(source, dict):
-        return _export_external(arm, source, patches, arm_dir, root, plan_sha256)
+        return _export_external(arm, source, patches, arm_dir, root, plan_sha256, commit)
     src = root / source
     version_file = src / "VERSION"
     if not version_file.is_file():
@@ -124,26 +128,29 @@ def _patch_and_record(arm: str, patches: list[str], tree: Path, patch_cwd: Path,
 
 
 def _export_external(arm: str, source: dict | None, patches: list[str], arm_dir: Path, root: Path,
-                     plan_sha256: str) -> dict:
-    """The git-tag (or installed, ``None``) source of a non-embedded arm; see :func:`export_source`."""
-    from pairbench.arms.gitsource import export_tag
-
+                     plan_sha256: str, commit: str | None = None) -> dict:
+    """The git (or installed, ``None``) source of an arm; see :func:`export_source`."""
     if arm_dir.exists():
         shutil.rmtree(arm_dir)
     git = None
     if source is None:
         arm_dir.mkdir(parents=True)
         version = "installed"
+    elif "ref" in source:
+        ref = resolve_source(source, root)
+        if commit is not None and ref.commit != commit:
+            raise GitSourceError(f"arms.{arm}.source.ref: {source['ref']!r} moved from {commit[:12]} to "
+                                 f"{ref.commit[:12]} while the run started; run it again")
+        export_ref(ref, arm_dir, cache_dir=git_cache(root))
+        git, version = ref.record(), source["ref"]
     else:
-        repo = source["git"]
-        if not is_url_like(repo):  # ~/.cache/pairbench/llama.cpp works as written in a config
-            repo = str((root / Path(repo).expanduser()).resolve())
-        exp = export_tag(repo, source["tag"], arm_dir, cache_dir=root / "resources" / "cache" / "git")
-        git = {"tag": exp.tag, "commit": exp.commit, "tree": exp.tree, "tag_object": exp.tag_object}
+        exp = export_tag(_repo_path(source["git"], root), source["tag"], arm_dir, cache_dir=git_cache(root))
+        git = {"ref": exp.tag, "ref_name": f"refs/tags/{exp.tag}", "tag": exp.tag, "commit": exp.commit,
+               "tree": exp.tree, "tag_object": exp.tag_object}
         version = exp.tag
     body = {
         "arm": arm,
-        "source": None if source is None else {"git": source["git"], "tag": source["tag"]},
+        "source": None if source is None else {k: source[k] for k in ("git", "tag", "ref") if k in source},
         "version": version,
         **_patch_and_record(arm, patches, arm_dir, arm_dir, root, "of the exported tree"),
         "inputs": {"plan": plan_sha256},
@@ -153,7 +160,57 @@ def _export_external(arm: str, source: dict | None, patches: list[str], arm_dir:
     return body
 
 
-def is_url_like(repo: str) -> bool:
-    from pairbench.arms.gitsource import is_url
+def git_cache(root: str | Path) -> Path:
+    """Where git sources are cached: a URL's bare repository, and every exported commit's archive."""
+    return Path(root) / "resources" / "cache" / "git"
 
+
+def _repo_path(repo: str, root: Path) -> str:
+    if is_url(repo):
+        return repo
+    return str((Path(root) / Path(repo).expanduser()).resolve())  # ~/.cache/pairbench/llama.cpp works as written
+
+
+def is_git_source(source) -> bool:
+    return isinstance(source, dict) and "git" in source
+
+
+def resolve_source(source: dict, root: str | Path) -> GitRef:
+    """The commit an arm's ``{git, ref}`` or ``{git, tag}`` source names now (the repository path
+    relative to *root*): :class:`~pairbench.arms.gitsource.GitSourceError` names the ref and the
+    repository when it does not resolve or the repository cannot be read; a ref naming the
+    checked-out commit of a work tree with uncommitted changes is refused (:func:`check_clean`)."""
+    repo = _repo_path(source["git"], Path(root))
+    if "ref" in source:
+        ref = resolve_ref(repo, source["ref"], cache_dir=git_cache(root))
+        check_clean(ref)
+        return ref
+    tag = source["tag"]
+    git_dir, commit, tree, tag_object = resolve_tag(repo, tag, cache_dir=git_cache(root))
+    return GitRef(repo=repo, ref=tag, ref_name=f"refs/tags/{tag}", commit=commit, tree=tree, tag_object=tag_object,
+                  git_dir=git_dir)
+
+
+def same_commit_arms(arms: dict, commits: dict) -> list[str]:
+    """Problems for arms that would measure the same code: two git arms whose refs resolve to one
+    commit (*commits*: arm -> sha) with the same patches, build, launch, arguments and environment.
+    That is an A/A run, not base against head (a deliberate A/A names one path source twice)."""
+    problems, seen = [], {}
+    keys = ("engine", "patches", "build", "launch", "args", "env", "threads")
+    for name, commit in commits.items():
+        arm = arms[name] or {}
+        what = (commit, repr([arm.get(k) for k in keys]))
+        if what in seen:
+            other = seen[what]
+            refs = [(arms[n].get("source") or {}).get("ref") or (arms[n].get("source") or {}).get("tag") for n in (other, name)]
+            problems.append(
+                f"arms.{name}.source: arms {other} and {name} resolve {refs[0]!r} and {refs[1]!r} to the same commit "
+                f"{commit[:12]} with the same patches and settings: an A/A run, not base against head. Name "
+                "two different commits (a deliberate A/A names one path source in both arms)")
+        else:
+            seen[what] = name
+    return problems
+
+
+def is_url_like(repo: str) -> bool:
     return is_url(repo)

@@ -3,8 +3,9 @@
 
 Reads the run through its layout (:class:`pairbench.core.layout.Layout`): the plan, every arm's
 source, build and warmup, every condition's fixture and prompts, the statistics, tables and plots.
-Writes three private artifacts the bundle copies (``environment.json``, ``fixtures.json``,
-``stats_params.json``).
+Writes four private artifacts the bundle copies (``environment.json``, ``fixtures.json``,
+``stats_params.json``, and ``gate.json``: the CI gate's decision under the config's ``gate:`` policy,
+:mod:`pairbench.publish.gate`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from pairbench.core.artifacts import read_artifact, sha256_file, write_artifact
 from pairbench.core.layout import LOAD_PLOTS, LOAD_TABLES, PLOTS, TABLES, Layout
 from pairbench.publish import bundle as pb_bundle
 from pairbench.publish import envfacts, report
+from pairbench.publish import gate as pb_gate
 from pairbench.publish.verify import TableError, read_table
 
 log = logging.getLogger("pairbench")
@@ -163,10 +165,25 @@ def _without_outputs(tree: Path, outputs: list[str], dest: Path) -> Path:
     return dest
 
 
-def publish(run: Run, root: str, hosts: list[str]) -> dict:
-    """Render the report and build the bundle; returns build_bundle's result."""
+def write_gate(run: Run, environment: str, gate: dict | None) -> str:
+    """``private/gate.json``: the gate's decision over the run under the *gate* policy (the config's
+    ``gate:``), with the arms' shas and the host facts of *environment* (``environment.json``)."""
+    L, plan = run.layout, run.plan
+    body = pb_gate.decide(run.summary, gate, label=plan["label"], arms=pb_gate.arms_facts(plan, run.sources),
+                          host=pb_gate.host_facts(read_artifact(environment, "environment")),
+                          inputs={"summary": sha256_file(L.summary),
+                                  **{f"source.{a}": sha256_file(L.source(a)) for a in plan["arms"]}})
+    path = Path(L.private) / "gate.json"
+    write_artifact(path, "gate", body)
+    return str(path)
+
+
+def publish(run: Run, root: str, hosts: list[str], gate: dict | None = None) -> dict:
+    """Render the report and build the bundle, the gate's decision under the *gate* policy in it;
+    returns build_bundle's result."""
     L, plan = run.layout, run.plan
     files, identifiers = _private_artifacts(run, root, hosts)
+    files["gate.json"] = write_gate(run, files["environment.json"], gate)
     resolved = {k: v for k, v in plan.items() if k not in ("visits", "inputs", "schema")}
     # quoted: digests read as digests
     files["config.resolved.yaml"] = yaml.safe_dump(resolved, sort_keys=True, default_style="\"").encode()

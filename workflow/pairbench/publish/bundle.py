@@ -34,6 +34,7 @@ DEFAULT_ALLOWLIST: tuple[str, ...] = (
     "environment.json",        # envfacts.public(): public machine facts
     "fixtures.json",           # fixture manifest: synthetic messages + hashes (fixture_manifest())
     "stats_params.json",       # what the statistics were computed with (pairbench verify recomputes them)
+    "gate.json",               # the CI gate's decision (pairbench.publish.gate; verify recomputes it)
     "config.resolved.yaml",    # the resolved config (scrubbed text; not field-checked)
     "tables/*.csv",            # numeric tables
     "tables/*.json",           # numeric JSON tables (stats summary, verdicts)
@@ -54,7 +55,8 @@ CATEGORICAL_FIELDS: frozenset[str] = frozenset({
 # Files exempt from the field check (still scrubbed and leak-gated): prose, config, code, and JSON
 # whose text fields are constrained by their own strict schema.
 FIELD_CHECK_EXEMPT: tuple[str, ...] = ("README.md", "config.resolved.yaml", "patches/*.patch", "scripts/*.py",
-                                       "environment.json", "fixtures.json", "stats_params.json", "MANIFEST.json")
+                                       "environment.json", "fixtures.json", "stats_params.json", "gate.json",
+                                       "MANIFEST.json")
 
 README_MARKER = "<!-- pairbench:leak-gate -->"
 _SAFE_TOKEN = re.compile(r"^[A-Za-z0-9_.:+/ <>=()-]{0,64}$")

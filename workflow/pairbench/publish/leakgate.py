@@ -21,6 +21,11 @@ JSON is full of (``"sha256": ...``, ``"prompt_sha256": ...``, ``"inputs": {"plan
 *every* occurrence of it in the file is a whole JSON string (``"<hex>"``, as a field value or an
 array item), never part of a longer string. Anything else is a finding. Literal secrets are still matched exactly by the literal
 detectors, so a known secret cannot hide in a digest field.
+
+Git object ids (40 lowercase hex digits: the commit and tree a git arm measured, in ``gate.json``)
+fire the same plugin. One is accepted only where every occurrence of it in a ``.json`` file is the
+whole value of a field named ``commit``, ``tree`` or ``tag_object`` (:data:`GIT_ID_FIELDS`), never
+an array item or part of a longer string: a 40-hex credential in any other field is still a finding.
 """
 
 from __future__ import annotations
@@ -128,6 +133,20 @@ def _is_digest_only(text: str, value: str) -> bool:
     )
 
 
+GIT_ID_FIELDS = ("commit", "tree", "tag_object")
+
+
+def _is_git_id_only(text: str, value: str) -> bool:
+    """Whether *value* is a git object id standing as the whole value of a :data:`GIT_ID_FIELDS`
+    field everywhere it occurs."""
+    if not re.fullmatch(r"[0-9a-f]{40}", value):
+        return False
+    total = len(re.findall(re.escape(value), text))
+    fields = "|".join(GIT_ID_FIELDS)
+    as_field = len(re.findall(rf'"(?:{fields})":\s*"{value}"', text))
+    return total > 0 and as_field == total
+
+
 def _scan_detect_secrets(root: Path, rel_paths: list[str]) -> list[Finding]:
     from detect_secrets import SecretsCollection
     from detect_secrets.settings import default_settings
@@ -140,7 +159,8 @@ def _scan_detect_secrets(root: Path, rel_paths: list[str]) -> list[Finding]:
         for filename, secret in secrets:
             value = secret.secret_value or ""
             if secret.type == "Hex High Entropy String" and filename.endswith((".json", ".yaml", ".yml")):
-                if _is_digest_only((root / filename).read_text(errors="replace"), value):
+                text = (root / filename).read_text(errors="replace")
+                if _is_digest_only(text, value) or (filename.endswith(".json") and _is_git_id_only(text, value)):
                     continue
             findings.append(Finding(Path(filename).as_posix(), secret.line_number, f"detect-secrets:{secret.type}", value))
     return findings
