@@ -77,3 +77,51 @@ def test_tree_sha256_depends_on_content_and_path():
     a = pb_source.tree_sha256({"a.py": "1" * 64})
     assert a != pb_source.tree_sha256({"b.py": "1" * 64})
     assert a != pb_source.tree_sha256({"a.py": "2" * 64})
+
+
+def _git(repo, *args):
+    env = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.invalid", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@example.invalid", "GIT_CONFIG_NOSYSTEM": "1", "HOME": str(repo.parent),
+           "PATH": "/usr/bin:/bin"}
+    return subprocess.run(["git", *args], cwd=repo, env=env, check=True, capture_output=True, text=True).stdout.strip()
+
+
+@pytest.fixture
+def committed(repo):
+    """*repo* with its engine committed on main, and a branch 'slow' that changes engine/core.py."""
+    (repo / ".gitignore").write_text("results/\nout/\nresources/\n__pycache__/\n")
+    _git(repo, "add", ".gitignore", "engine", "good.patch", "bad.patch")
+    _git(repo, "commit", "-q", "-m", "engine")
+    _git(repo, "branch", "-M", "main")
+    _git(repo, "checkout", "-q", "-b", "slow")
+    (repo / "engine" / "core.py").write_text("def answer():\n    return 41  # slow\n# end\n")
+    _git(repo, "commit", "-q", "-am", "slow")
+    _git(repo, "checkout", "-q", "main")
+    return repo
+
+
+def test_an_embedded_engine_at_a_ref_of_this_repository(committed):
+    """{git: ., ref: <ref>}: the repository at that commit, engine/ inside it, patches on top."""
+    arm_dir = committed / "results" / "x" / "src" / "head"
+    body = pb_source.export_source("head", {"git": ".", "ref": "slow"}, [], arm_dir, committed,
+                                   plan_sha256="0" * 64, commit=_git(committed, "rev-parse", "slow"))
+    assert (arm_dir / "engine" / "core.py").read_text().endswith("return 41  # slow\n# end\n")
+    assert body["source"] == {"git": ".", "ref": "slow"} and body["version"] == "slow"
+    assert body["git"] == {"ref": "slow", "ref_name": "refs/heads/slow", "tag": None, "tag_object": None,
+                           "commit": _git(committed, "rev-parse", "slow"),
+                           "tree": _git(committed, "rev-parse", "slow^{tree}")}
+    # patches name engine/... as for the path source; the export is cached under resources/cache/git
+    base = pb_source.export_source("base", {"git": ".", "ref": "main"}, ["good.patch"], committed / "out" / "base",
+                                   committed, plan_sha256="0" * 64)
+    assert (committed / "out" / "base" / "engine" / "core.py").read_text() == "def answer():\n    return 42\n# end\n"
+    assert base["patched"]["changed"] == ["engine/core.py"]
+    assert sorted(p.stem for p in (committed / "resources/cache/git/exports").glob("*.tar")) == sorted(
+        [_git(committed, "rev-parse", "main"), _git(committed, "rev-parse", "slow")])
+
+
+def test_a_ref_that_moved_since_the_job_was_planned_is_an_error(committed):
+    planned = _git(committed, "rev-parse", "main")
+    _git(committed, "commit", "-q", "--allow-empty", "-m", "moved")
+    with pytest.raises(pb_source.GitSourceError, match=rf"arms.base.source.ref: 'main' moved from {planned[:12]} to "):
+        pb_source.export_source("base", {"git": ".", "ref": "main"}, [], committed / "out" / "base", committed,
+                                plan_sha256="0" * 64, commit=planned)

@@ -22,6 +22,11 @@ Commands:
   every embedded file scrubbed and put through the leak gate with this machine's identifiers
   (:func:`pairbench.publish.htmlreport.publish`); written only when the gate finds nothing, exit
   status 1 and ``file:line: detector`` per finding otherwise.
+- ``gate <run dir> [--configfile FILE ...] [--config KEY=VALUE ...] [--markdown F] [--junit F] [--json F]``:
+  the CI decision over a finished run (:func:`pairbench.integrity.gate.check_run`, the published
+  ``gate.json``): exit status 0 no regression, 1 a regression, 2 inconclusive under a policy that
+  fails it, 3 the run is not valid; the reason on one line of stderr, the Markdown summary on stdout
+  (and appended to ``--markdown``, e.g. ``$GITHUB_STEP_SUMMARY``), JUnit XML to ``--junit``. docs/ci.md.
 
 Other stages add their subcommands to :data:`COMMANDS`.
 """
@@ -193,7 +198,70 @@ def _llama_tree(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS: list[Callable] = [_add_plan, _add_verify, _add_scan, _add_html_report, _add_audit, _add_llama_tree]
+def _add_gate(sub) -> None:
+    p = sub.add_parser("gate", help="the CI decision over a finished run: exit 0 no regression, 1 regression, "
+                       "2 inconclusive (when the policy fails it), 3 the run is not valid")
+    p.add_argument("run_dir", help="the run folder, results/<label>")
+    p.add_argument("--configfile", action="append", default=[], metavar="FILE",
+                   help="the config the run was made with (as snakemake's --configfile; repeatable): the run "
+                   "must be of it and at its refs now, and its gate: policy applies. Without one, the policy the "
+                   "run published applies")
+    p.add_argument("--config", dest="set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a key of --configfile, as snakemake's --config does; repeatable")
+    p.add_argument("--root", default=".", help="the repository root the config's paths are relative to "
+                   "(default: the current folder)")
+    p.add_argument("--markdown", metavar="FILE", help="append the Markdown summary here too "
+                   "(e.g. \"$GITHUB_STEP_SUMMARY\")")
+    p.add_argument("--junit", metavar="FILE", help="write the JUnit XML here (one test case per gated cell)")
+    p.add_argument("--json", metavar="FILE", help="write the gate record (gate.json) here")
+    p.set_defaults(func=_gate)
+
+
+def _gate(args: argparse.Namespace) -> int:
+    from pairbench.core.artifacts import write_artifact
+    from pairbench.integrity.gate import GateResult, check_run, invalid_record
+    from pairbench.publish.gateviews import junit, markdown
+
+    try:
+        config = _run_config(args.configfile, args.set, Path(args.root)) if args.configfile or args.set else None
+        result = check_run(args.run_dir, config, root=args.root)
+    except Exception as exc:  # never exit 0, or with a traceback, on a run that could not be judged
+        label = Path(args.run_dir).name or "run"
+        result = GateResult(invalid_record(label, [f"{type(exc).__name__}: {exc}" if not str(exc) else str(exc)]),
+                            published=False)
+    record = result.record
+    summary = markdown(record)
+    print(summary, end="")
+    if args.markdown:
+        with open(args.markdown, "a", encoding="utf-8") as fh:
+            fh.write(summary + "\n")
+    if args.junit:
+        Path(args.junit).write_text(junit(record), encoding="utf-8")
+    if args.json:
+        write_artifact(args.json, "gate", {k: v for k, v in record.items() if k != "schema"})
+    print(f"pairbench gate: {record['decision']} (exit {record['exit_code']}): {record['reason']}", file=sys.stderr)
+    return record["exit_code"]
+
+
+def _run_config(files: list[str], pairs: list[str], root: Path) -> dict:
+    """The config the pipeline would read from *files* and ``--config`` *pairs*: checked whole
+    (a problem is an error naming its key), defaults filled, normalized."""
+    from snakemake.utils import validate
+
+    from pairbench.core.config import ConfigError, normalized
+    from pairbench.core.loadconfig import with_stats_defaults
+    from pairbench.stages import runconfig
+
+    config, sources = runconfig.load_files(files or ["config/config.yaml"], dict(_key_value(i) for i in pairs))
+    found = runconfig.problems(config, root)
+    if found:
+        raise ConfigError(runconfig.report(found, sources).replace("\n", " "))
+    config.update(with_stats_defaults(config))
+    validate(config, str(runconfig.SCHEMA))
+    return normalized(config)
+
+
+COMMANDS: list[Callable] = [_add_plan, _add_verify, _add_scan, _add_html_report, _add_audit, _add_llama_tree, _add_gate]
 
 
 def main(argv: list[str] | None = None) -> int:

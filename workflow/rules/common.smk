@@ -9,6 +9,7 @@ helper takes ``cfg`` and reads nothing else; the ones that read a checkpoint's r
 Snakemake's ``checkpoints`` object, which only exists here.
 """
 
+import functools
 import re
 import sys
 from pathlib import Path
@@ -18,6 +19,7 @@ sys.path.insert(0, str(Path(workflow.basedir) / "workflow"))
 
 from snakemake.logging import logger
 
+from pairbench.arms import source as pb_source
 from pairbench.core import conditions as pb_conditions
 from pairbench.core import config as pb_config
 from pairbench.core import models as pb_models
@@ -194,6 +196,20 @@ def arm_source_files(cfg, arm, root):
         return []  # a git tag is immutable; an installed engine has no source tree
     src = Path(cfg["arms"][arm]["source"])
     return [str(src / f) for f in source_files(root / src)]
+
+
+def git_commit(cfg, arm, root):
+    """The commit an arm's git source names now (None for any other source), resolved once per
+    snakemake invocation (pairbench.arms.source.resolve_source)."""
+    source = cfg["arms"][arm]["source"]
+    if not pb_source.is_git_source(source):
+        return None
+    return _resolved_commit(str(root), tuple(sorted(source.items())))
+
+
+@functools.lru_cache(maxsize=None)
+def _resolved_commit(root, source):
+    return pb_source.resolve_source(dict(source), root).commit
 
 
 def model_inputs(cfg, root):

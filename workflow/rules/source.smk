@@ -13,6 +13,9 @@ rule source:
     params:
         arm=lambda wc: wc.arm,
         arm_config=lambda wc: CFG["arms"][wc.arm],
+        # a git ref's commit, resolved when the DAG is built: a moved branch reruns this job (and what
+        # follows from it), an unmoved one nothing (common.smk: git_commit)
+        commit=lambda wc: git_commit(CFG, wc.arm, ROOT),
         root=str(ROOT),
     resources:
         **other_resources(CFG),

@@ -63,7 +63,8 @@ def check_source_runs(name: str, arm: dict, profile: EngineProfile) -> None:
     route = profile.source_route(arm)
     if route == "install" and source is not None and not (isinstance(source, dict) and "git" in source):
         raise ConfigError(
-            ("arms", name, "source"), f"engine {profile.name} installs its arm from a git tag ({{git: <repo>, tag: <tag>}}); "
+            ("arms", name, "source"), f"engine {profile.name} installs its arm from a git tag or ref "
+            "({git: <repo>, tag: <tag>} or {git: <repo>, ref: <ref>}); "
             "a directory is exported as an embedded-engine package (src/<arm>/engine/), which the install "
             "would not find. Commit the tree and name the tag")
     if route is not None or not (patches or source is not None):
@@ -72,6 +73,7 @@ def check_source_runs(name: str, arm: dict, profile: EngineProfile) -> None:
         key, what = "patches", "its patches would never run"
     else:
         key, what = "source", (f"tag {source['tag']}" if isinstance(source, dict) and "tag" in source
+                               else f"ref {source['ref']}" if isinstance(source, dict) and "ref" in source
                                else "its source") + " would never run"
     raise ConfigError(
         ("arms", name, key), f"engine {profile.name} installs no source: its profile ({_shown(profile)}) has no "
@@ -123,7 +125,8 @@ def describe_plan(config: dict, condition_ids: list[str] | None = None) -> str:
         if src is None:
             src_s = "none: the engine installed beside pairbench"
         elif isinstance(src, dict) and "git" in src:
-            src_s = f"git {src['git']} at tag {src.get('tag')}"
+            src_s = (f"git {src['git']} at ref {src['ref']}" if "ref" in src
+                     else f"git {src['git']} at tag {src.get('tag')}")
         elif isinstance(src, dict):
             src_s = f"path {src.get('path')}"
         else:

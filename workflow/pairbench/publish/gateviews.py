@@ -23,8 +23,8 @@ def _cell_text(value: str) -> str:
     return str(value).replace("|", "\\|").replace("\n", " ")
 
 
-def _pct(x: float) -> str:
-    return f"{x:.2%}".replace(".00%", "%")
+def _pct(x: float | None) -> str:
+    return "the run's stats.noise" if x is None else f"{x:.2%}".replace(".00%", "%")
 
 
 def _interval(c: dict) -> str:
@@ -79,14 +79,16 @@ def markdown(g: dict) -> str:
         out += [f"- {p}" for p in g["problems"]] + [""]
     if g["cells"]:
         out += _cells_table(g) + [""]
-    out += [_policy_line(g), ""]
+    if g["policy"]["metrics"]:
+        out += [_policy_line(g), ""]
     if g["arms"]:
         out += _arms_table(g) + [""]
     r, s = g["rounds"], g["stats"]
-    rounds = f"{r['run']} of {r['planned']} planned" + (f", adaptive, stopped by {r['stopped_by']}"
-                                                          if r["adaptive"] and r["stopped_by"] else "")
-    out += [f"Rounds: {rounds}. Statistics: alpha {s['alpha']:g} ({s['multiplicity']}), noise {_pct(s['noise'])}.",
-            "", _host_line(g), "", f"Full report: `results/{g['label']}/{g['report']}`", ""]
+    if r["run"] is not None:
+        rounds = f"{r['run']} of {r['planned']} planned" + (f", adaptive, stopped by {r['stopped_by']}"
+                                                              if r["adaptive"] and r["stopped_by"] else "")
+        out += [f"Rounds: {rounds}. Statistics: alpha {s['alpha']:g} ({s['multiplicity']}), noise {_pct(s['noise'])}.", ""]
+    out += [_host_line(g), "", f"Full report: `results/{g['label']}/{g['report']}`", ""]
     return "\n".join(out)
 
 

@@ -11,7 +11,10 @@ the statistics stage ran it, and checks, cell by cell, that
   verdicts;
 - the run facts that follow from the table (rounds run, records, unproven cold caches, the
   cold-cache cross-check) are the recorded ones;
-- ``README.md`` contains the statistics section, regenerated from the recomputed summary, verbatim.
+- ``README.md`` contains the statistics section, regenerated from the recomputed summary, verbatim;
+- ``gate.json``, when the bundle has one, is the decision its recorded policy gives over the
+  recomputed summary (:func:`pairbench.publish.gate.gate_problems`): its decision, reason and every
+  gated cell.
 
 Any difference is a problem naming the file, the row and the column: a published number or verdict
 that the measurements do not give.
@@ -29,10 +32,12 @@ import pandas as pd
 from pairbench.analysis import coldcheck, loadstats, stats as pb_stats, tables as pb_tables
 from pairbench.analysis.measurements import StatsInputError, as_bool
 from pairbench.core.artifacts import ArtifactError, validate
+from pairbench.publish import gate as pb_gate
 from pairbench.publish.load_section import load_section
 from pairbench.publish.stats_section import statistics_section
 
 PARAMS = "stats_params.json"
+GATE = "gate.json"
 TABLES = ("summary", "paired", "ratios", "memory")
 LOAD_TABLES = ("capacity", "capacity_paired")  # a load run's (with an SLO)
 KEYS = {"summary": ["candidate", "arm", "condition", "metric"], "paired": ["candidate", "condition", "metric"],
@@ -164,6 +169,9 @@ def recompute_problems(root: str | Path) -> list[str]:
     if load and load not in text:
         first = _first_difference(text, load, heading="## Load")
         problems.append(f"README.md: its load section is not the one the measurements give ({first})")
+    gate = root / GATE
+    if gate.is_file():
+        problems += pb_gate.gate_problems(json.loads(gate.read_text()), summary)
     return problems
 
 

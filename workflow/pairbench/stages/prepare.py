@@ -21,10 +21,12 @@ def plan_stage(*, plan: str, config: dict, root: str) -> None:
     write_artifact(plan, "plan", pb_plan.make_plan(config, Path(root)))
 
 
-def source_stage(*, source: str, tree: str, plan: str, arm: str, root: str) -> None:
+def source_stage(*, source: str, tree: str, plan: str, arm: str, root: str, commit: str | None = None) -> None:
+    """Export one arm; *commit* is the sha its git ref named when the pipeline planned the job (a
+    parameter, so a moved branch re-exports and an unmoved one reruns nothing)."""
     arm_cfg = read_artifact(plan, "plan")["arms"][arm]
     body = pb_source.export_source(arm, arm_cfg["source"], arm_cfg["patches"], tree, root,
-                                   plan_sha256=sha256_file(plan))
+                                   plan_sha256=sha256_file(plan), commit=commit)
     log.info("exported %s@%s to %s; %d patch(es) applied, %d file(s) changed", arm_cfg["source"], body["version"],
              tree, len(body["patches"]), len(body["patched"]["changed"]))
     write_artifact(source, "source", body)

@@ -45,7 +45,7 @@ def _source(src) -> str:
     if src is None:
         return "the installed package"
     if isinstance(src, dict):
-        return f"git {src['git']} @ {src['tag']}" if "git" in src else f"{src['path']}/"
+        return f"git {src['git']} @ {src.get('ref') or src.get('tag')}" if "git" in src else f"{src['path']}/"
     return f"{src}/"
 
 
