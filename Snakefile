@@ -47,6 +47,7 @@ else:
     include: "workflow/rules/plots.smk"
     include: "workflow/rules/publish.smk"
     include: "workflow/rules/audit.smk"
+    include: "workflow/rules/gate.smk"
 
 
     rule all:

@@ -159,6 +159,11 @@ class Layout:
         return f"{self.res}/audit.json"
 
     @property
+    def gate(self) -> str:
+        """The CI gate's record of a passing run (rule ``gate``; the bundle's is ``publish/gate.json``)."""
+        return f"{self.res}/gate/gate.json"
+
+    @property
     def retired(self) -> str:
         return f"{self.private}/retired.json"
 

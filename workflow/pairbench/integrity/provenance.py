@@ -37,6 +37,8 @@ EXCLUDED: dict[str, str] = {
     "to publish/ when done; provenance may run at the same time (a cluster runs them side by side)",
     "provenance.json": "this file itself",
     "audit.json": "written by the audit, after provenance",
+    "gate/": "the CI gate's record of a passing run (rule gate, after the audit): a copy of publish/gate.json, "
+    "which publish/MANIFEST.json covers",
 }
 
 # Distributions whose versions are recorded besides python, snakemake and torch.

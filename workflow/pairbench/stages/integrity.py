@@ -5,8 +5,11 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from pairbench.core.artifacts import write_artifact
 from pairbench.integrity.audit import run_audit
+from pairbench.integrity.gate import check_run
 from pairbench.integrity.provenance import write_provenance
+from pairbench.publish.gateviews import junit, markdown
 
 log = logging.getLogger("pairbench")
 
@@ -21,3 +24,20 @@ def audit_stage(*, audit: str, run_dir: str, record_log: str) -> None:
     A finding raises :class:`pairbench.integrity.audit.AuditFailed` naming the first one."""
     result = run_audit(run_dir=Path(run_dir), audit=audit, record=record_log)
     log.info("audit OK: %s", result.counts)
+
+
+class GateFailed(Exception):
+    """The gate did not pass: its exit status and reason (``python -m pairbench gate`` says the same)."""
+
+
+def gate_stage(*, gate: str, run_dir: str, markdown_log: str, junit_log: str) -> None:
+    """End the run in the CI gate (:func:`pairbench.integrity.gate.check_run`): its Markdown summary and
+    JUnit XML go to the logs, which survive a failed job; *gate* (the record) is written only when the
+    gate passes, and any other decision fails the job with its exit status and reason."""
+    result = check_run(run_dir)
+    Path(markdown_log).write_text(markdown(result.record))
+    Path(junit_log).write_text(junit(result.record))
+    if result.exit_code != 0:
+        raise GateFailed(f"pairbench gate: {result.record['decision']} (exit {result.exit_code}): {result.reason}")
+    write_artifact(gate, "gate", {k: v for k, v in result.record.items() if k != "schema"})
+    log.info("gate passed: %s", result.reason)
