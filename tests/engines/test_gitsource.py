@@ -199,6 +199,24 @@ def test_export_at_a_branch_is_its_commit_and_is_cached_by_sha(branched, tmp_pat
     assert sorted(p.stem for p in (cache / gitsource.EXPORTS).glob("*.tar")) == sorted([ref.commit, moved.commit])
 
 
+def test_a_part_of_the_tree_is_exported_and_cached_apart(tmp_path):
+    repo = tmp_path / "parts"
+    (repo / "engine").mkdir(parents=True)
+    git(repo, "init", "-q", "-b", "main")
+    (repo / "engine" / "x.py").write_text("x = 1\n")
+    (repo / "README.md").write_text("docs\n")
+    git(repo, "add", ".")
+    git(repo, "commit", "-q", "-m", "one")
+    cache = tmp_path / "cache"
+    ref = resolve_ref(str(repo), "main")
+    assert export_ref(ref, tmp_path / "part", cache_dir=cache, paths=("engine",)) == 1
+    assert sorted(p.name for p in (tmp_path / "part").iterdir()) == ["engine"]
+    assert export_ref(ref, tmp_path / "whole", cache_dir=cache) == 2
+    assert len(list((cache / gitsource.EXPORTS).glob(f"{ref.commit}*.tar"))) == 2
+    with pytest.raises(GitSourceError, match=r"'main' \([0-9a-f]{12}\) of .*parts has no kernels/"):
+        export_ref(ref, tmp_path / "none", cache_dir=cache, paths=("kernels",))
+
+
 def test_the_export_cache_keeps_the_most_recently_used(branched, tmp_path):
     cache = tmp_path / "cache"
     refs = [resolve_ref(str(branched), r) for r in ("main~1", "main", "feature")]

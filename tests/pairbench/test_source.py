@@ -101,21 +101,22 @@ def committed(repo):
 
 
 def test_an_embedded_engine_at_a_ref_of_this_repository(committed):
-    """{git: ., ref: <ref>}: the repository at that commit, engine/ inside it, patches on top."""
+    """{git: ., ref: <ref>}: the repository's engine/ at that commit (only it), patches on top."""
     arm_dir = committed / "results" / "x" / "src" / "head"
     body = pb_source.export_source("head", {"git": ".", "ref": "slow"}, [], arm_dir, committed,
-                                   plan_sha256="0" * 64, commit=_git(committed, "rev-parse", "slow"))
+                                   plan_sha256="0" * 64, commit=_git(committed, "rev-parse", "slow"), paths=("engine",))
     assert (arm_dir / "engine" / "core.py").read_text().endswith("return 41  # slow\n# end\n")
+    assert sorted(p.name for p in arm_dir.iterdir()) == ["engine"]  # not good.patch, .gitignore, ...
     assert body["source"] == {"git": ".", "ref": "slow"} and body["version"] == "slow"
     assert body["git"] == {"ref": "slow", "ref_name": "refs/heads/slow", "tag": None, "tag_object": None,
                            "commit": _git(committed, "rev-parse", "slow"),
                            "tree": _git(committed, "rev-parse", "slow^{tree}")}
     # patches name engine/... as for the path source; the export is cached under resources/cache/git
     base = pb_source.export_source("base", {"git": ".", "ref": "main"}, ["good.patch"], committed / "out" / "base",
-                                   committed, plan_sha256="0" * 64)
+                                   committed, plan_sha256="0" * 64, paths=("engine",))
     assert (committed / "out" / "base" / "engine" / "core.py").read_text() == "def answer():\n    return 42\n# end\n"
     assert base["patched"]["changed"] == ["engine/core.py"]
-    assert sorted(p.stem for p in (committed / "resources/cache/git/exports").glob("*.tar")) == sorted(
+    assert sorted(p.stem[:40] for p in (committed / "resources/cache/git/exports").glob("*.tar")) == sorted(
         [_git(committed, "rev-parse", "main"), _git(committed, "rev-parse", "slow")])
 
 

@@ -288,43 +288,83 @@ def _resolve_url(url: str, ref: str, cache_dir: Path) -> GitRef:
         commit, ref_name, tag_object = ref, None, None
     else:
         commit, ref_name, tag_object = _ls_remote(url, ref)
-    meta = _cached_meta(cache_dir, commit)
-    if meta is not None:  # exported before: no fetch
-        return GitRef(repo=url, ref=ref, ref_name=ref_name, commit=commit, tree=meta["tree"],
-                      tag_object=tag_object, git_dir=None)
-    git_dir = cache_dir / f"{hashlib.sha256(url.encode()).hexdigest()[:16]}.git"
+    tree = _cached_tree(cache_dir, commit)
+    if tree is not None:  # exported before: nothing to fetch unless another part of it is wanted
+        return GitRef(repo=url, ref=ref, ref_name=ref_name, commit=commit, tree=tree, tag_object=tag_object,
+                      git_dir=None)
+    return _fetch(GitRef(repo=url, ref=ref, ref_name=ref_name, commit=commit, tree="", tag_object=tag_object,
+                         git_dir=None), cache_dir)
+
+
+def _fetch(ref: GitRef, cache_dir: Path) -> GitRef:
+    """*ref* of a URL fetched (shallow: its ref, or its sha) into the URL's bare cache repository."""
+    url = ref.repo
+    git_dir = Path(cache_dir) / f"{hashlib.sha256(url.encode()).hexdigest()[:16]}.git"
     if not (git_dir / "HEAD").exists():
         git_dir.parent.mkdir(parents=True, exist_ok=True)
         _git(["init", "--quiet", "--bare", str(git_dir)])
-    want = commit if ref_name is None else f"+{ref_name}:refs/pairbench/fetched"
+    want = ref.commit if ref.ref_name is None else f"+{ref.ref_name}:refs/pairbench/fetched"
     proc = _git(["fetch", "--quiet", "--depth", "1", "--no-tags", url, want], git_dir=str(git_dir), check=False)
     if proc.returncode != 0:
-        raise GitSourceError(f"source.git: fetching {ref!r} ({commit[:12]}) from {url} failed: "
+        raise GitSourceError(f"source.git: fetching {ref.ref!r} ({ref.commit[:12]}) from {url} failed: "
                              f"{proc.stderr.decode().strip()}")
-    if ref_name is not None:  # the ref as fetched (it may have moved since ls-remote)
+    commit, tag_object = ref.commit, ref.tag_object
+    if ref.ref_name is not None:  # the ref as fetched (it may have moved since ls-remote)
         commit = _git(["rev-parse", "refs/pairbench/fetched^{commit}"], git_dir=str(git_dir)).stdout.decode().strip()
         obj = _git(["rev-parse", "refs/pairbench/fetched"], git_dir=str(git_dir)).stdout.decode().strip()
         tag_object = obj if obj != commit else None
     tree = _git(["rev-parse", f"{commit}^{{tree}}"], git_dir=str(git_dir), check=False)
     if tree.returncode != 0:
-        raise GitSourceError(f"source.ref: {ref!r}: commit {commit} is not in what {url} sent")
-    return GitRef(repo=url, ref=ref, ref_name=ref_name, commit=commit, tree=tree.stdout.decode().strip(),
+        raise GitSourceError(f"source.ref: {ref.ref!r}: commit {commit} is not in what {url} sent")
+    return GitRef(repo=url, ref=ref.ref, ref_name=ref.ref_name, commit=commit, tree=tree.stdout.decode().strip(),
                   tag_object=tag_object, git_dir=str(git_dir))
 
 
-def _cached_meta(cache_dir: Path | None, commit: str) -> dict | None:
-    """The export cache's record of *commit* (``{"commit", "tree", "files"}``) when its archive is there."""
+def _archive_stem(commit: str, paths: tuple[str, ...]) -> str:
+    """The export cache's name of *commit*'s archive: the sha, and for a part of the tree a digest of
+    which part (``<sha>-<8 hex>``)."""
+    if not paths:
+        return commit
+    return f"{commit}-{hashlib.sha256(chr(0).join(paths).encode()).hexdigest()[:8]}"
+
+
+_STEM_RE = re.compile(r"^[0-9a-f]{40}(-[0-9a-f]{8})?$")
+
+
+def _cached_meta(cache_dir: Path | None, commit: str, paths: tuple[str, ...] = ()) -> dict | None:
+    """The export cache's record of *commit* (``{"commit", "tree", "paths", "files"}``) when its
+    archive (of *paths*, or the whole tree) is there."""
     if cache_dir is None:
         return None
     store = Path(cache_dir) / EXPORTS
-    tar_path, meta_path = store / f"{commit}.tar", store / f"{commit}.json"
+    stem = _archive_stem(commit, paths)
+    tar_path, meta_path = store / f"{stem}.tar", store / f"{stem}.json"
     if not (tar_path.is_file() and meta_path.is_file()):
         return None
     try:
         meta = json.loads(meta_path.read_text())
     except (OSError, json.JSONDecodeError):
         return None
-    return meta if meta.get("commit") == commit and _SHA_RE.match(str(meta.get("tree", ""))) else None
+    ok = meta.get("commit") == commit and _SHA_RE.match(str(meta.get("tree", ""))) and \
+        tuple(meta.get("paths") or ()) == tuple(paths)
+    return meta if ok else None
+
+
+def _cached_tree(cache_dir: Path, commit: str) -> str | None:
+    """The tree of *commit* as any of its cached archives records it (None: none is cached)."""
+    for meta_path in sorted((Path(cache_dir) / EXPORTS).glob(f"{commit}*.json")):
+        meta = _cached_meta(cache_dir, commit, tuple(_read_json(meta_path).get("paths") or ()))
+        if meta is not None:
+            return meta["tree"]
+    return None
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
 def _unpack(tar_source, dest: Path) -> int:
@@ -338,58 +378,67 @@ def _unpack(tar_source, dest: Path) -> int:
     return sum(1 for m in members if m.isfile())
 
 
-def _archive(ref: GitRef, fh) -> None:
-    proc = _git(["archive", "--format=tar", ref.commit], git_dir=ref.git_dir, stdout=fh, check=False)
+def _archive(ref: GitRef, fh, paths: tuple[str, ...] = ()) -> None:
+    for path in paths:  # a part of the tree that the commit lacks is named, not an empty export
+        proc = _git(["cat-file", "-e", f"{ref.commit}:{path}"], git_dir=ref.git_dir, check=False)
+        if proc.returncode != 0:
+            raise GitSourceError(f"source.ref: {ref.ref!r} ({ref.commit[:12]}) of {ref.repo} has no {path}/")
+    proc = _git(["archive", "--format=tar", ref.commit, *(["--", *paths] if paths else [])], git_dir=ref.git_dir,
+                stdout=fh, check=False)
     if proc.returncode != 0:
         raise GitSourceError(f"git archive of {ref.ref!r} ({ref.commit[:12]}) in {ref.repo} failed: "
                              f"{proc.stderr.decode().strip()}")
 
 
-def export_ref(ref: GitRef, dest: str | os.PathLike, cache_dir: str | os.PathLike | None = None) -> int:
-    """Write the tree of *ref*'s commit into *dest* (created; must not exist or be empty); the number
-    of files written.
+def export_ref(ref: GitRef, dest: str | os.PathLike, cache_dir: str | os.PathLike | None = None,
+               paths: tuple[str, ...] = ()) -> int:
+    """Write the tree of *ref*'s commit (or only *paths* of it, e.g. ``("engine",)``) into *dest*
+    (created; must not exist or be empty); the number of files written.
 
     With a *cache_dir*, the commit's ``git archive`` is kept as ``<cache_dir>/exports/<commit>.tar``
     (written atomically, with a ``.json`` naming its tree) and unpacked from there the next time any
     arm or run exports that commit; the :data:`KEEP_EXPORTS` most recently used are kept."""
     dest = Path(dest)
+    paths = tuple(paths)
     if dest.exists() and any(dest.iterdir()):
         raise GitSourceError(f"export destination {dest} is not empty")
     if cache_dir is None:
         with tempfile.TemporaryFile() as fh:
-            _archive(ref, fh)
+            _archive(ref, fh, paths)
             fh.seek(0)
             return _unpack(fh, dest)
     store = Path(cache_dir) / EXPORTS
-    tar_path = store / f"{ref.commit}.tar"
-    if _cached_meta(cache_dir, ref.commit) is not None:
+    stem = _archive_stem(ref.commit, paths)
+    tar_path = store / f"{stem}.tar"
+    if _cached_meta(cache_dir, ref.commit, paths) is not None:
         os.utime(tar_path)  # most recently used
         return _unpack(tar_path, dest)
-    if ref.git_dir is None:
-        raise GitSourceError(f"{ref.ref!r} ({ref.commit[:12]}): the export cache lost the commit; run again")
+    if ref.git_dir is None:  # a URL's commit cached in another part only: fetch it after all
+        ref = _fetch(ref, Path(cache_dir))
     store.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=store, prefix=f".{ref.commit[:12]}-", suffix=".tar")
     try:
         with os.fdopen(fd, "wb") as fh:
-            _archive(ref, fh)
+            _archive(ref, fh, paths)
         files = _unpack(Path(tmp), dest)
         os.replace(tmp, tar_path)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
-    meta = json.dumps({"commit": ref.commit, "tree": ref.tree, "files": files}, sort_keys=True)
+    meta = json.dumps({"commit": ref.commit, "tree": ref.tree, "paths": list(paths), "files": files}, sort_keys=True)
     fd, tmp_meta = tempfile.mkstemp(dir=store, prefix=f".{ref.commit[:12]}-", suffix=".json")
     with os.fdopen(fd, "w") as fh:
         fh.write(meta)
-    os.replace(tmp_meta, store / f"{ref.commit}.json")
+    os.replace(tmp_meta, store / f"{stem}.json")
     _prune(store)
     return files
 
 
 def _prune(store: Path, keep: int = KEEP_EXPORTS) -> None:
-    archives = sorted(store.glob("*.tar"), key=lambda p: p.stat().st_mtime, reverse=True)
+    archives = sorted((p for p in store.glob("*.tar") if _STEM_RE.match(p.stem)), key=lambda p: p.stat().st_mtime,
+                      reverse=True)
     for old in archives[keep:]:
-        if _SHA_RE.match(old.stem):
+        if _STEM_RE.match(old.stem):
             old.unlink(missing_ok=True)
             old.with_suffix(".json").unlink(missing_ok=True)
 

@@ -82,7 +82,7 @@ def apply_patches(arm: str, patches: list[str], arm_dir: Path, root: Path) -> li
 
 
 def export_source(arm: str, source: str, patches: list[str], arm_dir: str | Path, root: str | Path,
-                  plan_sha256: str, commit: str | None = None) -> dict:
+                  plan_sha256: str, commit: str | None = None, paths: tuple[str, ...] = ()) -> dict:
     """Export *source* into ``arm_dir/engine/``, apply *patches*; return the ``source`` artifact body.
 
     *source* may also be ``{"git": <path or URL>, "tag": <tag>}`` or ``{"git": ..., "ref": <branch,
@@ -90,10 +90,12 @@ def export_source(arm: str, source: str, patches: list[str], arm_dir: str | Path
     repository's own paths: ``engine/...`` for this repository's embedded engine) or None (an
     installed engine: an empty tree, no patches). *commit*, when given, is the sha the pipeline
     resolved the ref to when it planned the job: a ref that names another commit by now is an error.
+    *paths*, for a ``ref``: export only these folders of the commit (``("engine",)`` for the embedded
+    engine: what is compared is its package, not the rest of the repository).
     """
     root, arm_dir = Path(root), Path(arm_dir)
     if source is None or isinstance(source, dict):
-        return _export_external(arm, source, patches, arm_dir, root, plan_sha256, commit)
+        return _export_external(arm, source, patches, arm_dir, root, plan_sha256, commit, paths)
     src = root / source
     version_file = src / "VERSION"
     if not version_file.is_file():
@@ -128,7 +130,7 @@ def _patch_and_record(arm: str, patches: list[str], tree: Path, patch_cwd: Path,
 
 
 def _export_external(arm: str, source: dict | None, patches: list[str], arm_dir: Path, root: Path,
-                     plan_sha256: str, commit: str | None = None) -> dict:
+                     plan_sha256: str, commit: str | None = None, paths: tuple[str, ...] = ()) -> dict:
     """The git (or installed, ``None``) source of an arm; see :func:`export_source`."""
     if arm_dir.exists():
         shutil.rmtree(arm_dir)
@@ -141,7 +143,7 @@ def _export_external(arm: str, source: dict | None, patches: list[str], arm_dir:
         if commit is not None and ref.commit != commit:
             raise GitSourceError(f"arms.{arm}.source.ref: {source['ref']!r} moved from {commit[:12]} to "
                                  f"{ref.commit[:12]} while the run started; run it again")
-        export_ref(ref, arm_dir, cache_dir=git_cache(root))
+        export_ref(ref, arm_dir, cache_dir=git_cache(root), paths=paths)
         git, version = ref.record(), source["ref"]
     else:
         exp = export_tag(_repo_path(source["git"], root), source["tag"], arm_dir, cache_dir=git_cache(root))

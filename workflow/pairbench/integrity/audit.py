@@ -46,6 +46,10 @@ KIND = "audit"
 HEX64 = re.compile(r"^[0-9a-f]{64}$")
 # JSON files here need not be pairbench artifacts (raw engine outputs, exported sources).
 RAW_JSON_PREFIXES = ("private/", "src/")
+# An exported source tree is the arm's source, pinned file by file by source/<arm>.json (check 4), not
+# the run's artifacts: a JSON file there with a pairbench schema id (this repository's own test data,
+# exported at a git ref) is not audited as one.
+EXPORTED_PREFIX = "src/"
 # Validation retries retired when the validation they came from was redone (pairbench.stages.validate.
 # retire_stage, listed in private/retired.json): kept for the record, no longer part of the run, so not audited.
 RETIRED_PREFIX = "private/superseded/"
@@ -257,7 +261,7 @@ def _check_artifacts(result: AuditResult, run_dir: Path, sha_of: dict[str, str],
     path_of_recorded_sha = {a["sha256"]: p for p, a in recorded.items()}
     nodes: dict[str, str] = {}
     for rel in sorted(sha_of):
-        if not rel.endswith(".json") or rel.startswith(RETIRED_PREFIX):
+        if not rel.endswith(".json") or rel.startswith((RETIRED_PREFIX, EXPORTED_PREFIX)):
             continue
         data = _read_json_artifact(result, run_dir, rel)
         if data is None:

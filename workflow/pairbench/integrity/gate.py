@@ -96,15 +96,12 @@ def _finished(L: Layout) -> tuple[dict | None, dict | None, list[str]]:
 
 
 def config_problems(L: Layout, plan: dict, config: dict, root: Path) -> list[str]:
-    """Is this run folder of *config* (normalized, as the pipeline reads it), and at its refs now?"""
-    problems = []
+    """Is this run folder of *config* (normalized, as the pipeline reads it), and at its refs now?
+    The refs first: a ref that does not resolve, or names other code than was measured, is the
+    more specific reason."""
     if plan["label"] != config["label"]:
         return [f"{L.res} is the run labelled {plan['label']!r}, the config's label is {config['label']!r}"]
-    prov = _read(L.provenance, "provenance", "the run was not recorded", problems)
-    if prov is not None and prov["config_sha256"] != pb_plan.full_config_sha256(config):
-        problems.append(f"{L.res} was made from another config (provenance.json's config hash differs from this "
-                        "config's): run snakemake with this config first")
-    commits = {}
+    problems, commits = [], {}
     for name, arm in config["arms"].items():
         if not is_git_source(arm.get("source")):
             continue
@@ -119,7 +116,12 @@ def config_problems(L: Layout, plan: dict, config: dict, root: Path) -> list[str
         if recorded is not None and done.get("commit") != ref.commit:
             problems.append(f"arms.{name}.source: {ref.ref!r} names {ref.commit[:12]} now, but the run measured "
                             f"{str(done.get('commit'))[:12]}: run snakemake again to measure it")
-    return problems + same_commit_arms(config["arms"], commits)
+    problems += same_commit_arms(config["arms"], commits)
+    prov = _read(L.provenance, "provenance", "the run was not recorded", problems)
+    if prov is not None and prov["config_sha256"] != pb_plan.full_config_sha256(config):
+        problems.append(f"{L.res} was made from another config (provenance.json's config hash differs from this "
+                        "config's): run snakemake with this config first")
+    return problems
 
 
 def check_run(res_dir: str | Path, config: dict | None = None, root: str | Path = ".") -> GateResult:

@@ -25,8 +25,10 @@ def source_stage(*, source: str, tree: str, plan: str, arm: str, root: str, comm
     """Export one arm; *commit* is the sha its git ref named when the pipeline planned the job (a
     parameter, so a moved branch re-exports and an unmoved one reruns nothing)."""
     arm_cfg = read_artifact(plan, "plan")["arms"][arm]
+    # the embedded engine at a git ref: its package of that commit, not the whole repository
+    paths = (pb_config.EMBEDDED_SOURCE,) if arm_cfg["engine"] == pb_config.ARM_DEFAULTS["engine"] else ()
     body = pb_source.export_source(arm, arm_cfg["source"], arm_cfg["patches"], tree, root,
-                                   plan_sha256=sha256_file(plan), commit=commit)
+                                   plan_sha256=sha256_file(plan), commit=commit, paths=paths)
     log.info("exported %s@%s to %s; %d patch(es) applied, %d file(s) changed", arm_cfg["source"], body["version"],
              tree, len(body["patches"]), len(body["patched"]["changed"]))
     write_artifact(source, "source", body)
