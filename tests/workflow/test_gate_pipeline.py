@@ -129,7 +129,7 @@ def test_an_a_a_of_two_commits_exits_0_with_its_shas_in_every_view(aa, tmp_path)
     text = md.read_text()
     assert f"| base | baseline | embedded | git | `main` | `{base[:12]}` | — |" in text
     assert f"| head | candidate | embedded | git | `docs` | `{docs[:12]}` | — |" in text
-    assert "Full report: `results/aa/publish/README.md`" in text and proc.stdout == text
+    assert "Full report: `results/aa/publish/README.md`" in text and text == proc.stdout + "\n"  # appended, a blank line after
     suite = ET.parse(junit).getroot().find("testsuite")
     assert (suite.get("tests"), suite.get("failures"), suite.get("errors")) == ("1", "0", "0")
     # the bundle verifies offline, gate.json included
@@ -202,6 +202,13 @@ def test_a_missing_ref_and_a_dirty_checkout_exit_3_naming_them(aa, tmp_path):
     bad.write_text(yaml.safe_dump(cfg))
     proc = gate_cli(aa, "aa", "--configfile", str(bad))
     assert proc.returncode == 3 and "'no-such-branch' does not resolve to a commit in" in proc.stderr
+    cfg["label"] = "never-ran"  # named before what the run lacks: the pipeline stopped at it
+    bad.write_text(yaml.safe_dump(cfg))
+    proc = gate_cli(aa, "never-ran", "--configfile", str(bad))
+    assert proc.returncode == 3 and proc.stderr.startswith(
+        "pairbench gate: invalid (exit 3): the run is not valid: arms.head: source.ref: 'no-such-branch' does not "
+        "resolve to a commit in"), proc.stderr
+    cfg["label"] = "aa"
     cfg["arms"]["head"]["source"]["ref"] = "HEAD"  # the checkout of main
     bad.write_text(yaml.safe_dump(cfg))
     proc = gate_cli(aa, "aa", "--configfile", str(bad))

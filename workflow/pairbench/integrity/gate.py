@@ -5,12 +5,14 @@ writes the bundle's ``gate.json``). Before a CI job acts on it, :func:`check_run
 folder is a finished, intact run of the config at hand; anything else is the decision ``invalid``
 (exit status 3) with a reason naming the culprit:
 
-1. the run finished: ``plan.json``, ``stats/summary.json``, the bundle (``publish/MANIFEST.json``,
-   ``publish/gate.json``) and a passing ``audit.json`` are there;
-2. with a config (the one the CI job ran): the run is of it, by its label and the whole config's
-   hash that ``provenance.json`` records (a results folder from another config, or from before
-   the config changed), and every git arm's ref still names the commit its ``source/<arm>.json``
-   exported (a moved branch: the run measured older code);
+1. with a config (the one the CI job ran): every git arm's ref resolves now, from a readable
+   repository and a clean checkout, and no two arms are one commit (named even when the run never
+   started: a ref that does not resolve stops the pipeline before anything is written);
+2. the run finished: ``plan.json``, ``stats/summary.json``, the bundle (``publish/MANIFEST.json``,
+   ``publish/gate.json``) and a passing ``audit.json`` are there; with the config, the run is of
+   it, by its label and the whole config's hash that ``provenance.json`` records (a results folder
+   from another config, or from before the config changed), and every git arm's ref still names the
+   commit its ``source/<arm>.json`` exported (a moved branch: the run measured older code);
 3. the bundle verifies (:func:`pairbench.publish.verify.verify_bundle`: every hash, schema and
    verdict, the gate recomputed from the bundle's own measurements);
 4. the decision recomputed from ``stats/summary.json`` under the policy (the config's, else the one
@@ -95,28 +97,33 @@ def _finished(L: Layout) -> tuple[dict | None, dict | None, list[str]]:
     return plan, summary, problems
 
 
-def config_problems(L: Layout, plan: dict, config: dict, root: Path) -> list[str]:
-    """Is this run folder of *config* (normalized, as the pipeline reads it), and at its refs now?
-    The refs first: a ref that does not resolve, or names other code than was measured, is the
-    more specific reason."""
-    if plan["label"] != config["label"]:
-        return [f"{L.res} is the run labelled {plan['label']!r}, the config's label is {config['label']!r}"]
-    problems, commits = [], {}
+def ref_problems(config: dict, root: Path) -> tuple[dict, list[str]]:
+    """``({arm: GitRef}, problems)``: every git arm's ref resolved now, and why one cannot be (a ref
+    that does not resolve, a repository that cannot be read, a dirty checkout, two refs of one commit)."""
+    problems, refs = [], {}
     for name, arm in config["arms"].items():
         if not is_git_source(arm.get("source")):
             continue
         try:
-            ref = resolve_source(arm["source"], root)
+            refs[name] = resolve_source(arm["source"], root)
         except GitSourceError as exc:
             problems.append(f"arms.{name}: {exc}")
-            continue
-        commits[name] = ref.commit
+    problems += same_commit_arms(config["arms"], {name: ref.commit for name, ref in refs.items()})
+    return refs, problems
+
+
+def config_problems(L: Layout, plan: dict, config: dict, refs: dict) -> list[str]:
+    """Is this run folder of *config* (normalized, as the pipeline reads it), and of the commits its
+    refs name now (*refs*: :func:`ref_problems`)? A moved ref first, the config's hash then."""
+    if plan["label"] != config["label"]:
+        return [f"{L.res} is the run labelled {plan['label']!r}, the config's label is {config['label']!r}"]
+    problems = []
+    for name, ref in refs.items():
         recorded = _read(L.source(name), "source", "the arm was not exported", problems)
         done = (recorded or {}).get("git") or {}
         if recorded is not None and done.get("commit") != ref.commit:
             problems.append(f"arms.{name}.source: {ref.ref!r} names {ref.commit[:12]} now, but the run measured "
                             f"{str(done.get('commit'))[:12]}: run snakemake again to measure it")
-    problems += same_commit_arms(config["arms"], commits)
     prov = _read(L.provenance, "provenance", "the run was not recorded", problems)
     if prov is not None and prov["config_sha256"] != pb_plan.full_config_sha256(config):
         problems.append(f"{L.res} was made from another config (provenance.json's config hash differs from this "
@@ -126,12 +133,15 @@ def config_problems(L: Layout, plan: dict, config: dict, root: Path) -> list[str
 
 def check_run(res_dir: str | Path, config: dict | None = None, root: str | Path = ".") -> GateResult:
     """The gate record of the run in *res_dir* (see the module doc); *config*, normalized as the
-    pipeline reads it, when the caller has the run's config: its policy is then the one applied."""
+    pipeline reads it, when the caller has the run's config: its policy is then the one applied, and
+    its refs are checked first (a ref that does not resolve is named even when the run never started)."""
     L = Layout.of(res_dir)
-    plan, summary, problems = _finished(L)
     policy_cfg = None if config is None else config.get("gate")
+    refs, problems = ({}, []) if config is None else ref_problems(config, Path(root))
+    plan, summary, unfinished = _finished(L)
+    problems += unfinished
     if not problems and config is not None:
-        problems += config_problems(L, plan, config, Path(root))
+        problems += config_problems(L, plan, config, refs)
     if problems:
         return GateResult(_invalid(L, problems, policy_cfg, summary), published=False)
     published = json.loads(Path(L.bundle, GATE_FILE).read_text())
