@@ -509,6 +509,44 @@ def test_adaptive_rounds_add_blocks_until_the_intervals_are_narrow_enough(scratc
     assert "Nothing to be done" in out.stdout + out.stderr
 
 
+BUDGET_CONFIG = """\
+label: budget
+model: tiny
+arms:
+  baseline: {{source: tests/fakes/engine}}
+  candidate: {{source: tests/fakes/engine}}
+lengths: [400]
+output_tokens: 8
+rounds: {{min: 2, max: 4, target_halfwidth: 0.0001, max_minutes: {budget}}}
+seed: 0
+validate: {{cases: [token_counts]}}
+stats: {{metrics: [decode_tok_s]}}
+"""
+
+
+def test_a_larger_budget_measures_only_the_rounds_it_allows(scratch):
+    """The rounds' time budget is not part of the plan: raised after a run it stopped, the finished
+    rounds are kept byte for byte and only the rounds it now allows are measured (docs/ci.md)."""
+    cfg = scratch / "budget.yaml"
+    cfg.write_text(BUDGET_CONFIG.format(budget=0.001))
+    snakemake(scratch, "--cores", "1", "--configfile", str(cfg))
+    res = scratch / "results" / "budget"
+    assert read_artifact(res / "adapt" / "r02.json", "adapt")["stopped_by"] == "budget"
+    first = {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in (res / "measure").glob("*.json")}
+    plan = (res / "plan.json").read_bytes()
+    assert sorted(first) == ["r01-baseline.json", "r01-candidate.json", "r02-baseline.json", "r02-candidate.json"]
+    cfg.write_text(BUDGET_CONFIG.format(budget=100))
+    snakemake(scratch, "--cores", "1", "--configfile", str(cfg))
+    assert (res / "plan.json").read_bytes() == plan
+    now = {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in (res / "measure").glob("*.json")}
+    assert {k: v for k, v in now.items() if k in first} == first  # the finished rounds, untouched
+    assert sorted(set(now) - set(first)) == ["r03-baseline.json", "r03-candidate.json", "r04-baseline.json",
+                                             "r04-candidate.json"]
+    last = read_artifact(res / "adapt" / "r04.json", "adapt")
+    assert (last["stopped_by"], last["budget"]["max_minutes"]) == ("max", 100)
+    assert read_artifact(res / "stats" / "summary.json", "summary")["run"]["rounds"]["run"] == 4
+
+
 @pytest.fixture(scope="module")
 def tiny3_run(tmp_path_factory):
     """tests/config/tiny3.yaml: stock against two candidates (int8 KV, growing KV) in one run."""

@@ -47,6 +47,9 @@ checkpoint adapt:
         # only what the stopping rule reads: a change of noise, trim or the secondary lists re-decides nothing
         stats=lambda wc: {k: CFG["stats"][k] for k in ("metrics", "alpha", "multiplicity")},
         gates=CFG["gates"],
+        # the rounds' time budget, not part of the plan: raising it re-decides and measures only the
+        # rounds it now allows, keeping every finished one
+        max_minutes=(pb_plan.adaptive(CFG) or {}).get("max_minutes"),
     resources:
         **other_resources(CFG),
     log:

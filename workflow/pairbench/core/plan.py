@@ -40,6 +40,12 @@ def adaptive(config: dict) -> dict | None:
             "max_minutes": cfg["rounds"].get("max_minutes")}
 
 
+def planned_adaptive(config: dict) -> dict | None:
+    """The plan's ``adaptive`` block: :func:`adaptive` without the time budget."""
+    a = adaptive(config)
+    return None if a is None else {k: v for k, v in a.items() if k != "max_minutes"}
+
+
 def visits(config: dict) -> list[dict]:
     """Every visit in run order: ``{"index", "round", "arm", "position", "id"}`` (1-based)."""
     cfg = normalized(config)
@@ -81,8 +87,14 @@ NOT_PLANNED = ("stats", "validate", "retries", "crosscheck", "gates", "resources
 
 
 def measurement_config(config: dict) -> dict:
-    """The part of the config the plan (and so every visit) depends on."""
-    return {k: v for k, v in normalized(config).items() if k not in NOT_PLANNED}
+    """The part of the config the plan (and so every visit) depends on. The rounds' time budget
+    (``rounds.max_minutes``) is not part of it: it decides how many of the planned rounds are
+    measured, as the adaptive decisions' parameter, so raising it keeps every finished round and
+    measures only the rounds it now allows (docs/ci.md, "An inconclusive result")."""
+    out = {k: v for k, v in normalized(config).items() if k not in NOT_PLANNED}
+    if isinstance(out.get("rounds"), dict):
+        out["rounds"] = {k: v for k, v in out["rounds"].items() if k != "max_minutes"}
+    return out
 
 
 def config_sha256(config: dict) -> str:
@@ -114,7 +126,8 @@ def make_plan(config: dict, root) -> dict:
         "factors": conditions.factor_columns(conds),
         "conditions": [c.to_dict() for c in conds],
         "rounds": rounds_bounds(cfg)[1],
-        "adaptive": adaptive(cfg),
+        # without max_minutes: the adapt jobs take the budget as their parameter (measurement_config)
+        "adaptive": planned_adaptive(cfg),
         "repeats": int(cfg.get("repeats", 1)),
         "order": cfg["order"],
         "seed": cfg["seed"],

@@ -114,9 +114,10 @@ def stop_facts(plan: dict, decisions: list[dict]) -> dict | None:
 
 
 def adapt_stage(*, adapt: str, plan: str, measures: list[str], validations: list[str], stats: dict,
-                gates: dict | None = None) -> None:
+                gates: dict | None = None, max_minutes: float | None = None) -> None:
     """Whether to measure another block of rounds (pairbench.analysis.adaptive), from each visit's own
-    measurement and validation so far."""
+    measurement and validation so far, within the rounds' time budget *max_minutes* (a parameter,
+    not part of the plan)."""
     gates = {"allow_unproven_cold_cache": False, **(gates or {})}
     plan_body = read_artifact(plan, "plan")
     measure_bodies = [judged(read_artifact(p, "measure"), plan_body) for p in measures]  # load levels: metrics
@@ -126,7 +127,7 @@ def adapt_stage(*, adapt: str, plan: str, measures: list[str], validations: list
     diffs = pb_adaptive.differences(df, baseline=plan_body["baseline"], candidates=plan_body["candidates"],
                                     metrics=stats["metrics"])
     body = pb_adaptive.decide(diffs, alpha=stats["alpha"], multiplicity=stats["multiplicity"],
-                              rounds_done=rounds_done, adaptive=plan_body["adaptive"],
+                              rounds_done=rounds_done, adaptive={**plan_body["adaptive"], "max_minutes": max_minutes},
                               clock=pb_adaptive.visit_clock(measure_bodies, now_unix=time.time()))
     body["inputs"] = {"plan": sha256_file(plan), **{f"measure.{m['visit']['id']}": sha256_file(p)
                                                     for m, p in zip(measure_bodies, measures)},
