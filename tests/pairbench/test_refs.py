@@ -1,0 +1,35 @@
+"""The CI shorthand refs: {git, base, head, arm} (pairbench.core.refs)."""
+
+from pairbench.core.refs import expand
+
+
+def test_refs_make_the_arms_base_and_head():
+    cfg, problems = expand({"label": "pr", "refs": {"base": "origin/main", "head": "HEAD"}})
+    assert problems == []
+    assert cfg == {"label": "pr", "baseline": "base",
+                   "arms": {"base": {"source": {"git": ".", "ref": "origin/main"}},
+                            "head": {"source": {"git": ".", "ref": "HEAD"}}}}
+
+
+def test_the_shared_keys_go_to_both_arms_and_the_repository_to_both_sources():
+    cfg, _ = expand({"refs": {"git": "../llama.cpp", "base": "a" * 40, "head": "b" * 40,
+                              "arm": {"engine": "llama-server", "threads": 1, "args": ["-fa"]}}})
+    assert cfg["arms"]["head"] == {"engine": "llama-server", "threads": 1, "args": ["-fa"],
+                                   "source": {"git": "../llama.cpp", "ref": "b" * 40}}
+    assert cfg["arms"]["base"]["args"] is not cfg["arms"]["head"]["args"]  # copies, not one list
+
+
+def test_a_config_without_refs_is_left_alone():
+    given = {"arms": {"a": {}, "b": {}}}
+    assert expand(given) == (given, [])
+
+
+def test_bad_refs_are_named_by_key():
+    _, problems = expand({"refs": {"base": "main", "colour": 1, "arm": {"source": "engine"}}, "arms": {"x": {}}})
+    assert problems == [
+        (("refs", "colour"), "refs.colour: not a key of refs (git, base, head, arm)"),
+        (("refs", "head"), "refs.head: the head arm's branch, tag or commit is required"),
+        (("refs", "arm", "source"), "refs.arm.source: each arm's source is {git: refs.git, ref: refs.base or refs.head}"),
+        (("refs",), "refs: makes the arms base and head; give refs or arms, not both"),
+    ]
+    assert expand({"refs": "main..HEAD"})[1] == [(("refs",), "refs: give a map {git, base, head, arm}, got 'main..HEAD'")]
