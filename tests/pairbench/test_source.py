@@ -126,3 +126,14 @@ def test_a_ref_that_moved_since_the_job_was_planned_is_an_error(committed):
     with pytest.raises(pb_source.GitSourceError, match=rf"arms.base.source.ref: 'main' moved from {planned[:12]} to "):
         pb_source.export_source("base", {"git": ".", "ref": "main"}, [], committed / "out" / "base", committed,
                                 plan_sha256="0" * 64, commit=planned)
+
+
+def test_a_tag_is_exported_like_a_ref_and_recorded_as_its_tag(committed):
+    _git(committed, "tag", "-a", "v1", "-m", "one", "slow")
+    body = pb_source.export_source("cand", {"git": ".", "tag": "v1"}, [], committed / "out" / "cand", committed,
+                                   plan_sha256="0" * 64)
+    assert body["source"] == {"git": ".", "tag": "v1"} and body["version"] == "v1"
+    assert body["git"] == {"ref": "v1", "ref_name": "refs/tags/v1", "tag": "v1",
+                           "tag_object": _git(committed, "rev-parse", "v1"),
+                           "commit": _git(committed, "rev-parse", "slow"), "tree": _git(committed, "rev-parse", "slow^{tree}")}
+    assert (committed / "out" / "cand" / "engine" / "core.py").read_text().endswith("# slow\n# end\n")

@@ -20,7 +20,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from pairbench.arms.gitsource import (GitRef, GitSourceError, check_clean, export_ref, export_tag, is_url, resolve_ref,
+from pairbench.arms.gitsource import (GitRef, GitSourceError, check_clean, export_ref, is_url, resolve_ref,
                                       resolve_tag)
 from pairbench.core.artifacts import sha256_file
 from pairbench.core.trees import manifest, tree_sha256
@@ -138,18 +138,14 @@ def _export_external(arm: str, source: dict | None, patches: list[str], arm_dir:
     if source is None:
         arm_dir.mkdir(parents=True)
         version = "installed"
-    elif "ref" in source:
+    else:  # a ref or a tag: resolved to its commit, exported through the cache of commits
         ref = resolve_source(source, root)
+        key = "ref" if "ref" in source else "tag"
         if commit is not None and ref.commit != commit:
-            raise GitSourceError(f"arms.{arm}.source.ref: {source['ref']!r} moved from {commit[:12]} to "
+            raise GitSourceError(f"arms.{arm}.source.{key}: {source[key]!r} moved from {commit[:12]} to "
                                  f"{ref.commit[:12]} while the run started; run it again")
         export_ref(ref, arm_dir, cache_dir=git_cache(root), paths=paths)
-        git, version = ref.record(), source["ref"]
-    else:
-        exp = export_tag(_repo_path(source["git"], root), source["tag"], arm_dir, cache_dir=git_cache(root))
-        git = {"ref": exp.tag, "ref_name": f"refs/tags/{exp.tag}", "tag": exp.tag, "commit": exp.commit,
-               "tree": exp.tree, "tag_object": exp.tag_object}
-        version = exp.tag
+        git, version = ref.record(), source[key]
     body = {
         "arm": arm,
         "source": None if source is None else {k: source[k] for k in ("git", "tag", "ref") if k in source},
