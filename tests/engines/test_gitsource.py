@@ -265,8 +265,8 @@ def test_two_refs_of_one_commit_are_an_a_a(branched):
     arms = {"base": {"source": {"git": ".", "ref": "main"}, "patches": []},
             "head": {"source": {"git": ".", "ref": "HEAD"}, "patches": []}}
     sha = git(branched, "rev-parse", "main")
-    [problem] = same_commit_arms(arms, {"base": sha, "head": sha})
-    assert problem.startswith("arms.head.source: arms base and head resolve 'main' and 'HEAD' to the same commit "
-                              f"{sha[:12]}") and "an A/A run" in problem
+    [(arm, problem)] = same_commit_arms(arms, {"base": sha, "head": sha})
+    assert arm == "head" and problem.startswith(f"arms base and head resolve 'main' and 'HEAD' to the same commit "
+                                                f"{sha[:12]}") and "an A/A run" in problem
     arms["head"]["patches"] = ["x.patch"]  # the same commit with a patch on top is a comparison
     assert same_commit_arms(arms, {"base": sha, "head": sha}) == []

@@ -27,9 +27,9 @@ def test_a_config_without_refs_is_left_alone():
 def test_bad_refs_are_named_by_key():
     _, problems = expand({"refs": {"base": "main", "colour": 1, "arm": {"source": "engine"}}, "arms": {"x": {}}})
     assert problems == [
-        (("refs", "colour"), "refs.colour: not a key of refs (git, base, head, arm)"),
-        (("refs", "head"), "refs.head: the head arm's branch, tag or commit is required"),
-        (("refs", "arm", "source"), "refs.arm.source: each arm's source is {git: refs.git, ref: refs.base or refs.head}"),
-        (("refs",), "refs: makes the arms base and head; give refs or arms, not both"),
+        (("refs", "colour"), "not a key of refs (git, base, head, arm)"),
+        (("refs", "head"), "the head arm's branch, tag or commit is required"),
+        (("refs", "arm", "source"), "each arm's source is {git: refs.git, ref: refs.base or refs.head}"),
+        (("refs",), "makes the arms base and head; give refs or arms, not both"),
     ]
-    assert expand({"refs": "main..HEAD"})[1] == [(("refs",), "refs: give a map {git, base, head, arm}, got 'main..HEAD'")]
+    assert expand({"refs": "main..HEAD"})[1] == [(("refs",), "give a map {git, base, head, arm}, got 'main..HEAD'")]

@@ -137,3 +137,18 @@ def test_a_tag_is_exported_like_a_ref_and_recorded_as_its_tag(committed):
                            "tag_object": _git(committed, "rev-parse", "v1"),
                            "commit": _git(committed, "rev-parse", "slow"), "tree": _git(committed, "rev-parse", "slow^{tree}")}
     assert (committed / "out" / "cand" / "engine" / "core.py").read_text().endswith("# slow\n# end\n")
+
+
+def test_git_problems_name_the_key_of_each_bad_ref(committed):
+    arms = {"base": {"source": {"git": ".", "ref": "main"}}, "head": {"source": {"git": ".", "ref": "nope"}},
+            "path": {"source": "engine"}, "gone": {"source": {"git": "missing", "ref": "main"}}}
+    refs, problems = pb_source.git_problems(arms, committed)
+    assert sorted(refs) == ["base"] and refs["base"].commit == _git(committed, "rev-parse", "main")
+    assert [key for key, _ in problems] == [("arms", "head", "source", "ref"), ("arms", "gone", "source", "git")]
+    assert problems[0][1].startswith("'nope' does not resolve to a commit in ")
+    arms = {"base": {"source": {"git": ".", "ref": "main"}}, "head": {"source": {"git": ".", "ref": "HEAD"}}}
+    assert [key for key, _ in pb_source.git_problems(arms, committed)[1]] == [("arms", "head", "source")]
+    (committed / "engine" / "core.py").write_text("dirty\n")
+    dirty = pb_source.git_problems(arms, committed)[1]  # main and HEAD both name the checked-out commit
+    assert [key for key, _ in dirty] == [("arms", "base", "source", "git"), ("arms", "head", "source", "git")]
+    assert "uncommitted changes to 1 tracked file(s) (engine/core.py)" in dirty[1][1]

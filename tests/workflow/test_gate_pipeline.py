@@ -206,7 +206,7 @@ def test_a_missing_ref_and_a_dirty_checkout_exit_3_naming_them(aa, tmp_path):
     bad.write_text(yaml.safe_dump(cfg))
     proc = gate_cli(aa, "never-ran", "--configfile", str(bad))
     assert proc.returncode == 3 and proc.stderr.startswith(
-        "pairbench gate: invalid (exit 3): the run is not valid: arms.head: source.ref: 'no-such-branch' does not "
+        "pairbench gate: invalid (exit 3): the run is not valid: arms.head.source.ref: 'no-such-branch' does not "
         "resolve to a commit in"), proc.stderr
     cfg["label"] = "aa"
     cfg["arms"]["head"]["source"]["ref"] = "HEAD"  # the checkout of main

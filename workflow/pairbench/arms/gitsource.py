@@ -46,7 +46,14 @@ _URL_RE = re.compile(r"^(?:[a-z][a-z0-9+.-]*://|[\w.-]+@[\w.-]+:)", re.IGNORECAS
 
 
 class GitSourceError(Exception):
-    """A git source cannot be exported: bad repository, unknown tag, failed fetch. Names the culprit."""
+    """A git source cannot be exported: bad repository, unknown tag or ref, failed fetch. Names the
+    culprit. ``field`` is the source key at fault (``git``, ``tag`` or ``ref``; None for an export
+    that failed as such), ``message`` what is wrong with it; the text reads ``source.<field>: <message>``."""
+
+    def __init__(self, field_or_message: str, message: str | None = None):
+        self.field = field_or_message if message is not None else None
+        self.message = message if message is not None else field_or_message
+        super().__init__(f"source.{self.field}: {self.message}" if self.field else self.message)
 
 
 @dataclass(frozen=True)
@@ -89,11 +96,11 @@ def _git(args: list[str], *, git_dir: str | None = None, cwd: str | None = None,
 def _local_git_dir(repo: str) -> str:
     path = Path(repo).expanduser()
     if not path.exists():
-        raise GitSourceError(f"source.git: {repo!r} is neither an existing path nor a URL")
+        raise GitSourceError("git", f"{repo!r} is neither an existing path nor a URL")
     proc = _git(["rev-parse", "--absolute-git-dir"], cwd=str(path), check=False)
     if proc.returncode != 0:
         raise GitSourceError(
-            f"source.git: {repo!r} is not a git repository ({proc.stderr.decode().strip()})"
+            "git", f"{repo!r} is not a git repository ({proc.stderr.decode().strip()})"
         )
     return proc.stdout.decode().strip()
 
@@ -113,8 +120,8 @@ def _cache_git_dir(url: str, tag: str, cache_dir: Path) -> str:
     if proc.returncode != 0:
         err = proc.stderr.decode().strip()
         if "couldn't find remote ref" in err or "not our ref" in err:
-            raise GitSourceError(f"source.tag: tag {tag!r} does not exist in {url}")
-        raise GitSourceError(f"source.git: fetching tag {tag!r} from {url} failed: {err}")
+            raise GitSourceError("tag", f"tag {tag!r} does not exist in {url}")
+        raise GitSourceError("git", f"fetching tag {tag!r} from {url} failed: {err}")
     return str(git_dir)
 
 
@@ -131,10 +138,10 @@ def resolve_tag(repo: str, tag: str, cache_dir: str | os.PathLike | None = None)
     reproducible name the issue asks for. Raises :class:`GitSourceError` naming the tag.
     """
     if not tag or not isinstance(tag, str):
-        raise GitSourceError("source.tag: a non-empty tag name is required with source.git")
+        raise GitSourceError("tag", "a non-empty tag name is required with source.git")
     if is_url(repo):
         if cache_dir is None:
-            raise GitSourceError(f"source.git: {repo!r} is a URL; a cache_dir is needed to fetch it")
+            raise GitSourceError("git", f"{repo!r} is a URL; a cache_dir is needed to fetch it")
         git_dir = _cache_git_dir(repo, tag, Path(cache_dir))
     else:
         git_dir = _local_git_dir(repo)
@@ -143,7 +150,7 @@ def resolve_tag(repo: str, tag: str, cache_dir: str | os.PathLike | None = None)
     if proc.returncode != 0:
         known = _known_tags(git_dir)
         hint = f"; tags here include: {', '.join(known)}" if known else "; this repository has no tags"
-        raise GitSourceError(f"source.tag: tag {tag!r} does not resolve to a commit in {repo}{hint}")
+        raise GitSourceError("tag", f"tag {tag!r} does not resolve to a commit in {repo}{hint}")
     commit = proc.stdout.decode().strip()
     tree = _git(["rev-parse", f"{commit}^{{tree}}"], git_dir=git_dir).stdout.decode().strip()
     obj = _git(["rev-parse", ref], git_dir=git_dir).stdout.decode().strip()
@@ -215,9 +222,9 @@ class GitRef:
 
 def _check_ref_text(ref) -> None:
     if not isinstance(ref, str) or not ref.strip():
-        raise GitSourceError("source.ref: a non-empty branch, tag or commit is required with source.git")
+        raise GitSourceError("ref", "a non-empty branch, tag or commit is required with source.git")
     if ref.startswith("-") or any(ord(c) < 0x21 or c == "\x7f" for c in ref) or len(ref) > 255:
-        raise GitSourceError(f"source.ref: {ref!r} is not a git ref (no leading '-', spaces or control characters)")
+        raise GitSourceError("ref", f"{ref!r} is not a git ref (no leading '-', spaces or control characters)")
 
 
 def resolve_ref(repo: str, ref: str, cache_dir: str | os.PathLike | None = None) -> GitRef:
@@ -232,7 +239,7 @@ def resolve_ref(repo: str, ref: str, cache_dir: str | os.PathLike | None = None)
     _check_ref_text(ref)
     if is_url(repo):
         if cache_dir is None:
-            raise GitSourceError(f"source.git: {repo!r} is a URL; a cache_dir is needed to fetch it")
+            raise GitSourceError("git", f"{repo!r} is a URL; a cache_dir is needed to fetch it")
         return _resolve_url(repo, ref, Path(cache_dir))
     return _resolve_local(repo, ref)
 
@@ -250,7 +257,7 @@ def _resolve_local(repo: str, ref: str) -> GitRef:
         known = _known_refs(git_dir)
         hint = (f"; branches and tags here include: {', '.join(known)}" if known
                 else "; this repository has no branches or tags")
-        raise GitSourceError(f"source.ref: {ref!r} does not resolve to a commit in {repo}{hint}")
+        raise GitSourceError("ref", f"{ref!r} does not resolve to a commit in {repo}{hint}")
     commit = proc.stdout.decode().strip()
     full = _git(["rev-parse", "--symbolic-full-name", ref], git_dir=git_dir, check=False)
     ref_name = full.stdout.decode().strip() if full.returncode == 0 else ""
@@ -269,7 +276,7 @@ def _ls_remote(url: str, ref: str) -> tuple[str, str, str | None]:
     refname or ``HEAD``, else a tag of that name, else a branch."""
     proc = _git(["ls-remote", url], check=False)
     if proc.returncode != 0:
-        raise GitSourceError(f"source.git: cannot read {url}: {proc.stderr.decode().strip() or 'git ls-remote failed'}")
+        raise GitSourceError("git", f"cannot read {url}: {proc.stderr.decode().strip() or 'git ls-remote failed'}")
     listing = {}
     for line in proc.stdout.decode().splitlines():
         sha, _, name = line.partition("\t")
@@ -279,7 +286,7 @@ def _ls_remote(url: str, ref: str) -> tuple[str, str, str | None]:
         if name in listing:
             peeled = listing.get(f"{name}^{{}}")
             return (peeled, name, listing[name]) if peeled else (listing[name], name, None)
-    raise GitSourceError(f"source.ref: {ref!r} does not exist in {url} (no branch, tag or ref of that name; "
+    raise GitSourceError("ref", f"{ref!r} does not exist in {url} (no branch, tag or ref of that name; "
                          "a commit of a URL is named by its full 40-hex sha)")
 
 
@@ -306,7 +313,7 @@ def _fetch(ref: GitRef, cache_dir: Path) -> GitRef:
     want = ref.commit if ref.ref_name is None else f"+{ref.ref_name}:refs/pairbench/fetched"
     proc = _git(["fetch", "--quiet", "--depth", "1", "--no-tags", url, want], git_dir=str(git_dir), check=False)
     if proc.returncode != 0:
-        raise GitSourceError(f"source.git: fetching {ref.ref!r} ({ref.commit[:12]}) from {url} failed: "
+        raise GitSourceError("git", f"fetching {ref.ref!r} ({ref.commit[:12]}) from {url} failed: "
                              f"{proc.stderr.decode().strip()}")
     commit, tag_object = ref.commit, ref.tag_object
     if ref.ref_name is not None:  # the ref as fetched (it may have moved since ls-remote)
@@ -315,7 +322,7 @@ def _fetch(ref: GitRef, cache_dir: Path) -> GitRef:
         tag_object = obj if obj != commit else None
     tree = _git(["rev-parse", f"{commit}^{{tree}}"], git_dir=str(git_dir), check=False)
     if tree.returncode != 0:
-        raise GitSourceError(f"source.ref: {ref.ref!r}: commit {commit} is not in what {url} sent")
+        raise GitSourceError("ref", f"{ref.ref!r}: commit {commit} is not in what {url} sent")
     return GitRef(repo=url, ref=ref.ref, ref_name=ref.ref_name, commit=commit, tree=tree.stdout.decode().strip(),
                   tag_object=tag_object, git_dir=str(git_dir))
 
@@ -382,7 +389,7 @@ def _archive(ref: GitRef, fh, paths: tuple[str, ...] = ()) -> None:
     for path in paths:  # a part of the tree that the commit lacks is named, not an empty export
         proc = _git(["cat-file", "-e", f"{ref.commit}:{path}"], git_dir=ref.git_dir, check=False)
         if proc.returncode != 0:
-            raise GitSourceError(f"source.ref: {ref.ref!r} ({ref.commit[:12]}) of {ref.repo} has no {path}/")
+            raise GitSourceError("ref", f"{ref.ref!r} ({ref.commit[:12]}) of {ref.repo} has no {path}/")
     proc = _git(["archive", "--format=tar", ref.commit, *(["--", *paths] if paths else [])], git_dir=ref.git_dir,
                 stdout=fh, check=False)
     if proc.returncode != 0:
@@ -464,7 +471,7 @@ def check_clean(ref: GitRef, limit: int = 5) -> None:
         return
     shown = ", ".join(changed[:limit]) + (f" and {len(changed) - limit} more" if len(changed) > limit else "")
     raise GitSourceError(
-        f"source.git: the work tree of {ref.repo} has uncommitted changes to {len(changed)} tracked file(s) "
+        "git", f"the work tree of {ref.repo} has uncommitted changes to {len(changed)} tracked file(s) "
         f"({shown}), and ref {ref.ref!r} names its checked-out commit {ref.commit[:12]}: the export is the "
         "commit, so those changes would not be measured. Commit or stash them, or name another ref")
 

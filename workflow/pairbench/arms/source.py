@@ -189,10 +189,11 @@ def resolve_source(source: dict, root: str | Path) -> GitRef:
                   git_dir=git_dir)
 
 
-def same_commit_arms(arms: dict, commits: dict) -> list[str]:
-    """Problems for arms that would measure the same code: two git arms whose refs resolve to one
-    commit (*commits*: arm -> sha) with the same patches, build, launch, arguments and environment.
-    That is an A/A run, not base against head (a deliberate A/A names one path source twice)."""
+def same_commit_arms(arms: dict, commits: dict) -> list[tuple[str, str]]:
+    """``(arm, message)`` for arms that would measure the same code: two git arms whose refs resolve
+    to one commit (*commits*: arm -> sha) with the same patches, build, launch, arguments and
+    environment. That is an A/A run, not base against head (a deliberate A/A names one path source
+    twice)."""
     problems, seen = [], {}
     keys = ("engine", "patches", "build", "launch", "args", "env", "threads")
     for name, commit in commits.items():
@@ -201,13 +202,32 @@ def same_commit_arms(arms: dict, commits: dict) -> list[str]:
         if what in seen:
             other = seen[what]
             refs = [(arms[n].get("source") or {}).get("ref") or (arms[n].get("source") or {}).get("tag") for n in (other, name)]
-            problems.append(
-                f"arms.{name}.source: arms {other} and {name} resolve {refs[0]!r} and {refs[1]!r} to the same commit "
-                f"{commit[:12]} with the same patches and settings: an A/A run, not base against head. Name "
-                "two different commits (a deliberate A/A names one path source in both arms)")
+            problems.append((name, f"arms {other} and {name} resolve {refs[0]!r} and {refs[1]!r} to the same commit "
+                                   f"{commit[:12]} with the same patches and settings: an A/A run, not base against "
+                                   "head. Name two different commits (a deliberate A/A names one path source in both "
+                                   "arms)"))
         else:
             seen[what] = name
     return problems
+
+
+def git_problems(arms: dict, root: str | Path) -> tuple[dict, list[tuple[tuple, str]]]:
+    """``({arm: GitRef}, problems)``: every git arm's ref resolved now, and each reason one cannot be
+    as ``(key, message)``: a ref that does not resolve, a repository that cannot be read, a ref naming
+    a dirty checkout (``arms.<arm>.source.<git|ref|tag>``), two arms of one commit
+    (``arms.<arm>.source``)."""
+    refs, problems = {}, []
+    for name, arm in arms.items():
+        source = (arm or {}).get("source")
+        if not is_git_source(source):
+            continue
+        try:
+            refs[name] = resolve_source(source, root)
+        except GitSourceError as exc:
+            problems.append((("arms", name, "source", *([exc.field] if exc.field else [])), exc.message))
+    problems += [(("arms", name, "source"), message)
+                 for name, message in same_commit_arms(arms, {n: r.commit for n, r in refs.items()})]
+    return refs, problems
 
 
 def is_url_like(repo: str) -> bool:

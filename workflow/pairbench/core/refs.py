@@ -28,31 +28,30 @@ FIELDS = ("git", BASE, HEAD, "arm")
 
 def expand(config: dict) -> tuple[dict, list[tuple[tuple, str]]]:
     """``(config, problems)``: *config* with ``refs`` turned into the arms ``base`` and ``head``
-    (unchanged without ``refs``), and each problem as ``(key, message)``; with a problem the config
-    is returned as given, for the other checks to read."""
+    (unchanged without ``refs``), and each problem as ``(key, message)`` (the message without its
+    key); with a problem the config is returned as given, for the other checks to read."""
     refs = config.get(KEY)
     if refs is None:
         return config, []
     if not isinstance(refs, dict):
-        return config, [((KEY,), f"{KEY}: give a map {{git, base, head, arm}}, got {refs!r}")]
+        return config, [((KEY,), f"give a map {{git, base, head, arm}}, got {refs!r}")]
     problems = []
     for key in sorted(set(refs) - set(FIELDS)):
-        problems.append(((KEY, key), f"{KEY}.{key}: not a key of {KEY} ({', '.join(FIELDS)})"))
+        problems.append(((KEY, key), f"not a key of {KEY} ({', '.join(FIELDS)})"))
     for key in (BASE, HEAD):
         if not isinstance(refs.get(key), str) or not refs[key].strip():
-            problems.append(((KEY, key), f"{KEY}.{key}: the {key} arm's branch, tag or commit is required"))
+            problems.append(((KEY, key), f"the {key} arm's branch, tag or commit is required"))
     git = refs.get("git", ".")
     if not isinstance(git, str) or not git:
-        problems.append(((KEY, "git"), f"{KEY}.git: a repository path or URL, got {git!r}"))
+        problems.append(((KEY, "git"), f"a repository path or URL, got {git!r}"))
     arm = refs.get("arm") or {}
     if not isinstance(arm, dict):
-        problems.append(((KEY, "arm"), f"{KEY}.arm: the keys both arms share (engine, threads, args, ...), "
-                                        f"got {arm!r}"))
+        problems.append(((KEY, "arm"), f"the keys both arms share (engine, threads, args, ...), got {arm!r}"))
     elif "source" in arm:
-        problems.append(((KEY, "arm", "source"), f"{KEY}.arm.source: each arm's source is {{git: {KEY}.git, "
-                                                  f"ref: {KEY}.base or {KEY}.head}}"))
+        problems.append(((KEY, "arm", "source"), f"each arm's source is {{git: {KEY}.git, ref: {KEY}.base or "
+                                                  f"{KEY}.head}}"))
     if config.get("arms") is not None:
-        problems.append(((KEY,), f"{KEY}: makes the arms {BASE} and {HEAD}; give {KEY} or arms, not both"))
+        problems.append(((KEY,), f"makes the arms {BASE} and {HEAD}; give {KEY} or arms, not both"))
     if problems:
         return config, problems
     out = {k: v for k, v in config.items() if k != KEY}

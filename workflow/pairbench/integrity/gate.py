@@ -27,8 +27,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from pairbench.arms.gitsource import GitSourceError
-from pairbench.arms.source import is_git_source, resolve_source, same_commit_arms
+from pairbench.arms.source import git_problems
 from pairbench.core import plan as pb_plan
 from pairbench.core.artifacts import ArtifactError, read_artifact, schema_id
 from pairbench.core.layout import Layout
@@ -100,16 +99,8 @@ def _finished(L: Layout) -> tuple[dict | None, dict | None, list[str]]:
 def ref_problems(config: dict, root: Path) -> tuple[dict, list[str]]:
     """``({arm: GitRef}, problems)``: every git arm's ref resolved now, and why one cannot be (a ref
     that does not resolve, a repository that cannot be read, a dirty checkout, two refs of one commit)."""
-    problems, refs = [], {}
-    for name, arm in config["arms"].items():
-        if not is_git_source(arm.get("source")):
-            continue
-        try:
-            refs[name] = resolve_source(arm["source"], root)
-        except GitSourceError as exc:
-            problems.append(f"arms.{name}: {exc}")
-    problems += same_commit_arms(config["arms"], {name: ref.commit for name, ref in refs.items()})
-    return refs, problems
+    refs, found = git_problems(config["arms"], root)
+    return refs, [f"{'.'.join(map(str, key))}: {message}" for key, message in found]
 
 
 def config_problems(L: Layout, plan: dict, config: dict, refs: dict) -> list[str]:
