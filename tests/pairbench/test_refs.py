@@ -33,3 +33,24 @@ def test_bad_refs_are_named_by_key():
         (("refs",), "makes the arms base and head; give refs or arms, not both"),
     ]
     assert expand({"refs": "main..HEAD"})[1] == [(("refs",), "give a map {git, base, head, arm}, got 'main..HEAD'")]
+
+
+def test_load_config_reads_the_shorthand_as_two_arms_and_names_its_problems_where_given(tmp_path):
+    """The shorthand goes through the one config loader: the run sees the arms base and head, and a
+    bad refs key is an error at its file and line, before any other check."""
+    import pytest
+
+    from pairbench.stages.runconfig import REPO, ConfigErrors, load_config
+
+    cfg = tmp_path / "pr.yaml"
+    cfg.write_text("label: pr\nmodel: tiny\nrefs: {base: main, head: HEAD, arm: {threads: 1}}\n")
+    run = load_config([cfg], root=REPO)
+    assert run["baseline"] == "base" and list(run["arms"]) == ["base", "head"]
+    assert (run["arms"]["head"]["source"], run["arms"]["head"]["threads"]) == ({"git": ".", "ref": "HEAD"}, 1)
+    with pytest.raises(ConfigErrors) as exc:
+        load_config([cfg], {"refs": {"head": ""}}, root=REPO)
+    assert "--config refs: refs.head: the head arm's branch, tag or commit is required" in str(exc.value)
+    cfg.write_text("label: pr\nmodel: tiny\narms: {a: {}, b: {}}\nrefs: {base: main, head: HEAD}\n")
+    with pytest.raises(ConfigErrors) as exc:
+        load_config([cfg], root=REPO)
+    assert f"{cfg}:4: refs: makes the arms base and head; give refs or arms, not both" in str(exc.value)

@@ -244,21 +244,15 @@ def _gate(args: argparse.Namespace) -> int:
 
 
 def _run_config(files: list[str], pairs: list[str], root: Path) -> dict:
-    """The config the pipeline would read from *files* and ``--config`` *pairs*: checked whole
-    (a problem is an error naming its key), defaults filled, normalized."""
-    from snakemake.utils import validate
-
-    from pairbench.core.config import ConfigError, normalized
-    from pairbench.core.loadconfig import with_stats_defaults
+    """The config the pipeline would read from *files* and ``--config`` *pairs*
+    (:func:`pairbench.stages.runconfig.load_config`: checked whole, defaulted, normalized); its
+    problems, each at its file and line, as one :class:`ValueError`."""
     from pairbench.stages import runconfig
 
-    config, sources = runconfig.load_files(files or ["config/config.yaml"], dict(_key_value(i) for i in pairs))
-    found = runconfig.problems(config, root)
-    if found:
-        raise ConfigError(runconfig.report(found, sources).replace("\n", " "))
-    config.update(with_stats_defaults(config))
-    validate(config, str(runconfig.SCHEMA))
-    return normalized(config)
+    try:
+        return runconfig.load_config(files or [runconfig.DEFAULT_FILE], dict(_key_value(i) for i in pairs), root=root)
+    except runconfig.ConfigErrors as exc:
+        raise ValueError(str(exc).replace("\n", " ")) from None
 
 
 COMMANDS: list[Callable] = [_add_plan, _add_verify, _add_scan, _add_html_report, _add_audit, _add_llama_tree, _add_gate]

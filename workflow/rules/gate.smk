@@ -16,7 +16,7 @@ rule gate:
     output:
         gate=L.gate,
     params:
-        run_dir=lambda wc, output: str(Path(output.gate).parent.parent),
+        layout=run_layout,
     resources:
         **other_resources(CFG),
     log:

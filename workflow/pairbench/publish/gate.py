@@ -34,6 +34,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from pairbench.analysis.verdicts import SPEED_WORDS, read_ratio
+
 EXIT = {"pass": 0, "regression": 1, "inconclusive": 2, "invalid": 3}
 INCONCLUSIVE = ("pass", "fail")
 REPORT = "publish/README.md"  # the full report, relative to the run folder
@@ -178,20 +180,25 @@ def slowdown_bound(cell: dict) -> float | None:
 
 
 def judge_cell(cell: dict, threshold: float) -> tuple[str, str]:
-    """``(outcome, rule)`` of one paired cell under the threshold (see the module doc)."""
+    """``(outcome, rule)`` of one paired cell under the threshold (see the module doc), each end of its
+    interval read by the one verdict rule (:func:`pairbench.analysis.verdicts.read_ratio`) against
+    the band 1 ± *threshold*: the end nearer to "no change" beyond it on the slower side is a
+    regression, the farther end alone an inconclusive cell."""
     low, high, up = cell["ci_low"], cell["ci_high"], cell["higher_is_better"]
     bound = f"1 - {threshold:g}" if up else f"1 + {threshold:g}"
     if low is None or high is None:
         return "inconclusive", f"no interval is bounded with {cell['n_pairs']} pairs: a slowdown is not ruled out"
-    # the end nearer to "no change" and the one farther to the slower side
     near, far = (high, low) if up else (low, high)
-    beyond = (lambda x: x < 1.0 - threshold) if up else (lambda x: x > 1.0 + threshold)
     side = "below" if up else "above"
-    if beyond(near):
+    if _slower(near, threshold, up):
         return "regression", f"fail_slower_than: the interval lies wholly {side} {bound}"
-    if beyond(far):
+    if _slower(far, threshold, up):
         return "inconclusive", f"the interval reaches {side} {bound}: a slowdown that large is not ruled out"
     return "pass", f"the interval rules out a slowdown beyond {bound}"
+
+
+def _slower(ratio: float, threshold: float, higher_is_better: bool) -> bool:
+    return read_ratio(ratio, noise=threshold, higher_is_better=higher_is_better).verdict == SPEED_WORDS["worse"]
 
 
 def cells(summary: dict, policy: dict) -> list[dict]:

@@ -6,6 +6,7 @@ import logging
 from pathlib import Path
 
 from pairbench.core.artifacts import write_artifact
+from pairbench.core.layout import Layout
 from pairbench.integrity.audit import run_audit
 from pairbench.integrity.gate import check_run
 from pairbench.integrity.provenance import write_provenance
@@ -30,11 +31,11 @@ class GateFailed(Exception):
     """The gate did not pass: its exit status and reason (``python -m pairbench gate`` says the same)."""
 
 
-def gate_stage(*, gate: str, run_dir: str, markdown_log: str, junit_log: str) -> None:
-    """End the run in the CI gate (:func:`pairbench.integrity.gate.check_run`): its Markdown summary and
-    JUnit XML go to the logs, which survive a failed job; *gate* (the record) is written only when the
-    gate passes, and any other decision fails the job with its exit status and reason."""
-    result = check_run(run_dir)
+def gate_stage(layout: Layout, *, gate: str, markdown_log: str, junit_log: str) -> None:
+    """End the run *layout* describes in the CI gate (:func:`pairbench.integrity.gate.check_run`): its
+    Markdown summary and JUnit XML go to the logs, which survive a failed job; *gate* (the record) is
+    written only when the gate passes, and any other decision fails the job with its exit status and reason."""
+    result = check_run(layout.res)
     Path(markdown_log).write_text(markdown(result.record))
     Path(junit_log).write_text(junit(result.record))
     if result.exit_code != 0:

@@ -27,6 +27,7 @@ from pairbench.core.config import TOP_DEFAULTS, ConfigError, config_errors, norm
 from pairbench.core.configschema import SCHEMA, schema_errors
 from pairbench.core.configsource import ConfigErrors, Sources, YamlSyntaxError, coerce_cli, load_with_lines, report
 from pairbench.core.models import resolve_model
+from pairbench.core.refs import expand as expand_refs
 from pairbench.engines.policy import check_engines, check_slots
 
 __all__ = ["load_config", "read_config", "problems", "report", "with_cli", "display_path", "ConfigErrors", "SCHEMA"]
@@ -38,7 +39,8 @@ def load_config(files: list[str | Path] = (), cli: dict | None = None, *, root: 
                 given: dict | None = None, sources: Sources | None = None) -> dict:
     """The run config of the config *files* (merged in order, as ``--configfile`` merges them) and
     the ``--config`` pairs *cli*: read, checked, defaulted and normalized
-    (:func:`pairbench.core.config.normalized`). *given* is a config already read (Snakemake's
+    (:func:`pairbench.core.config.normalized`); the CI shorthand ``refs`` is first made the arms
+    ``base`` and ``head`` (:func:`pairbench.core.refs.expand`). *given* is a config already read (Snakemake's
     ``config``, a study's comparison), *sources* where it came from. Raises
     :class:`~pairbench.core.configsource.ConfigErrors` with every problem, each located; a file that
     is not YAML is one of them, at its line and column."""
@@ -47,7 +49,8 @@ def load_config(files: list[str | Path] = (), cli: dict | None = None, *, root: 
     else:
         sources = sources or Sources.read(files, cli)
         given = with_cli(given, sources.cli)
-    found = problems(given, Path(root))
+    given, shorthand = expand_refs(given)  # the CI shorthand refs: the arms base and head, checked as arms
+    found = [ConfigError(key, message) for key, message in shorthand] or problems(given, Path(root))
     if found:
         raise ConfigErrors([e.located(sources) for e in found], sources)
     return normalized(given)
