@@ -7,6 +7,7 @@ from pathlib import Path
 
 from pairbench.arms import build as pb_build
 from pairbench.arms import source as pb_source
+from pairbench.core import config as pb_config
 from pairbench.core import models as pb_models
 from pairbench.core import plan as pb_plan
 from pairbench.core.artifacts import read_artifact, sha256_file, write_artifact
