@@ -22,10 +22,13 @@ JSON is full of (``"sha256": ...``, ``"prompt_sha256": ...``, ``"inputs": {"plan
 array item), never part of a longer string. Anything else is a finding. Literal secrets are still matched exactly by the literal
 detectors, so a known secret cannot hide in a digest field.
 
-Git object ids (40 lowercase hex digits: the commit and tree a git arm measured, in ``gate.json``)
-fire the same plugin. One is accepted only where every occurrence of it in a ``.json`` file is the
-whole value of a field named ``commit``, ``tree`` or ``tag_object`` (:data:`GIT_ID_FIELDS`), never
-an array item or part of a longer string: a 40-hex credential in any other field is still a finding.
+Git object ids (40 lowercase hex digits: the commit and tree a git arm measured, in ``gate.json``;
+a ref given as a commit sha, as a CI job gives it, in ``gate.json`` and ``config.resolved.yaml``)
+fire the same plugin. One is accepted only where every occurrence of it in a ``.json`` file, or a
+``.yaml`` file written with every string quoted (the bundle's), is the whole value of a field named
+``commit``, ``tree``, ``tag_object`` or ``ref`` (:data:`GIT_ID_FIELDS`; a ``ref`` was resolved by git
+to a commit before anything ran), never an array item or part of a longer string: a 40-hex
+credential in any other field is still a finding.
 """
 
 from __future__ import annotations
@@ -133,7 +136,7 @@ def _is_digest_only(text: str, value: str) -> bool:
     )
 
 
-GIT_ID_FIELDS = ("commit", "tree", "tag_object")
+GIT_ID_FIELDS = ("commit", "tree", "tag_object", "ref")
 
 
 def _is_git_id_only(text: str, value: str) -> bool:
@@ -160,7 +163,7 @@ def _scan_detect_secrets(root: Path, rel_paths: list[str]) -> list[Finding]:
             value = secret.secret_value or ""
             if secret.type == "Hex High Entropy String" and filename.endswith((".json", ".yaml", ".yml")):
                 text = (root / filename).read_text(errors="replace")
-                if _is_digest_only(text, value) or (filename.endswith(".json") and _is_git_id_only(text, value)):
+                if _is_digest_only(text, value) or _is_git_id_only(text, value):
                     continue
             findings.append(Finding(Path(filename).as_posix(), secret.line_number, f"detect-secrets:{secret.type}", value))
     return findings
