@@ -66,12 +66,14 @@ def test_git_id_policy(tmp_path):
     # and in the bundle's quoted YAML) is accepted; the same hex in another field, or also inside a
     # longer string, is not
     sha = "b3623c1721685d98628d127a3411d236a6912286"
-    write(tmp_path, "gate.json", json.dumps({"arms": {"base": {"ref": sha, "commit": sha, "tree": sha[::-1]}}}, indent=2))
+    write(tmp_path, "gate.json", json.dumps({"arms": {"base": {"ref": sha, "commit": sha, "tree": sha[::-1],
+                                                               "version": sha}}}, indent=2))
     write(tmp_path, "config.resolved.yaml", f'"arms":\n  "base":\n    "source":\n      "ref": "{sha}"\n')
     write(tmp_path, "b.json", json.dumps({"token": sha}, indent=2))
     write(tmp_path, "c.json", json.dumps({"ref": sha, "note": f"at {sha}"}, indent=2))
+    write(tmp_path, "d.json", json.dumps({"version": sha}, indent=2))  # a version, but no commit says so
     hits = {f.file for f in leakgate.scan(tmp_path, {}) if f.detector == "detect-secrets:Hex High Entropy String"}
-    assert hits == {"b.json", "c.json"}
+    assert hits == {"b.json", "c.json", "d.json"}
 
 
 def test_png_metadata_and_literal_bytes(tmp_path):

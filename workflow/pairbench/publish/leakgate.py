@@ -27,7 +27,8 @@ a ref given as a commit sha, as a CI job gives it, in ``gate.json`` and ``config
 fire the same plugin. One is accepted only where every occurrence of it in a ``.json`` file, or a
 ``.yaml`` file written with every string quoted (the bundle's), is the whole value of a field named
 ``commit``, ``tree``, ``tag_object`` or ``ref`` (:data:`GIT_ID_FIELDS`; a ``ref`` was resolved by git
-to a commit before anything ran), never an array item or part of a longer string: a 40-hex
+to a commit before anything ran), or of a ``version`` field where the file has it as a ``commit``
+too (a git arm's version is its ref), never an array item or part of a longer string: a 40-hex
 credential in any other field is still a finding.
 """
 
@@ -141,12 +142,15 @@ GIT_ID_FIELDS = ("commit", "tree", "tag_object", "ref")
 
 def _is_git_id_only(text: str, value: str) -> bool:
     """Whether *value* is a git object id standing as the whole value of a :data:`GIT_ID_FIELDS`
-    field everywhere it occurs."""
+    field everywhere it occurs; or of a ``version`` field where the same file has it as a ``commit``
+    (a git arm's version is its ref: a sha ref's is that commit)."""
     if not re.fullmatch(r"[0-9a-f]{40}", value):
         return False
     total = len(re.findall(re.escape(value), text))
     fields = "|".join(GIT_ID_FIELDS)
     as_field = len(re.findall(rf'"(?:{fields})":\s*"{value}"', text))
+    if re.search(rf'"commit":\s*"{value}"', text):
+        as_field += len(re.findall(rf'"version":\s*"{value}"', text))
     return total > 0 and as_field == total
 
 
