@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -255,8 +256,8 @@ def test_a_moved_branch_exits_3_and_re_exports_only_its_arm(aa, engines):
         assert proc.returncode == 3
         assert "arms.head.source: 'docs' names " in proc.stderr and "but the run measured" in proc.stderr, proc.stderr
         dry = snakemake(aa, "-n", "--configfile", cfg(aa, "aa"))
-        jobs = dry.stdout + dry.stderr
-        assert "wildcards: arm=head" in jobs and "wildcards: arm=base" not in jobs
+        exports = re.findall(r"rule source:\n(?:    .*\n)*?    wildcards: arm=(\w+)", dry.stdout + dry.stderr)
+        assert exports == ["head"], dry.stdout[-4000:]  # every warmup reruns after a build (it reads them all)
     finally:
         git(engines, "branch", "-f", "docs", "docs~1")
     assert gate_cli(aa, "aa", "--configfile", cfg(aa, "aa")).returncode == 0
