@@ -307,18 +307,35 @@ def _env(extra: dict | None = None) -> dict:
     return env
 
 
-def run_embedded(*, python: str, src: Path, serve_args: list[str], requests: list[dict], opts: CostOptions,
-                 work: Path, log: Path) -> ArmCost:
+def _link(work: Path, name: str, target: str | os.PathLike) -> Path:
+    link = work / name
+    if link.is_symlink() or link.exists():
+        link.unlink()
+    link.symlink_to(Path(target).resolve())
+    return link
+
+
+def run_embedded(*, python: str, src: Path, model: str, serve_args: list[str], requests: list[dict],
+                 opts: CostOptions, work: Path, log: Path) -> ArmCost:
     """Count the embedded engine of one arm: *requests* is ``[{"condition", "ids"}]`` (the
     condition's real prompt, as token ids), run in that order in one process after an uncounted
-    warm-up. *serve_args* are the arm's ``python -m engine serve`` flags. Returns per condition the
-    ``prefill`` counts over its prompt tokens and the ``decode`` counts over its decode steps."""
+    warm-up. *serve_args* are the arm's ``python -m engine serve`` flags, in which an argument equal
+    to *model* is the model. Returns per condition the counts of each phase of ``opts.phases``:
+    ``prefill`` over its prompt tokens, ``decode`` over its decode steps.
+
+    *work* must be the same folder for every arm of a comparison: the process sees the arm's tree
+    and the model through links there (``work/src``, ``work/model``), so that every path it holds,
+    and so every allocation those paths make, is the same length in both arms; a path one character
+    longer moves what glibc's malloc does later, and so the count (docs/cost.md, "Determinism")."""
     version = valgrind_version()
     lib = client_library()
     work.mkdir(parents=True, exist_ok=True)
     for old in work.glob("callgrind.out*"):
         old.unlink()
-    req = {"src": str(Path(src).resolve()), "serve_args": list(serve_args), "client_library": str(lib),
+    src_link = _link(work, "src", src)
+    model_link = str(_link(work, "model", model)) if Path(model).exists() else model
+    args = [model_link if a == model else a for a in serve_args]
+    req = {"src": str(src_link), "serve_args": args, "client_library": str(lib),
            "warmup_tokens": opts.warmup_tokens, "warmup_decode": 2,
            "requests": [{"condition": r["condition"], "ids": list(r["ids"]), "decode_tokens": opts.decode_tokens,
                          "phases": list(opts.phases)} for r in requests]}
@@ -326,7 +343,7 @@ def run_embedded(*, python: str, src: Path, serve_args: list[str], requests: lis
     req_file.write_text(json.dumps(req))
     out = work / "callgrind.out"
     argv = [*callgrind_argv(out, opts, instr_atstart=False), _real_interpreter(python), str(DRIVER), str(req_file)]
-    res = _run_simulated("the cost driver", argv, cwd=Path(src), env=_env(), log=log, timeout_s=opts.timeout_s)
+    res = _run_simulated("the cost driver", argv, cwd=work, env=_env(), log=log, timeout_s=opts.timeout_s)
     try:
         ran = json.loads(res.stdout.strip().splitlines()[-1])
     except (IndexError, json.JSONDecodeError):
