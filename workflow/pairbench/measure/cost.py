@@ -80,9 +80,15 @@ int pb_running_on_valgrind(void) { return RUNNING_ON_VALGRIND; }
 DRIVER = Path(__file__).with_name("cost_driver.py")
 
 
+#: why an arm was not counted: no valgrind, no client library (compiler or headers), an instruction
+#: valgrind does not know, the time limit, the program failed, its output unreadable, or an engine the
+#: simulator cannot run
+REASONS = ("no_valgrind", "no_client", "unknown_instruction", "timeout", "failed", "unreadable", "engine")
+
+
 class CostUnavailable(Exception):
-    """The channel cannot count this arm here. ``reason``: ``no_valgrind``, ``no_client``,
-    ``unknown_instruction``, ``timeout``, ``failed`` or ``unreadable``; the message says why in words."""
+    """The channel cannot count this arm here. ``reason``: one of :data:`REASONS`; the message says
+    why in words."""
 
     def __init__(self, reason: str, message: str):
         super().__init__(message)
@@ -300,10 +306,12 @@ def _run_simulated(subject: str, argv: list[str], *, cwd: Path, env: dict, log: 
         raise CostUnavailable("failed", str(exc)) from None
 
 
-def _env(extra: dict | None = None) -> dict:
+def _env(arm_env: dict | None = None) -> dict:
+    """The simulated run's environment: ours, the arm's own (its launch ``env``), then the pins,
+    which win (an arm's ``OMP_NUM_THREADS`` would put a barrier into the count)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("VALGRIND_", "LD_PRELOAD"))}
+    env.update(arm_env or {})
     env.update(PINNED_ENV)
-    env.update(extra or {})
     return env
 
 
@@ -316,26 +324,34 @@ def _link(work: Path, name: str, target: str | os.PathLike) -> Path:
 
 
 def run_embedded(*, python: str, src: Path, model: str, serve_args: list[str], requests: list[dict],
-                 opts: CostOptions, work: Path, log: Path) -> ArmCost:
+                 opts: CostOptions, work: Path, log: Path, env: dict | None = None) -> ArmCost:
     """Count the embedded engine of one arm: *requests* is ``[{"condition", "ids"}]`` (the
     condition's real prompt, as token ids), run in that order in one process after an uncounted
     warm-up. *serve_args* are the arm's ``python -m engine serve`` flags, in which an argument equal
     to *model* is the model. Returns per condition the counts of each phase of ``opts.phases``:
-    ``prefill`` over its prompt tokens, ``decode`` over its decode steps.
+    ``prefill`` over its prompt tokens, ``decode`` over its decode steps. *env* is the arm's own
+    launch environment (the pins of ``PINNED_ENV`` win over it).
 
-    *work* must be the same folder for every arm of a comparison: the process sees the arm's tree
-    and the model through links there (``work/src``, ``work/model``), so that every path it holds,
-    and so every allocation those paths make, is the same length in both arms; a path one character
-    longer moves what glibc's malloc does later, and so the count (docs/cost.md, "Determinism")."""
+    *work* must be the same folder for every arm of a comparison: the process runs a copy of the
+    arm's tree there (``work/src``) and sees the model through a link (``work/model``), so that
+    every path it holds, and so every allocation those paths make, is the same in both arms; a path
+    one character longer moves what glibc's malloc does later, and so the count (docs/cost.md,
+    "Determinism"). A copy, not a link: the engine resolves its own path (``Path(__file__).resolve()``)."""
     version = valgrind_version()
     lib = client_library()
     work.mkdir(parents=True, exist_ok=True)
     for old in work.glob("callgrind.out*"):
         old.unlink()
-    src_link = _link(work, "src", src)
+    src_copy = work / "src"
+    if src_copy.is_symlink() or src_copy.is_file():
+        src_copy.unlink()
+    elif src_copy.exists():
+        shutil.rmtree(src_copy)
+    shutil.copytree(src, src_copy, symlinks=True, ignore=shutil.ignore_patterns(".venv", ".git", "__pycache__"))
+    _byte_compile(python, src_copy)
     model_link = str(_link(work, "model", model)) if Path(model).exists() else model
     args = [model_link if a == model else a for a in serve_args]
-    req = {"src": str(src_link), "serve_args": args, "client_library": str(lib),
+    req = {"src": str(src_copy), "serve_args": args, "client_library": str(lib),
            "warmup_tokens": opts.warmup_tokens, "warmup_decode": 2,
            "requests": [{"condition": r["condition"], "ids": list(r["ids"]), "decode_tokens": opts.decode_tokens,
                          "phases": list(opts.phases)} for r in requests]}
@@ -343,7 +359,7 @@ def run_embedded(*, python: str, src: Path, model: str, serve_args: list[str], r
     req_file.write_text(json.dumps(req))
     out = work / "callgrind.out"
     argv = [*callgrind_argv(out, opts, instr_atstart=False), _real_interpreter(python), str(DRIVER), str(req_file)]
-    res = _run_simulated("the cost driver", argv, cwd=work, env=_env(), log=log, timeout_s=opts.timeout_s)
+    res = _run_simulated("the cost driver", argv, cwd=work, env=_env(env), log=log, timeout_s=opts.timeout_s)
     try:
         ran = json.loads(res.stdout.strip().splitlines()[-1])
     except (IndexError, json.JSONDecodeError):
@@ -359,6 +375,17 @@ def run_embedded(*, python: str, src: Path, model: str, serve_args: list[str], r
         except KeyError as exc:
             raise CostUnavailable("unreadable", f"condition {c}: callgrind wrote no dump {exc}; see {log}") from None
     return cost
+
+
+def _byte_compile(python: str, tree: Path) -> None:
+    """Byte-compile the work copy where it lies, natively (outside the simulator): a ``.pyc`` records
+    the path it was compiled at, and importing one compiled elsewhere rewrites every code object's
+    file name at load time, a different allocation history per arm (measured: 0.05% of a prefill's
+    instructions between two copies of one tree compiled at paths of different lengths)."""
+    r = subprocess.run([python, "-m", "compileall", "-q", str(tree)], capture_output=True, text=True, timeout=600)
+    if r.returncode != 0:
+        raise CostUnavailable("failed", f"byte-compiling the arm's tree for the cost driver failed: "
+                                        f"{(r.stdout + r.stderr).strip()[-400:]}")
 
 
 def _real_interpreter(python: str) -> str:
@@ -406,6 +433,89 @@ def run_llama_bench(*, binary: Path, model: str, requests: list[dict], opts: Cos
             decode = decode + more
         cost.conditions[c] = {"prefill": PhaseCost(calls[0], n), "decode": PhaseCost(decode, opts.decode_tokens)}
     return cost
+
+
+# ---------------------------------------------------------------------------------------------------
+# one arm of a run, as the cost stage asks for it
+
+#: llama.cpp's function that every prompt batch and every decode token passes through once, at the
+#: tag the llama-server profile builds (docs/cost.md, "llama.cpp")
+LLAMA_COLLECT = "llama_process"
+
+
+def count_arm(engine, requests: list[dict], opts: CostOptions, *, work: Path, log: Path,
+              llama_bench: str | None = None) -> ArmCost:
+    """Count one arm, whatever its engine: *engine* is its :class:`~pairbench.engines.adapter.ArmEngine`,
+    *requests* ``[{"condition", "ids", "input_tokens"}]`` (the condition's round-1 prompt). The
+    embedded engine runs in process (:func:`run_embedded`) with the arm's own launch flags and
+    environment; an engine with llama.cpp's ``llama-bench`` (*llama_bench*: the arm's build of it)
+    through it (:func:`run_llama_bench`). Any other engine (a GPU engine, an external server) raises
+    :class:`CostUnavailable` (``engine``): the simulator cannot run it."""
+    if engine.name == "embedded":
+        spec = engine.launch(0)
+        argv = list(spec.argv)
+        if "serve" not in argv:
+            raise CostUnavailable("engine", f"the arm's launch command has no `serve` to count: {' '.join(argv)}")
+        i = argv.index("serve")
+        return run_embedded(python=argv[0], src=Path(engine.src_dir), model=engine.model, serve_args=argv[i + 1:],
+                            requests=requests, opts=opts, work=work, log=log, env=spec.env)
+    if llama_bench is not None:
+        if not Path(llama_bench).is_file():
+            raise CostUnavailable("failed", f"the arm's build has no {llama_bench}")
+        return run_llama_bench(binary=Path(llama_bench), model=engine.model, requests=requests, opts=opts,
+                               collect=LLAMA_COLLECT, work=work, log=log, cwd=Path(engine.src_dir))
+    raise CostUnavailable("engine", f"engine {engine.name}: the simulator runs the embedded engine and llama.cpp's "
+                                    "llama-bench only (a GPU engine or an external server cannot be counted)")
+
+
+def phase_rows(cost: ArmCost) -> list[dict]:
+    """The per-arm artifact's ``rows``: per condition and phase its tokens, callgrind's event totals
+    and the registry's metrics per token (:data:`pairbench.core.metrics.COST_METRICS`; cycles null
+    without the cache simulated)."""
+    from pairbench.core.metrics import cost_metric
+
+    rows = []
+    for cond, phases in cost.conditions.items():
+        for phase, pc in phases.items():
+            per = pc.per_token()
+            rows.append({"condition": cond, "phase": phase, "tokens": pc.tokens,
+                         "events": dict(sorted(pc.counts.events.items())),
+                         "metrics": {cost_metric(phase, "instructions"): per["instructions"],
+                                     cost_metric(phase, "cycles"): per["estimated_cycles"]}})
+    return rows
+
+
+def artifact_body(arm: str, engine: str, opts: CostOptions, *, cost: ArmCost | None = None,
+                  unavailable: CostUnavailable | None = None) -> dict:
+    """The ``cost`` artifact's body (without ``inputs``): counted, or why not."""
+    body = {"arm": arm, "engine": engine, "status": "counted" if cost is not None else "unavailable",
+            "reason": None, "message": None, "source": None, "tool_version": None, "duration_s": 0.0,
+            "options": {"decode_tokens": opts.decode_tokens, "cache_sim": opts.cache_sim,
+                        "phases": list(opts.phases), "timeout_s": opts.timeout_s},
+            "geometry": {k: list(v) for k, v in GEOMETRY.items()}, "cycle_weights": list(CYCLE_WEIGHTS),
+            "pinned_env": dict(PINNED_ENV), "facts": {}, "rows": []}
+    if cost is not None:
+        body.update(source=cost.source, tool_version=cost.tool_version, duration_s=round(cost.duration_s, 3),
+                    facts=_public_facts(cost.facts), rows=phase_rows(cost))
+    else:
+        body.update(reason=unavailable.reason, message=_without_paths(str(unavailable)))
+    return body
+
+
+_PATH = re.compile(r"/[^\s;:,()'\"]+")
+
+
+def _without_paths(text: str) -> str:
+    """*text* with every absolute path cut to its last part: the message is published in the report,
+    and a path may name the user or the host (the job's log has the whole text)."""
+    return _PATH.sub(lambda m: os.path.basename(m.group(0).rstrip("/")) or "/", text)
+
+
+def _public_facts(facts: dict) -> dict:
+    """The driver's facts that say what ran (ISA path, threads, formats), not where (no paths)."""
+    keep = ("on_valgrind", "isa", "linear", "kv", "torch_threads", "native_threads", "slots", "batch_tokens",
+            "malloc", "load_seconds", "tool", "collect")
+    return {k: facts[k] for k in keep if k in facts}
 
 
 if __name__ == "__main__":  # pragma: no cover - a quick look: python -m pairbench.measure.cost

@@ -148,7 +148,8 @@ def setup(req: dict):
     kw = serve_arguments(req["serve_args"])
     tuned = server.tune_malloc() if kw.get("malloc_tuning", True) else {}
     torch.set_num_threads(1)
-    eng = server.Engine(kw["spec"], kw.get("max_context"), kw["linear"], 1, kw["kv"], kw.get("parallel", 1),
+    served = getattr(server, "ServedModel", None) or server.Engine  # the class's name before 2026-12-06
+    eng = served(kw["spec"], kw.get("max_context"), kw["linear"], 1, kw["kv"], kw.get("parallel", 1),
                         kw.get("batch_tokens"), kw.get("max_queue", 128))
     with no_scheduler_thread(server):
         eng.load()

@@ -1,0 +1,98 @@
+"""The cost channel under the simulator: the tiny model's engine counted by callgrind, and the faults
+that skip the channel (an instruction valgrind does not know, a time limit). Needs valgrind, its
+headers and a C compiler (./install.sh --test installs them)."""
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pairbench.measure import cost
+
+REPO = Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.skipif(shutil.which("valgrind") is None, reason="valgrind is not installed (./install.sh --test)")
+
+SERVE = ["--model", "tiny", "--host", "127.0.0.1", "--port", "0", "--max-context", "256", "--threads", "1"]
+
+
+def _requests() -> list[dict]:
+    return [{"condition": "in40-out8", "ids": [(7 * i + 3) % 250 + 1 for i in range(40)]},
+            {"condition": "in24-out8", "ids": [(5 * i + 1) % 250 + 1 for i in range(24)]}]
+
+
+def _tree(tmp_path_factory, name: str) -> Path:
+    """An arm's exported tree: a byte-compiled copy of engine/."""
+    src = tmp_path_factory.mktemp(name)
+    shutil.copytree(REPO / "engine", src / "engine", ignore=shutil.ignore_patterns("__pycache__"))
+    subprocess.run([sys.executable, "-m", "compileall", "-q", str(src / "engine")], check=True)
+    return src
+
+
+@pytest.fixture(scope="module")
+def tiny_counts(tmp_path_factory) -> tuple[cost.ArmCost, cost.ArmCost]:
+    """The tiny engine counted twice, from two copies of engine/ at paths of different lengths
+    (the two arms of an A/A comparison), through one shared work folder."""
+    work = tmp_path_factory.mktemp("cost-work")
+    out = []
+    for name in ("a", "a-longer-name"):
+        src = _tree(tmp_path_factory, name)
+        opts = cost.CostOptions(decode_tokens=3, cache_sim=True, timeout_s=900, warmup_tokens=20)
+        out.append(cost.run_embedded(python=sys.executable, src=src, model="tiny", serve_args=SERVE,
+                                     requests=_requests(), opts=opts, work=work, log=work / f"{name}.log"))
+    return out[0], out[1]
+
+
+def test_the_tiny_engine_is_counted_per_condition_and_phase_inside_the_simulator(tiny_counts):
+    a, _ = tiny_counts
+    assert a.facts["on_valgrind"] == 1 and a.facts["isa"] in ("avx2", None)
+    assert a.facts["torch_threads"] == 1
+    assert list(a.conditions) == ["in40-out8", "in24-out8"]
+    for c, tokens in (("in40-out8", 40), ("in24-out8", 24)):
+        pre, dec = a.conditions[c]["prefill"], a.conditions[c]["decode"]
+        assert (pre.tokens, dec.tokens) == (tokens, 3)
+        assert pre.counts.instructions > 0 and dec.counts.instructions > 0
+        assert dec.counts.estimated_cycles() > dec.counts.instructions  # every access costs at least 1
+
+
+def test_a_longer_prompt_costs_more_instructions_in_all(tiny_counts):
+    a, _ = tiny_counts
+    assert a.conditions["in40-out8"]["prefill"].counts.instructions > a.conditions["in24-out8"]["prefill"].counts.instructions
+
+
+def test_two_identical_arms_at_different_paths_count_the_same_instructions(tiny_counts):
+    a, b = tiny_counts
+    for c in a.conditions:
+        for p in ("prefill", "decode"):
+            assert a.conditions[c][p].counts.instructions == b.conditions[c][p].counts.instructions, (c, p)
+
+
+EVEX = r"""
+int main(void) {
+    __asm__ volatile ("vpaddd %%zmm0, %%zmm0, %%zmm0" ::: "xmm0");  /* AVX-512: valgrind 3.19 has no EVEX */
+    return 0;
+}
+"""
+
+
+def test_an_instruction_valgrind_does_not_know_skips_with_that_reason(tmp_path: Path):
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler (./install.sh --test)")
+    (tmp_path / "evex.c").write_text(EVEX)
+    subprocess.run([cc, "-O0", "-mavx512f", str(tmp_path / "evex.c"), "-o", str(tmp_path / "evex")], check=True)
+    with pytest.raises(cost.CostUnavailable) as e:
+        cost._run_simulated("evex", ["valgrind", "--tool=callgrind", f"--callgrind-out-file={tmp_path}/out",
+                                     str(tmp_path / "evex")], cwd=tmp_path, env=cost._env(), log=tmp_path / "log",
+                            timeout_s=120)
+    assert e.value.reason == "unknown_instruction"
+    assert "valgrind cannot run an instruction" in str(e.value)
+
+
+def test_a_run_past_its_time_limit_skips_with_that_reason(tmp_path: Path, tmp_path_factory):
+    with pytest.raises(cost.CostUnavailable) as e:
+        cost.run_embedded(python=sys.executable, src=_tree(tmp_path_factory, "arm"), model="tiny", serve_args=SERVE, requests=_requests(),
+                          opts=cost.CostOptions(timeout_s=1), work=tmp_path, log=tmp_path / "log")
+    assert e.value.reason == "timeout" and "cost.timeout_s" in str(e.value)
