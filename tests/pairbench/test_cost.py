@@ -103,3 +103,114 @@ def test_no_valgrind_on_the_path_is_a_reason_not_a_crash(monkeypatch, tmp_path: 
 def test_hardware_counters_say_why_not_when_perf_is_missing(monkeypatch, tmp_path: Path):
     monkeypatch.setenv("PATH", str(tmp_path))
     assert cost.hardware_counters() == "perf is not installed"
+
+
+# --- the artifact, the verdicts beside wall time, the report ------------------------------------------
+
+from pairbench.analysis import cost as cost_verdicts  # noqa: E402
+from pairbench.core.artifacts import read_artifact, write_artifact  # noqa: E402
+from pairbench.core.metrics import COST_NAMES  # noqa: E402
+from pairbench.publish.report import cost_section  # noqa: E402
+
+
+def _events(ir: int) -> dict:
+    return {"Ir": ir, "Dr": ir // 4, "Dw": ir // 10, "I1mr": 0, "D1mr": 0, "D1mw": 0, "ILmr": 0, "DLmr": 0, "DLmw": 0}
+
+
+def _arm(decode_ir: int, prefill_ir: int = 40_000_000) -> cost.ArmCost:
+    c = cost.ArmCost("valgrind-callgrind", "valgrind-3.19.0", duration_s=12.5, facts={"isa": "avx2", "src": "/home/x"})
+    c.conditions["in256-out8"] = {"prefill": cost.PhaseCost(cost.Counts(_events(prefill_ir)), 256),
+                                  "decode": cost.PhaseCost(cost.Counts(_events(decode_ir)), 8)}
+    return c
+
+
+def _body(arm: str, decode_ir: int) -> dict:
+    return cost.artifact_body(arm, "embedded", cost.CostOptions(phases=("prefill", "decode")), cost=_arm(decode_ir))
+
+
+def test_a_counted_arm_is_a_schema_checked_artifact_of_counts_per_token(tmp_path: Path):
+    body = {**_body("baseline", 8_000_000), "inputs": {}}
+    write_artifact(tmp_path / "cost.json", "cost", body)
+    back = read_artifact(tmp_path / "cost.json", "cost")
+    decode = next(r for r in back["rows"] if r["phase"] == "decode")
+    # no cache misses: every access an L1 hit, so cycles = Ir + Dr + Dw = 8M + 2M + 0.8M, over 8 tokens
+    assert decode["metrics"] == {COST_NAMES.decode_instructions_per_tok: 1_000_000,
+                                 COST_NAMES.decode_cycles_per_tok: 1_350_000}
+    assert back["status"] == "counted" and back["facts"] == {"isa": "avx2"}  # no paths
+
+
+def test_an_arm_not_counted_says_why_without_the_host_s_paths(tmp_path: Path):
+    why = cost.CostUnavailable("failed", "the cost driver exited with status 1; see /home/alice/run/logs/cost/tool.log")
+    body = {**cost.artifact_body("candidate", "embedded", cost.CostOptions(), unavailable=why), "inputs": {}}
+    write_artifact(tmp_path / "cost.json", "cost", body)
+    assert (body["status"], body["reason"], body["rows"]) == ("unavailable", "failed", [])
+    assert body["message"] == "the cost driver exited with status 1; see tool.log"
+
+
+SUMMARY = {"baseline": "baseline", "params": {"noise": 0.01},
+           "comparisons": {"candidate": {"paired": {"in256-out8": {"decode_tok_s": {"verdict": "inconclusive",
+                                                                                     "hl_ratio": 0.985}}}}}}
+
+
+def _rows(body: dict, metric: str) -> dict:
+    return next(r for r in body["rows"] if r["metric"] == metric)
+
+
+def test_two_percent_more_decode_instructions_is_slower_where_wall_time_is_inconclusive():
+    body = cost_verdicts.compare(SUMMARY, {"baseline": _body("baseline", 8_000_000), "candidate": _body("candidate", 8_160_000)},
+                                 same={"candidate": False})
+    row = _rows(body, COST_NAMES.decode_instructions_per_tok)
+    assert row["ratio"] == pytest.approx(1.02) and row["verdict"] == "slower"
+    assert (row["wall_metric"], row["wall_verdict"], row["wall_ratio"], row["agreement"]) == \
+        ("decode_tok_s", "inconclusive", 0.985, "undecided")
+    # the prompt's counts are the same in both arms that differ: the change runs no counted prefill instruction
+    assert _rows(body, COST_NAMES.prefill_instructions_per_tok)["verdict"] == "not exercised"
+
+
+def test_an_a_a_pair_counts_the_same_and_is_equivalent():
+    body = cost_verdicts.compare(SUMMARY, {"baseline": _body("baseline", 8_000_000), "candidate": _body("candidate", 8_000_000)},
+                                 same={"candidate": True})
+    assert {r["verdict"] for r in body["rows"]} == {"equivalent"}
+    assert all(r["ratio"] == 1.0 for r in body["rows"])
+
+
+def test_both_channels_claiming_differently_is_a_disagreement():
+    summary = {**SUMMARY, "comparisons": {"candidate": {"paired": {"in256-out8": {
+        "decode_tok_s": {"verdict": "faster", "hl_ratio": 1.2}}}}}}
+    body = cost_verdicts.compare(summary, {"baseline": _body("baseline", 8_000_000), "candidate": _body("candidate", 8_400_000)},
+                                 same={"candidate": False})
+    row = _rows(body, COST_NAMES.decode_instructions_per_tok)
+    assert (row["verdict"], row["wall_verdict"], row["agreement"]) == ("slower", "faster", "disagree")
+    assert body["agreement_counts"]["disagree"] == 2  # instructions and cycles
+
+
+def test_an_arm_not_counted_gives_no_rows_and_the_report_names_it_with_its_reason(tmp_path: Path):
+    why = cost.CostUnavailable("no_valgrind", "valgrind is not installed (Debian: apt-get install valgrind)")
+    costs = {"baseline": _body("baseline", 8_000_000),
+             "candidate": cost.artifact_body("candidate", "embedded", cost.CostOptions(), unavailable=why)}
+    body = {**cost_verdicts.compare(SUMMARY, costs, same={"candidate": False}), "inputs": {}}
+    write_artifact(tmp_path / "cost_summary.json", "cost_summary", body)
+    assert body["rows"] == []
+    text = "\n".join(cost_section(body))
+    assert "`candidate` (embedded): **not counted** (no_valgrind): valgrind is not installed" in text
+    assert "not counted `candidate` (no_valgrind" in text.replace("Not counted: ", "not counted ")
+
+
+def test_the_report_shows_each_cost_verdict_beside_the_wall_clock_one():
+    body = cost_verdicts.compare(SUMMARY, {"baseline": _body("baseline", 8_000_000), "candidate": _body("candidate", 8_160_000)},
+                                 same={"candidate": False})
+    text = "\n".join(cost_section(body))
+    assert "| `candidate` | `in256-out8` | instructions per decode token (simulated) | 1,000,000 | 1,020,000 | 1.0200 | " \
+           "slower | `decode_tok_s` inconclusive (0.985) | undecided |" in text
+    assert "AVX-512" in text and "not exercised" in text
+
+
+def test_the_cost_channel_counts_planned_conditions_only():
+    from pairbench.stages.measure import CostChannel
+
+    plan = {"conditions": [{"id": "in256-out8", "input_tokens": 256, "output_tokens": 8},
+                           {"id": "in1024-out8", "input_tokens": 1024, "output_tokens": 8}]}
+    opts = dict(phases=["decode"], decode_tokens=8, cache_sim=True, timeout_s=900)
+    assert [c.id for c in CostChannel.from_rule({**opts, "conditions": ["in1024-out8"]}).selected(plan)] == ["in1024-out8"]
+    with pytest.raises(ValueError, match="in512-out8 not planned"):
+        CostChannel.from_rule({**opts, "conditions": ["in512-out8"]}).selected(plan)

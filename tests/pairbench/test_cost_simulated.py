@@ -69,6 +69,51 @@ def test_two_identical_arms_at_different_paths_count_the_same_instructions(tiny_
             assert a.conditions[c][p].counts.instructions == b.conditions[c][p].counts.instructions, (c, p)
 
 
+# A candidate that does a fixed amount of extra work in every decode step: a pure-Python loop after
+# the model's forward pass (not a timed spin: the same instructions whatever the clock says), sized to
+# about 2% of the tiny model's decode step under the simulator.
+EXTRA_ITERATIONS = 200
+DECODE_CALL = "            logits = self.model.decode(tokens, positions, slots)  # (B, vocab)\n"
+EXTRA_WORK = f"            sum(i * i for i in range({EXTRA_ITERATIONS}))  # the candidate's extra work\n"
+
+
+def _slower_tree(tmp_path_factory) -> Path:
+    src = tmp_path_factory.mktemp("slower")
+    shutil.copytree(REPO / "engine", src / "engine", ignore=shutil.ignore_patterns("__pycache__"))
+    sched = src / "engine" / "scheduler.py"
+    text = sched.read_text()
+    assert text.count(DECODE_CALL) == 1, "engine/scheduler.py's decode call moved: update DECODE_CALL"
+    sched.write_text(text.replace(DECODE_CALL, DECODE_CALL + EXTRA_WORK))
+    return src
+
+
+SUMMARY = {"baseline": "baseline", "params": {"noise": 0.01},
+           "comparisons": {c: {"paired": {}} for c in ("aa", "slower")}}
+
+
+def test_a_candidate_with_two_percent_more_decode_work_is_slower_and_an_a_a_pair_equivalent(tiny_counts,
+                                                                                              tmp_path_factory):
+    from pairbench.analysis import cost as cost_verdicts
+    from pairbench.core.metrics import COST_NAMES
+
+    a, b = tiny_counts
+    work = tmp_path_factory.mktemp("cost-work-slower")
+    opts = cost.CostOptions(decode_tokens=3, cache_sim=True, timeout_s=900, warmup_tokens=20)
+    slower = cost.run_embedded(python=sys.executable, src=_slower_tree(tmp_path_factory), model="tiny", serve_args=SERVE,
+                               requests=_requests()[:1], opts=opts, work=work, log=work / "slower.log")
+    opts_body = cost.CostOptions(decode_tokens=3, phases=("prefill", "decode"))
+    bodies = {name: cost.artifact_body(name, "embedded", opts_body, cost=c) for name, c in
+              (("baseline", a), ("aa", b), ("slower", slower))}
+    body = cost_verdicts.compare(SUMMARY, bodies, same={"aa": True, "slower": False})
+    row = {(r["candidate"], r["condition"], r["metric"]): r for r in body["rows"]}
+    decode = row[("slower", "in40-out8", COST_NAMES.decode_instructions_per_tok)]
+    assert 1.01 < decode["ratio"] < 1.05 and decode["verdict"] == "slower", decode
+    assert row[("slower", "in40-out8", COST_NAMES.decode_cycles_per_tok)]["verdict"] == "slower"
+    for metric in (COST_NAMES.decode_instructions_per_tok, COST_NAMES.prefill_instructions_per_tok):
+        aa = row[("aa", "in40-out8", metric)]
+        assert (aa["ratio"], aa["verdict"]) == (1.0, "equivalent"), aa
+
+
 EVEX = r"""
 int main(void) {
     __asm__ volatile ("vpaddd %%zmm0, %%zmm0, %%zmm0" ::: "xmm0");  /* AVX-512: valgrind 3.19 has no EVEX */

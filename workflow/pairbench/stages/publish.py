@@ -9,11 +9,13 @@ from pairbench.publish.landing import write_landing
 
 
 def publish_stage(layout: Layout, *, root: str, measures: list[str], validations: list[str],
-                  crosscheck: list[str], hosts: list[str]) -> None:
+                  crosscheck: list[str], hosts: list[str], cost: list[str] = ()) -> None:
     """The bundle of the run *layout* describes: its visits' *measures* and *validations* (the chain
-    the run used, retries included), the cross-check comparison, if any, and the measuring jobs' node
-    facts (*hosts*, in plan order); everything else is read from the layout."""
-    run = assemble.Run.read(layout, measures, validations, crosscheck[0] if crosscheck else None)
+    the run used, retries included), the cross-check comparison and the cost channel's verdicts, if
+    any, and the measuring jobs' node facts (*hosts*, in plan order); everything else is read from
+    the layout."""
+    run = assemble.Run.read(layout, measures, validations, crosscheck[0] if crosscheck else None,
+                            cost[0] if cost else None)
     assemble.publish(run, root, hosts)
 
 
