@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -303,6 +304,19 @@ def _cost_requests(L: Layout, conds: list) -> list[dict]:
     return out
 
 
+def _llama_bench(L: Layout, arm_cfg: dict, arm: str, engine: ArmEngine) -> str | None:
+    """The arm's own ``llama-bench`` (its profile's cross-check tool, from the arm's build), or None
+    for an engine without one (the embedded engine is counted in process)."""
+    if engine.name == "embedded" or not pb_toolbench.has_crosscheck(arm_cfg):
+        return None
+    try:
+        cmds = pb_toolbench.tool_commands(arm, arm_cfg, src_dir=L.tree(arm), model=engine.model, lengths=[1],
+                                          output_tokens=[1])
+    except pb_toolbench.ToolbenchError:
+        return None
+    return cmds[0][0] if cmds and os.path.basename(cmds[0][0]) == "llama-bench" else None
+
+
 def cost_stage(layout: Layout, options: CostChannel, *, arm_configs: dict, server: dict, root: str,
                tool_log: str) -> None:
     """The cost channel: each arm's engine counted under callgrind, one fixed request per selected
@@ -318,12 +332,9 @@ def cost_stage(layout: Layout, options: CostChannel, *, arm_configs: dict, serve
     for a in plan_body["arms"]:
         build_path = L.build(a)
         engine = arms.engine(L, plan_body, a)
-        tool = pb_toolbench.tool_commands(a, arms.configs[a], src_dir=L.tree(a), model=engine.model, lengths=[1],
-                                          output_tokens=[1])[0][0] if engine.name != "embedded" and \
-            pb_toolbench.has_crosscheck(arms.configs[a]) else None
         try:
             counted = pb_cost.count_arm(engine, requests, options.runner(), work=work, log=Path(tool_log),
-                                        llama_bench=tool)
+                                        llama_bench=_llama_bench(L, arms.configs[a], a, engine))
             body = pb_cost.artifact_body(a, engine.name, options.runner(), cost=counted)
             log.info("%s: counted in %.0f s: %s", a, counted.duration_s, "; ".join(
                 f"{r['condition']} {r['phase']} {r['events']['Ir'] / r['tokens']:,.0f} instructions/token"
@@ -331,6 +342,10 @@ def cost_stage(layout: Layout, options: CostChannel, *, arm_configs: dict, serve
         except pb_cost.CostUnavailable as exc:
             body = pb_cost.artifact_body(a, engine.name, options.runner(), unavailable=exc)
             log.warning("%s: not counted (%s): %s", a, exc.reason, exc)
+        except Exception as exc:  # a bug of the channel must not keep the wall-clock report from being made
+            log.exception("%s: the cost channel failed", a)
+            why = pb_cost.CostUnavailable("failed", f"the cost channel failed on arm {a}: {type(exc).__name__}: {exc}")
+            body = pb_cost.artifact_body(a, engine.name, options.runner(), unavailable=why)
         body["inputs"] = {"plan": sha256_file(L.plan), "build": sha256_file(build_path),
                           **{f"prompts.{r['condition']}": sha256_file(L.prompts(r["condition"])) for r in requests}}
         write_artifact(L.cost(a), "cost", body)
