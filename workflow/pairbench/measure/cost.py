@@ -339,6 +339,7 @@ def run_embedded(*, python: str, src: Path, model: str, serve_args: list[str], r
     "Determinism"). A copy, not a link: the engine resolves its own path (``Path(__file__).resolve()``)."""
     version = valgrind_version()
     lib = client_library()
+    work = Path(work).resolve()  # valgrind and the driver run in it: every path they are handed is absolute
     work.mkdir(parents=True, exist_ok=True)
     for old in work.glob("callgrind.out*"):
         old.unlink()
@@ -412,6 +413,7 @@ def run_llama_bench(*, binary: Path, model: str, requests: list[dict], opts: Cos
     batch of ``input_tokens`` tokens; llama-bench's own token ids, not the fixture's), the next
     ``decode_tokens`` one token each."""
     version = valgrind_version()
+    work = Path(work).resolve()
     work.mkdir(parents=True, exist_ok=True)
     cost = ArmCost("valgrind-callgrind", version, facts={"tool": "llama-bench", "collect": collect})
     for r in requests:
@@ -502,11 +504,11 @@ def artifact_body(arm: str, engine: str, opts: CostOptions, *, cost: ArmCost | N
     return body
 
 
-_PATH = re.compile(r"/[^\s;:,()'\"]+")
+_PATH = re.compile(r"[^\s;:,()'\"]*/[^\s;:,()'\"]+")
 
 
 def _without_paths(text: str) -> str:
-    """*text* with every absolute path cut to its last part: the message is published in the report,
+    """*text* with every path cut to its last part: the message is published in the report,
     and a path may name the user or the host (the job's log has the whole text)."""
     return _PATH.sub(lambda m: os.path.basename(m.group(0).rstrip("/")) or "/", text)
 
