@@ -77,8 +77,9 @@ def test_two_identical_arms_at_different_paths_count_within_the_a_a_spread(tiny_
 
 # A candidate that does a fixed amount of extra work in every decode step: a pure-Python loop after
 # the model's forward pass (not a timed spin: the same instructions whatever the clock says), sized to
-# about 2% of the tiny model's decode step under the simulator.
-EXTRA_ITERATIONS = 500
+# about 2% of the tiny model's decode step under the simulator (measured: 1.7% more instructions per decode
+# token; 500 iterations gave 9.4%). Wall time could not resolve 1.7% on these VMs (docs/cost.md).
+EXTRA_ITERATIONS = 110
 DECODE_CALL = "            logits = self.model.decode(tokens, positions, slots)  # (B, vocab)\n"
 EXTRA_WORK = f"            sum(i * i for i in range({EXTRA_ITERATIONS}))  # the candidate's extra work\n"
 
@@ -115,7 +116,7 @@ def test_a_candidate_with_two_percent_more_decode_work_is_slower_and_an_a_a_pair
     decode = row[("slower", "in40-out8", COST_NAMES.decode_instructions_per_tok)]
     print(f"decode instructions: slower/baseline {decode['ratio']:.4f}, A/A "
           f"{row[('aa', 'in40-out8', COST_NAMES.decode_instructions_per_tok)]['ratio']:.5f}")
-    assert 1.01 < decode["ratio"] < 1.10 and decode["verdict"] == "slower", decode
+    assert 1.01 < decode["ratio"] < 1.04 and decode["verdict"] == "slower", decode
     assert row[("slower", "in40-out8", COST_NAMES.decode_cycles_per_tok)]["verdict"] == "slower"
     for metric in (COST_NAMES.decode_instructions_per_tok, COST_NAMES.prefill_instructions_per_tok):
         aa = row[("aa", "in40-out8", metric)]
