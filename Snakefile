@@ -44,6 +44,7 @@ else:
     include: "workflow/rules/validate.smk"
     include: "workflow/rules/stats.smk"
     include: "workflow/rules/crosscheck.smk"
+    include: "workflow/rules/cost.smk"
     include: "workflow/rules/plots.smk"
     include: "workflow/rules/publish.smk"
     include: "workflow/rules/audit.smk"
@@ -67,6 +68,8 @@ else:
             rules.stats.output,
             rules.plots.output,
             rules.crosscheck_compare.output if crosscheck_arms(CFG) else [],
+            rules.cost.output.costs,
+            rules.cost_compare.output if cost_arms(CFG) else [],
             rules.publish.output,
             rules.landing.output,
             rules.retire.output,

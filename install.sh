@@ -72,6 +72,12 @@ if [ "$with_llama" = 1 ]; then
   command -v gdb >/dev/null 2>&1 || apt_missing+=(gdb)
 fi
 if [ "$with_test" = 1 ] && ! command -v chromium >/dev/null 2>&1; then apt_missing+=(chromium); fi
+# valgrind (its callgrind and headers) and a C compiler: the cost channel (docs/cost.md), which its
+# tests run under the simulator (tests/pairbench/test_cost_simulated.py, the tiny pipeline)
+if [ "$with_test" = 1 ]; then
+  command -v valgrind >/dev/null 2>&1 || apt_missing+=(valgrind)
+  command -v cc >/dev/null 2>&1 || apt_missing+=(gcc)
+fi
 if [ "$with_slurm" = 1 ]; then
   # slurmctld and slurmd live in /usr/sbin, which a non-root PATH may lack
   [ -x /usr/sbin/slurmctld ] && [ -x /usr/sbin/slurmd ] || apt_missing+=(slurm-wlm)

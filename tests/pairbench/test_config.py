@@ -266,10 +266,10 @@ def test_every_problem_is_found_at_once():
         ("arms", "b", "patches", 0), ("arms", "b", "patches", 1), ("resources", "gpus", "c"), ("stats", "metrics")]
     bad = {**base_config(colour="x", zzz=1), "rounds": 0}
     assert [str(e) for e in configschema.schema_errors(bad)][:2] == [
-        "config key 'colour': unknown key (allowed: allow_external, arms, baseline, candidate, candidates, crosscheck, "
+        "config key 'colour': unknown key (allowed: allow_external, arms, baseline, candidate, candidates, cost, crosscheck, "
         "gate, gates, label, lengths, load, model, order, output_tokens, repeats, resources, retries, rounds, seed, server, "
         "stats, validate)",
-        "config key 'zzz': unknown key (allowed: allow_external, arms, baseline, candidate, candidates, crosscheck, "
+        "config key 'zzz': unknown key (allowed: allow_external, arms, baseline, candidate, candidates, cost, crosscheck, "
         "gate, gates, label, lengths, load, model, order, output_tokens, repeats, resources, retries, rounds, seed, server, "
         "stats, validate)"]
 

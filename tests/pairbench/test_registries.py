@@ -10,7 +10,7 @@ import yaml
 from pairbench.analysis import loadlevel, tables
 from pairbench.core import artifacts, conditions
 from pairbench.core.config import STATS_DEFAULTS
-from pairbench.core.metrics import (DEFAULT_MEMORY, DEFAULT_METRICS, DEFAULT_SECONDARY, MEMORY_METRICS, METRICS,
+from pairbench.core.metrics import (COST_METRICS, DEFAULT_MEMORY, DEFAULT_METRICS, DEFAULT_SECONDARY, MEMORY_METRICS, METRICS,
                                     PERCENTILES, SPEED_METRICS)
 from pairbench.core.slo import SLO
 
@@ -108,7 +108,8 @@ def metric_literals(path: Path) -> list[tuple[int, str]]:
             if isinstance(n, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and n.body
             and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
     return [(n.lineno, n.value) for n in ast.walk(tree)
-            if isinstance(n, ast.Constant) and isinstance(n.value, str) and n.value in METRICS and id(n) not in docs]
+            if isinstance(n, ast.Constant) and isinstance(n.value, str) and n.value in {**METRICS, **COST_METRICS}
+            and id(n) not in docs]
 
 
 def test_no_module_but_the_registry_spells_a_metric_name():

@@ -143,6 +143,31 @@ def test_deleting_one_visit_redoes_only_it_and_its_dependents(tiny_run):
     assert res.joinpath("validate/r01-candidate.json").stat().st_mtime > victim.stat().st_mtime - 1e-3
 
 
+def test_the_cost_channel_on_a_finished_run_counts_every_arm_and_reports_beside_wall_time(tiny_run):
+    """cost.enabled added to a finished run: the cost jobs and what reads them run, no visit does; each
+    arm is counted under callgrind, and the report shows each cost verdict beside the wall-clock one.
+    After the other tests of tiny_run (the config it leaves differs from tests/config/tiny.yaml)."""
+    if shutil.which("valgrind") is None:
+        pytest.skip("valgrind is not installed (./install.sh --test)")
+    res = tiny_run / "results" / "tiny"
+    visits = {p: p.stat().st_mtime_ns for p in (res / "measure").glob("*.json")}
+    cost_cfg = "cost: {enabled: true, conditions: [in400-out8], decode_tokens: 2}\n"
+    (tiny_run / "tests/config/tiny-cost.yaml").write_text((tiny_run / "tests/config/tiny.yaml").read_text() + cost_cfg)
+    snakemake(tiny_run, "--cores", "2", "--configfile", "tests/config/tiny-cost.yaml")
+    assert {p: p.stat().st_mtime_ns for p in visits} == visits
+    for arm in ("baseline", "candidate"):
+        body = read_artifact(res / "cost" / f"{arm}.json", "cost")
+        assert (body["status"], [(r["condition"], r["phase"]) for r in body["rows"]]) == ("counted", [("in400-out8", "decode")])
+        assert body["facts"]["torch_threads"] == 1 and body["rows"][0]["tokens"] == 2
+    summary = read_artifact(res / "stats" / "summary.json", "summary")
+    wall = summary["comparisons"]["candidate"]["paired"]["in400-out8"]["decode_tok_s"]["verdict"]
+    rows = read_artifact(res / "stats" / "cost.json", "cost_summary")["rows"]
+    assert sorted((r["metric"], r["wall_verdict"]) for r in rows) == [("decode_cycles_per_tok", wall),
+                                                                     ("decode_instructions_per_tok", wall)]
+    readme = (res / "publish" / "README.md").read_text()
+    assert "## Cost channel" in readme and f"`decode_tok_s` {wall}" in readme
+
+
 BAD_CONFIGS = {
     "unknown key": ("colour: blue\n", "config key 'colour': unknown key"),
     "wrong type": ("rounds: two\n", "config key 'rounds': 'two' is not of type 'integer' or 'object'"),

@@ -44,6 +44,8 @@ rule provenance:
         landing=rules.landing.output,
         # the cross-check's artifacts, when the engines have a tool (common.smk: crosscheck_arms)
         crosscheck=[*rules.crosscheck.output.crosschecks, L.crosscheck_summary] if crosscheck_arms(CFG) else [],
+        # the cost channel's artifacts, when it is on (common.smk: cost_arms)
+        cost=[*rules.cost.output.costs, L.cost_summary] if cost_arms(CFG) else [],
         # retries no longer in the run are out of it before the folder is recorded
         retired=rules.retire.output.retired,
     output:

@@ -122,6 +122,14 @@ def crosscheck_arms(cfg):
     return [base, cand] if cand else []
 
 
+def cost_arms(cfg):
+    """Every arm, when the cost channel is on (cost.enabled) and the run is single-stream; else []
+    (no cost job). A load run's levels are many concurrent requests: one counted request is not one."""
+    if not cfg["cost"]["enabled"] or cfg.get("load"):
+        return []
+    return arms(cfg)
+
+
 def on_cluster(workflow):
     """Whether a cluster executor runs this workflow's jobs, from the executor Snakemake chose, or
     remote mode (a job on a node). Only valid once jobs are being expanded: while the Snakefile is

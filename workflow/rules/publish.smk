@@ -16,6 +16,8 @@ rule publish:
         plots=rules.plots.output,
         # [] unless both compared arms' engines have a cross-check tool (common.smk: crosscheck_arms)
         crosscheck=[L.crosscheck_summary] if crosscheck_arms(CFG) else [],
+        # [] unless the cost channel is on (config cost.enabled; common.smk: cost_arms)
+        cost=[L.cost_summary] if cost_arms(CFG) else [],
         # the measuring nodes' facts (environment.json describes the first visit's node)
         hosts=lambda wc: [L.host(v) for v in run_visit_ids(CFG)],
     output:

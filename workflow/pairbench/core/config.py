@@ -253,7 +253,19 @@ def _check_trim(cfg: dict, root: Path) -> Iterator[ConfigError]:
 
 
 # (the top-level keys a check reads, the check): config_errors skips a check whose keys the schema rejected
+def _check_cost(cfg: dict, root: Path) -> Iterator[ConfigError]:
+    """The cost channel's conditions are planned ones (ids, as the plan spells them)."""
+    wanted = cfg["cost"]["conditions"]
+    if wanted is None:
+        return
+    planned = [c.id for c in conditions(cfg)]
+    for i, cid in enumerate(wanted):
+        if cid not in planned:
+            yield ConfigError(("cost", "conditions", i), f"{cid!r} is not a planned condition (planned: {', '.join(planned)})")
+
+
 CHECKS: list[tuple[frozenset, Callable[[dict, Path], Iterator[ConfigError]]]] = [
+    (frozenset({"cost", "lengths", "output_tokens", "load"}), _check_cost),
     (frozenset({"arms"}), _check_arm_count),
     (frozenset({"arms", "baseline", "candidate", "candidates"}), _check_roles),
     (frozenset({"arms"}), _check_sources),

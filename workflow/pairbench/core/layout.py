@@ -134,6 +134,15 @@ class Layout:
     def crosscheck_summary(self) -> str:
         return f"{self.res}/stats/crosscheck.json"
 
+    def cost(self, arm: str) -> str:
+        """The arm's cost channel: instructions and estimated cycles per token (or why not counted)."""
+        return f"{self.res}/cost/{arm}.json"
+
+    @property
+    def cost_summary(self) -> str:
+        """The cost channel's verdicts beside the wall-clock ones."""
+        return f"{self.res}/stats/cost.json"
+
     @property
     def bundle(self) -> str:
         return f"{self.res}/publish"

@@ -56,7 +56,7 @@ def _metrics(*ms: Metric) -> dict[str, Metric]:
 
 # The latency percentiles a load level may state as metrics (config load.percentiles is a subset).
 PERCENTILES = (50, 90, 99)
-SCOPES = ("request", "level")
+SCOPES = ("request", "level")  # and "cost": COST_METRICS, never a record's
 # A load level's latencies, each stated at percentiles (pairbench.analysis.loadlevel defines them)
 LEVEL_LATENCIES = ("ttft", "itl", "tpot", "e2e")
 
@@ -144,6 +144,31 @@ def load_defaults(percentiles, slo: bool = True) -> dict[str, tuple[str, ...]]:
 TOOL_COUNTERPARTS = {"prefill": (NAMES.engine_prefill_tok_s, NAMES.prefill_tok_s),
                      "decode": (NAMES.engine_decode_tok_s, NAMES.decode_tok_s)}
 ACHIEVED_LOAD = {"concurrency": NAMES.achieved_concurrency, "rate": NAMES.achieved_rate_rps}
+
+#: The cost channel's metrics (pairbench.measure.cost, docs/cost.md): counts per token under a
+#: simulator, one fixed request per arm and condition, never a record's column. Their own registry,
+#: not METRICS: a count has no per-request samples, so no table column, no interval and no place in
+#: ``stats``; the cost verdict reads their exact ratio (pairbench.analysis.cost). Each sits beside the
+#: wall-time metric of its question (COST_COUNTERPARTS).
+COST_METRICS: dict[str, Metric] = _metrics(*(
+    Metric(f"{phase}_{what}_per_tok", f"{what}/token", False, f"{words} per {phase} token (simulated)", phase,
+           scope="cost")
+    for phase in ("decode", "prefill")
+    for what, words in (("instructions", "instructions"), ("cycles", "estimated cycles"))))
+COST_NAMES = SimpleNamespace(**{name: name for name in COST_METRICS})
+"""The cost channel's names as attributes (``COST_NAMES.decode_instructions_per_tok``), as :data:`NAMES`."""
+COST_PHASES = ("decode", "prefill")
+COST_COUNTERPARTS = {"decode": NAMES.decode_tok_s, "prefill": NAMES.prefill_tok_s}
+
+
+def cost_metric(phase: str, what: str) -> str:
+    """The cost channel's metric of *phase* (``decode``, ``prefill``) and *what* (``instructions``,
+    ``cycles``): ``cost_metric("decode", "cycles") == COST_NAMES.decode_cycles_per_tok``."""
+    name = f"{phase}_{what}_per_tok"
+    if name not in COST_METRICS:
+        raise KeyError(f"no cost metric for phase {phase!r} and {what!r}")
+    return name
+
 
 #: Level metrics that are 0 whenever no request met the SLO: a paired log ratio cannot hold them, so
 #: they are shown (secondary), never tested

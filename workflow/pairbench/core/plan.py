@@ -83,7 +83,7 @@ def load_block(cfg: dict, conds: list, rounds: int, block: int = 1) -> dict:
 # Config sections that do not shape the measurement. They reach their own stages as params, so
 # changing one reruns that stage and what follows (Snakemake's params trigger), never the plan and
 # so never a visit. `resources` is where a job runs, not what it measures (docs/cluster.md).
-NOT_PLANNED = ("stats", "validate", "retries", "crosscheck", "gates", "resources", "gate")
+NOT_PLANNED = ("stats", "validate", "retries", "crosscheck", "cost", "gates", "resources", "gate")
 
 
 def measurement_config(config: dict) -> dict:

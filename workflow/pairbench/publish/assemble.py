@@ -51,9 +51,11 @@ class Run:
     validations: dict  # (visit, retry) -> validate body
     summary: dict
     crosscheck: dict | None
+    cost: dict | None = None  # the cost channel's verdicts (stats/cost.json), when it ran
 
     @classmethod
-    def read(cls, layout: Layout, measures: list[str], validations: list[str], crosscheck: str | None) -> "Run":
+    def read(cls, layout: Layout, measures: list[str], validations: list[str], crosscheck: str | None,
+             cost: str | None = None) -> "Run":
         plan = read_artifact(layout.plan, "plan")
         arms, conds = list(plan["arms"]), [c["id"] for c in plan["conditions"]]
         return cls(
@@ -66,7 +68,8 @@ class Run:
             measures=[judged(read_artifact(p, "measure"), plan) for p in measures],  # load levels: metrics
             validations={naming.validation_key(v): v for v in (read_artifact(p, "validate") for p in validations)},
             summary=read_artifact(layout.summary, "summary"),
-            crosscheck=read_artifact(crosscheck, "crosscheck_summary") if crosscheck else None)
+            crosscheck=read_artifact(crosscheck, "crosscheck_summary") if crosscheck else None,
+            cost=read_artifact(cost, "cost_summary") if cost else None)
 
 
 def stats_params(summary: dict) -> dict:
@@ -206,7 +209,7 @@ def publish(run: Run, root: str, hosts: list[str], gate: dict | None = None) -> 
     files["README.md"] = report.render(
         plan=plan, sources=run.sources, builds=run.builds, fixtures=run.fixtures, warmups=run.warmups,
         measures=run.measures, validations=run.validations, df=df, agreement=pb_tables.timing_agreement(df),
-        summary=run.summary, files=listing, crosscheck=run.crosscheck).encode()
+        summary=run.summary, files=listing, crosscheck=run.crosscheck, cost=run.cost).encode()
     # what the baseline's build added, relative to its source tree (src/<arm>/engine/ for the embedded engine)
     prefix = "engine/" if isinstance(run.sources[plan["baseline"]]["source"], str) else ""
     outputs = [prefix + o for o in run.builds[plan["baseline"]].get("tree_outputs") or []]

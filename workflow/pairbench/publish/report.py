@@ -411,9 +411,44 @@ def exercise_section(body: dict | None) -> list[str]:
             f"({names}). {probe}", ""]
 
 
+def cost_section(body: dict | None) -> list[str]:
+    """The cost channel's verdicts beside wall time's (stats/cost.json), what it cannot see, and the
+    arms it could not count, with why."""
+    if body is None:
+        return []
+    from pairbench.analysis.cost import statement
+    from pairbench.core.metrics import COST_METRICS
+
+    out = ["## Cost channel: simulated instructions and cycles", "",
+           "Each arm's engine served one fixed request per condition (its round-1 prompt) under valgrind's "
+           "callgrind, on one thread, counting only the request's own steps (docs/cost.md). A count has no "
+           "sampling error, so its ratio is exact and reads against the same threshold "
+           f"(±{body['noise'] * 100:g}%) and vocabulary as wall time. It is a model of the machine: it cannot see "
+           "memory bandwidth or real cache behaviour (the caches are simulated, a RAM access weighs 35 "
+           "cycles), threads and barriers (one thread), or the ISA paths valgrind cannot run (AVX-512: the "
+           "engines run their AVX2 paths). A change that only touches those reads *not exercised*, never "
+           "*equivalent*. Where the two channels disagree, each is right about what it measures: wall time "
+           "about this host, the count about the work asked of the CPU.", ""]
+    for arm, a in body["arms"].items():
+        if a["status"] == "counted":
+            out.append(f"- `{arm}` ({a['engine']}): counted by {a['tool_version']} in {a['duration_s']:.0f} s.")
+        else:
+            out.append(f"- `{arm}` ({a['engine']}): **not counted** ({a['reason']}): {a['message']}")
+    out.append("")
+    rows = [[f"`{r['candidate']}`", f"`{r['condition']}`", COST_METRICS[r["metric"]].label,
+             _f(r["baseline_per_tok"], ",.0f"), _f(r["candidate_per_tok"], ",.0f"), _f(r["ratio"], ".4f"),
+             r["verdict"], f"`{r['wall_metric']}` {r['wall_verdict'] or '–'} ({_f(r['wall_ratio'], '.3f')})",
+             r["agreement"]] for r in body["rows"]]
+    if rows:
+        out += _table(["candidate", "condition", "cost metric", f"{body['baseline']} per token", "candidate per token",
+                       "ratio", "cost verdict", "wall-clock verdict (ratio)", "agreement"], rows)
+    out += [f"**{statement(body)}**", ""]
+    return out
+
+
 def render(*, plan: dict, sources: dict, builds: dict, fixtures: dict, warmups: dict, measures: list[dict],
            validations: dict, df: pd.DataFrame, agreement: pd.DataFrame, summary: dict,
-           files: list[str], crosscheck: dict | None = None) -> str:
+           files: list[str], crosscheck: dict | None = None, cost: dict | None = None) -> str:
     """The whole README.md report."""
     title = f"# pairbench: {', '.join(f'`{c}`' for c in plan['candidates'])} against `{plan['baseline']}`"
     lines = [title, "", f"Leak gate: {LEAK_GATE_MARKER}", ""]
@@ -427,6 +462,7 @@ def render(*, plan: dict, sources: dict, builds: dict, fixtures: dict, warmups: 
     if summary.get("load"):  # a load run: the curve, the capacity, the levels (verify checks it too)
         lines += [load_section(summary).rstrip(), "", *load_run_lines(measures)]
     lines += crosscheck_section(crosscheck)
+    lines += cost_section(cost)
     if not summary.get("load"):  # a load run's levels have no per-request engine timings to compare
         lines += timing_section(agreement)
     lines += diagnostics_section(warmups, measures)

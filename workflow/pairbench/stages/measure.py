@@ -1,5 +1,6 @@
 """Stages 3-4: fixtures (fitted with the first arm's tokenizer, checked by every arm's), warmup,
-one visit, a validation retry's partial visit, and the engine's own benchmark as a cross-check. Every engine is driven through its adapter
+one visit, a validation retry's partial visit, the engine's own benchmark as a cross-check, and the
+cost channel (each arm counted under a simulator). Every engine is driven through its adapter
 (:func:`pairbench.engines.adapter.for_arm`), the embedded one included.
 
 Each stage reads and writes its paths through the run's layout (:class:`pairbench.core.layout.Layout`,
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +24,7 @@ from pairbench.engines.adapter import ArmEngine, for_arm, model_arg
 from pairbench.engines import fastpaths
 from pairbench.engines.client import http
 from pairbench.integrity import recovery
+from pairbench.measure import cost as pb_cost
 from pairbench.measure import fixtures as pb_fixtures
 from pairbench.measure import node as pb_node
 from pairbench.measure import toolbench as pb_toolbench
@@ -254,3 +257,95 @@ def crosscheck_stage(layout: Layout, *, arms: list[str], arm_configs: dict, roun
         body = {**bodies[a], "inputs": {"plan": sha256_file(L.plan), "build": sha256_file(L.build(a))}}
         log.info("%s: %s", a, ", ".join(f"{t['test']}@d{t['n_depth']} {t['avg_tok_s']:.1f} tok/s" for t in body["tests"]))
         write_artifact(L.crosscheck(a), "crosscheck", body)
+
+
+@dataclass(frozen=True)
+class CostChannel:
+    """What the cost stage reads of the config (its ``cost`` section, config/README.md): which
+    conditions (None: every planned one), which phases, decode tokens per request, the cache
+    simulated or not, the time limit of one arm's simulated run."""
+
+    conditions: tuple[str, ...] | None
+    phases: tuple[str, ...]
+    decode_tokens: int
+    cache_sim: bool
+    timeout_s: float
+
+    @classmethod
+    def from_rule(cls, params: dict) -> "CostChannel":
+        conds = params.get("conditions")
+        return cls(conditions=None if conds is None else tuple(conds), phases=tuple(params["phases"]),
+                   decode_tokens=int(params["decode_tokens"]), cache_sim=bool(params["cache_sim"]),
+                   timeout_s=float(params["timeout_s"]))
+
+    def runner(self) -> pb_cost.CostOptions:
+        return pb_cost.CostOptions(decode_tokens=self.decode_tokens, cache_sim=self.cache_sim,
+                                   timeout_s=self.timeout_s, phases=self.phases)
+
+    def selected(self, plan: dict) -> list[conditions.Condition]:
+        """The planned conditions this channel counts, in the plan's order (a condition the plan
+        lacks is an error naming it and the planned ones)."""
+        conds = conditions.from_plan(plan)
+        if self.conditions is None:
+            return conds
+        planned = conditions.ids(conds)
+        unknown = [c for c in self.conditions if c not in planned]
+        if unknown:
+            raise ValueError(f"config cost.conditions: {', '.join(unknown)} not planned (planned: {', '.join(planned)})")
+        return [c for c in conds if c.id in self.conditions]
+
+
+def _cost_requests(L: Layout, conds: list) -> list[dict]:
+    """One request per condition: its round-1 prompt's token ids (private/prompts), as measured."""
+    out = []
+    for c in conds:
+        first = read_artifact(L.prompts(c.id), "prompts")["rounds"][0]
+        out.append({"condition": c.id, "ids": first["token_ids"], "input_tokens": c.input_tokens})
+    return out
+
+
+def _llama_bench(L: Layout, arm_cfg: dict, arm: str, engine: ArmEngine) -> str | None:
+    """The arm's own ``llama-bench`` (its profile's cross-check tool, from the arm's build), or None
+    for an engine without one (the embedded engine is counted in process)."""
+    if engine.name == "embedded" or not pb_toolbench.has_crosscheck(arm_cfg):
+        return None
+    try:
+        cmds = pb_toolbench.tool_commands(arm, arm_cfg, src_dir=L.tree(arm), model=engine.model, lengths=[1],
+                                          output_tokens=[1])
+    except pb_toolbench.ToolbenchError:
+        return None
+    return cmds[0][0] if cmds and os.path.basename(cmds[0][0]) == "llama-bench" else None
+
+
+def cost_stage(layout: Layout, options: CostChannel, *, arm_configs: dict, server: dict, root: str,
+               tool_log: str) -> None:
+    """The cost channel: each arm's engine counted under callgrind, one fixed request per selected
+    condition (:func:`pairbench.measure.cost.count_arm`), one arm after the other in one work folder
+    shared by the arms (so every path the counted process holds is the same length: docs/cost.md),
+    after every visit (ordering inputs of the rule). An arm that cannot be counted gets an artifact
+    that says why; the wall-clock channel never waits on this one."""
+    L, arms = layout, Arms(arm_configs, server, root)
+    plan_body = read_artifact(L.plan, "plan")
+    conds = options.selected(plan_body)
+    requests = _cost_requests(L, conds)
+    work = Path(L.private) / "cost" / "work"
+    for a in plan_body["arms"]:
+        build_path = L.build(a)
+        engine = arms.engine(L, plan_body, a)
+        try:
+            counted = pb_cost.count_arm(engine, requests, options.runner(), work=work, log=Path(tool_log),
+                                        llama_bench=_llama_bench(L, arms.configs[a], a, engine))
+            body = pb_cost.artifact_body(a, engine.name, options.runner(), cost=counted)
+            log.info("%s: counted in %.0f s: %s", a, counted.duration_s, "; ".join(
+                f"{r['condition']} {r['phase']} {r['events']['Ir'] / r['tokens']:,.0f} instructions/token"
+                for r in body["rows"]))
+        except pb_cost.CostUnavailable as exc:
+            body = pb_cost.artifact_body(a, engine.name, options.runner(), unavailable=exc)
+            log.warning("%s: not counted (%s): %s", a, exc.reason, exc)
+        except Exception as exc:  # a bug of the channel must not keep the wall-clock report from being made
+            log.exception("%s: the cost channel failed", a)
+            why = pb_cost.CostUnavailable("failed", f"the cost channel failed on arm {a}: {type(exc).__name__}: {exc}")
+            body = pb_cost.artifact_body(a, engine.name, options.runner(), unavailable=why)
+        body["inputs"] = {"plan": sha256_file(L.plan), "build": sha256_file(build_path),
+                          **{f"prompts.{r['condition']}": sha256_file(L.prompts(r["condition"])) for r in requests}}
+        write_artifact(L.cost(a), "cost", body)

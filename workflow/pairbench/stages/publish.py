@@ -9,12 +9,14 @@ from pairbench.publish.landing import write_landing
 
 
 def publish_stage(layout: Layout, *, root: str, measures: list[str], validations: list[str],
-                  crosscheck: list[str], hosts: list[str], gate: dict | None = None) -> None:
+                  crosscheck: list[str], hosts: list[str], cost: list[str] = (),
+                  gate: dict | None = None) -> None:
     """The bundle of the run *layout* describes: its visits' *measures* and *validations* (the chain
-    the run used, retries included), the cross-check comparison, if any, and the measuring jobs' node
-    facts (*hosts*, in plan order), with the gate's decision under the *gate* policy (config
-    ``gate:``); everything else is read from the layout."""
-    run = assemble.Run.read(layout, measures, validations, crosscheck[0] if crosscheck else None)
+    the run used, retries included), the cross-check comparison and the cost channel's verdicts, if
+    any, and the measuring jobs' node facts (*hosts*, in plan order), with the gate's decision under
+    the *gate* policy (config ``gate:``); everything else is read from the layout."""
+    run = assemble.Run.read(layout, measures, validations, crosscheck[0] if crosscheck else None,
+                            cost[0] if cost else None)
     assemble.publish(run, root, hosts, gate)
 
 

@@ -1,0 +1,118 @@
+"""The cost channel's verdicts, beside the wall-clock ones: computed once, here.
+
+Inputs: ``cost/<arm>.json`` of every arm (:mod:`pairbench.measure.cost`: instructions and estimated
+cycles per token, one fixed request per condition under callgrind) and ``stats/summary.json`` (the
+wall-clock comparisons). Per candidate, condition and cost metric
+(:data:`pairbench.core.metrics.COST_METRICS`), one row:
+
+- ``ratio`` = candidate / baseline of the counts per token. A count has no sampling error (the A/A
+  pair counts the same instructions: docs/cost.md, "Determinism"), so the ratio is a point and its
+  verdict is :func:`pairbench.analysis.verdicts.read_ratio`'s, with the run's noise threshold and the
+  speed vocabulary (fewer instructions: ``faster``): the one verdict rule;
+- except that identical instruction counts between arms that differ (their trees or launch flags)
+  read **not exercised**, never ``equivalent``: the candidate's change ran no instruction the channel
+  counts (an AVX-512 kernel, a thread count, a barrier: what it cannot see);
+- beside it, the wall-clock verdict of the same question and condition (``decode_tok_s`` for decode,
+  ``prefill_tok_s`` for prefill: :data:`pairbench.core.metrics.COST_COUNTERPARTS`) and
+  ``agreement``: ``agree`` where both make the same claim, ``disagree`` where both make a claim and
+  the claims differ, else ``undecided`` (wall time inconclusive or untested, the channel not
+  exercised).
+
+An arm the channel could not count (no valgrind, an instruction valgrind does not know, its time
+limit, an engine it cannot run) gives no rows; its reason is in ``arms`` and the report prints it.
+The wall-clock verdicts never depend on this channel. The body is the ``cost_summary`` artifact: numbers
+and short labels only, so it is published as ``tables/cost.json``.
+"""
+
+from __future__ import annotations
+
+from pairbench.analysis import verdicts
+from pairbench.core.metrics import COST_COUNTERPARTS, COST_METRICS
+
+NOT_EXERCISED = "not exercised"
+CLAIMS = ("faster", "slower", "equivalent")
+
+
+def _by_key(body: dict) -> dict[tuple[str, str], float | None]:
+    return {(r["condition"], m): v for r in body["rows"] for m, v in r["metrics"].items()}
+
+
+def _instructions_identical(base: dict, cand: dict, condition: str, phase: str) -> bool:
+    b = next((r for r in base["rows"] if (r["condition"], r["phase"]) == (condition, phase)), None)
+    c = next((r for r in cand["rows"] if (r["condition"], r["phase"]) == (condition, phase)), None)
+    return b is not None and c is not None and b["events"]["Ir"] == c["events"]["Ir"]
+
+
+def judge(ratio: float, *, noise: float, identical: bool, same_arms: bool) -> verdicts.Judgement:
+    """The cost verdict of one exact ratio (lower counts are better). *identical*: the instruction
+    counts are equal; *same_arms*: the two arms run the same tree with the same launch flags (an A/A)."""
+    if identical and not same_arms:
+        return verdicts.Judgement(NOT_EXERCISED, "the arms differ, yet count the same instructions: the change "
+                                                 "runs nothing the simulator counts")
+    return verdicts.read_ratio(ratio, noise=noise, higher_is_better=False)
+
+
+def _wall(summary: dict, candidate: str, condition: str, phase: str) -> tuple[str | None, float | None]:
+    cell = summary["comparisons"][candidate]["paired"].get(condition, {}).get(COST_COUNTERPARTS[phase])
+    return (None, None) if cell is None else (cell["verdict"], cell.get("hl_ratio"))
+
+
+def agreement(cost_verdict: str, wall_verdict: str | None) -> str:
+    """``agree``, ``disagree`` or ``undecided`` (either side makes no claim)."""
+    if wall_verdict not in CLAIMS or cost_verdict not in CLAIMS:
+        return "undecided"
+    return "agree" if wall_verdict == cost_verdict else "disagree"
+
+
+def same_arm(configs: dict, builds: dict, base: str, cand: str) -> bool:
+    """Whether *cand* runs *base*'s patched tree with its launch settings (an A/A pair): their build
+    artifacts' ``patched_tree_sha256`` and their arms' engine, args, env, threads and launch."""
+    keys = ("engine", "args", "env", "threads", "launch")
+    return (builds[base]["patched_tree_sha256"] == builds[cand]["patched_tree_sha256"]
+            and all(configs[base].get(k) == configs[cand].get(k) for k in keys))
+
+
+def compare(summary: dict, costs: dict[str, dict], *, same: dict[str, bool]) -> dict:
+    """The ``cost_summary`` body (without ``inputs``) from the summary and every arm's ``cost`` body
+    (*costs*, by arm). *same*: per candidate, whether it is the baseline's tree with its launch flags."""
+    base = summary["baseline"]
+    noise = float(summary["params"]["noise"])
+    arms = {a: {k: b[k] for k in ("status", "reason", "message", "source", "tool_version", "duration_s", "engine")}
+            for a, b in sorted(costs.items())}
+    rows = []
+    b_body = costs.get(base)
+    for cand in summary["comparisons"]:
+        c_body = costs.get(cand)
+        if b_body is None or c_body is None or b_body["status"] != "counted" or c_body["status"] != "counted":
+            continue
+        b_vals, c_vals = _by_key(b_body), _by_key(c_body)
+        for (cond, metric), bv in b_vals.items():
+            cv = c_vals.get((cond, metric))
+            if bv is None or cv is None or bv <= 0:
+                continue
+            phase = COST_METRICS[metric].question
+            ratio = cv / bv
+            j = judge(ratio, noise=noise, identical=_instructions_identical(b_body, c_body, cond, phase),
+                      same_arms=same.get(cand, False))
+            wall_verdict, wall_ratio = _wall(summary, cand, cond, phase)
+            rows.append({"candidate": cand, "condition": cond, "phase": phase, "metric": metric,
+                         "baseline_per_tok": bv, "candidate_per_tok": cv, "ratio": ratio, "verdict": j.verdict,
+                         "reason": j.reason, "wall_metric": COST_COUNTERPARTS[phase], "wall_verdict": wall_verdict,
+                         "wall_ratio": wall_ratio, "agreement": agreement(j.verdict, wall_verdict)})
+    counts = {k: sum(1 for r in rows if r["agreement"] == k) for k in ("agree", "disagree", "undecided")}
+    return {"baseline": base, "noise": noise, "arms": arms, "rows": rows, "agreement_counts": counts}
+
+
+def statement(body: dict) -> str:
+    """One sentence for the report: what the channel counted, and whether it agrees with wall time."""
+    skipped = [f"`{a}` ({b['reason']}: {b['message']})" for a, b in body["arms"].items() if b["status"] != "counted"]
+    if not body["rows"]:
+        return "The cost channel counted nothing to compare" + (f": not counted {'; '.join(skipped)}." if skipped else ".")
+    c = body["agreement_counts"]
+    n = len(body["rows"])
+    parts = [f"The cost channel and wall time make the same claim in {c['agree']} of {n} rows"]
+    if c["disagree"]:
+        parts.append(f"opposite or different claims in {c['disagree']} (each measures something else: below)")
+    if c["undecided"]:
+        parts.append(f"{c['undecided']} undecided (one side makes no claim)")
+    return "; ".join(parts) + "." + (f" Not counted: {'; '.join(skipped)}." if skipped else "")
