@@ -126,7 +126,7 @@ def test_every_problem_at_once_each_at_its_line(tmp_path):
         f"  {path}:1: config key 'label': 'bad one' is not a label: letters, digits and _ . - only, starting with "
         "a letter or digit (it names the folder results/<label>/)",
         f"  {path}:3: config key 'colour': unknown key (allowed: allow_external, arms, baseline, candidate, "
-        "candidates, crosscheck, gate, gates, label, lengths, load, model, order, output_tokens, repeats, resources, retries, "
+        "candidates, cost, crosscheck, gate, gates, label, lengths, load, model, order, output_tokens, repeats, resources, retries, "
         "rounds, seed, server, stats, validate)",
         f"  {path}:6: config key 'arms.candidate.patchez': unknown key (allowed: args, build, engine, engine_options, "
         "env, launch, patches, source, threads)",
