@@ -151,3 +151,15 @@ def test_a_run_past_its_time_limit_skips_with_that_reason(tmp_path: Path, tmp_pa
         cost.run_embedded(python=sys.executable, src=_tree(tmp_path_factory, "arm"), model="tiny", serve_args=SERVE, requests=_requests(),
                           opts=cost.CostOptions(timeout_s=1), work=tmp_path, log=tmp_path / "log")
     assert e.value.reason == "timeout" and "cost.timeout_s" in str(e.value)
+
+
+@pytest.mark.parametrize("flags, why", [(["--fused-decode", "off"], "fused_decode: off"),
+                                        (["--fast-path-off", "fused_decode"], "turned off (fast_paths_off)")])
+def test_the_counted_engine_takes_the_arms_fast_path_flags(flags, why):
+    """The count runs the code the wall clock measured: an arm launched with its fused decode off (its
+    own setting, or another arm's patched model code turning it off) is counted with it off."""
+    from pairbench.measure import cost_driver
+
+    _, facts = cost_driver.setup({"src": str(REPO), "serve_args": SERVE + flags})
+    assert facts["fast_paths"]["fused_decode"]["on"] is False
+    assert facts["fast_paths"]["fused_decode"]["why"] == why

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import inspect
 import json
 import sys
 import time
@@ -149,13 +150,19 @@ def setup(req: dict):
     tuned = server.tune_malloc() if kw.get("malloc_tuning", True) else {}
     torch.set_num_threads(1)
     served = getattr(server, "ServedModel", None) or server.Engine  # the class's name before 2026-12-06
+    # The arm's fast-path settings as its launch gave them (fused_decode, and the fast paths another
+    # arm's code turned off: docs/fidelity.md), so the count runs the code the wall clock measured; an
+    # engine from before fast paths takes neither.
+    accepted = inspect.signature(served).parameters
+    fast = {k: kw[k] for k in ("fused_decode", "fast_paths_off") if k in kw and k in accepted}
     eng = served(kw["spec"], kw.get("max_context"), kw["linear"], 1, kw["kv"], kw.get("parallel", 1),
-                        kw.get("batch_tokens"), kw.get("max_queue", 128))
+                 kw.get("batch_tokens"), kw.get("max_queue", 128), **fast)
     with no_scheduler_thread(server):
         eng.load()
     return eng, {"malloc": sorted(tuned), "isa": native.isa(), "linear": eng.loaded.linear,
                  "kv": str(eng.loaded.kv_dtype), "torch_threads": torch.get_num_threads(),
-                 "native_threads": native.threads(), "slots": eng.parallel, "batch_tokens": eng.batch_tokens}
+                 "native_threads": native.threads(), "slots": eng.parallel, "batch_tokens": eng.batch_tokens,
+                 "fast_paths": getattr(eng.loaded, "fast_paths", None)}
 
 
 def run_request(eng, ids: list[int], decode_tokens: int, client: Client | None, label: str | None,
