@@ -57,7 +57,7 @@ def test_every_metric_has_a_column_and_a_record_field():
             continue
         node = records("steady")
         for key in m.record or (name,):
-            assert key in node["properties"], f"{name}: {key} is not a field of a {kind} record"
+            assert key in node["properties"], f"{name}: {key} is not a field of a steady record"
             node = node["properties"][key]
             node = next((b for b in node.get("anyOf", node.get("oneOf", [node])) if b.get("properties")), node)
 
