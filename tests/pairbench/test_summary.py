@@ -27,6 +27,8 @@ def test_the_default_plan_in_words():
         "  external engines: none (nothing outside this repository is built or launched)",
         "  time: about 3.2 to 5.5 min (~80 s + ~7 s a visit: the default config's cost on a 2-core CPU, docs/perf.md); "
         "where visits are slower, at most ~9.3 min (rounds.max_minutes 8)",
+        "    plus the cost channel after the visits: 2 arm(s) x in256-out64 under callgrind, decode counted "
+        "(~90 s an arm at a 256-token prompt, more as the prompt grows: docs/cost.md)",
     ]
 
 
