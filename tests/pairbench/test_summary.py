@@ -56,10 +56,12 @@ def test_external_engines_need_consent_and_bring_their_build_and_cross_check():
     lines = plan_summary(cfg).splitlines()
     assert "  external engines: llama-server in arm(s) baseline, candidate: allowed (allow_external: true)" in lines
     # 24 visits at 20-36 s each, plus 80 s: 560-944 s
-    assert lines[-3:] == ["  time: about 9.3 to 16 min (~80 s + 20-36 s a visit: llama-server's, measured at load 4-8 "
-                          "on 2 cores, docs/engines.md)",
-                          "    plus a CMake build per arm (llama.cpp: 497-991 s with a cold ccache, 39-104 s warm)",
-                          "    plus llama-bench after the visits, 3 rounds (llama-bench's 3 took ~5 min at load 4-8)"]
+    assert lines[-4:-1] == ["  time: about 9.3 to 16 min (~80 s + 20-36 s a visit: llama-server's, measured at load 4-8 "
+                            "on 2 cores, docs/engines.md)",
+                            "    plus a CMake build per arm (llama.cpp: 497-991 s with a cold ccache, 39-104 s warm)",
+                            "    plus llama-bench after the visits, 3 rounds (llama-bench's 3 took ~5 min at load 4-8)"]
+    assert lines[-1].startswith("    plus the cost channel after the visits: 2 arm(s) x in256-out64 under callgrind, "
+                                "prefill and decode counted (")
     cfg["allow_external"] = False
     assert ("  external engines: llama-server in arm(s) baseline, candidate: NOT allowed: the run stops at its "
             "first engine job; review this plan, then add --config allow_external=true") in plan_summary(cfg).splitlines()
