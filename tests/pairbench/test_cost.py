@@ -8,6 +8,8 @@ import pytest
 
 from pairbench.measure import cost
 
+REPO = Path(__file__).resolve().parents[2]
+
 # A callgrind dump as callgrind 3.19 writes one (header, then cost lines), cut short; the totals line
 # leaves the trailing zero events out, as callgrind does.
 DUMP = """\
@@ -214,3 +216,20 @@ def test_the_cost_channel_counts_planned_conditions_only():
     assert [c.id for c in CostChannel.from_rule({**opts, "conditions": ["in1024-out8"]}).selected(plan)] == ["in1024-out8"]
     with pytest.raises(ValueError, match="in512-out8 not planned"):
         CostChannel.from_rule({**opts, "conditions": ["in512-out8"]}).selected(plan)
+    # "shortest" follows the lengths: the default config names no id, so `--config lengths=[...]` works
+    plan_rev = {"conditions": plan["conditions"][::-1]}
+    for p in (plan, plan_rev):
+        assert [c.id for c in CostChannel.from_rule({**opts, "conditions": "shortest"}).selected(p)] == ["in256-out8"]
+    assert len(CostChannel.from_rule({**opts, "conditions": None}).selected(plan)) == 2
+
+
+def test_the_default_config_counts_its_shortest_condition_and_a_wrong_word_is_named():
+    from pairbench.core.configsource import ConfigErrors
+    from pairbench.stages.runconfig import load_config
+
+    cfg = load_config([REPO / "config/config.yaml"], root=REPO)
+    assert cfg["cost"]["enabled"] is True and cfg["cost"]["conditions"] == "shortest"
+    # names no condition id, so other lengths need no other cost key
+    assert load_config([REPO / "config/config.yaml"], {"lengths": [512, 64]}, root=REPO)["lengths"] == [512, 64]
+    with pytest.raises(ConfigErrors, match="cost.conditions"):
+        load_config([REPO / "config/config.yaml"], {"cost": {"conditions": "longest"}}, root=REPO)

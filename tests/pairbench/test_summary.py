@@ -27,6 +27,8 @@ def test_the_default_plan_in_words():
         "  external engines: none (nothing outside this repository is built or launched)",
         "  time: about 3.2 to 5.5 min (~80 s + ~7 s a visit: the default config's cost on a 2-core CPU, docs/perf.md); "
         "where visits are slower, at most ~9.3 min (rounds.max_minutes 8)",
+        "    plus the cost channel after the visits: 2 arm(s) x in256-out64 under callgrind, decode counted "
+        "(~90 s an arm at a 256-token prompt, more as the prompt grows: docs/cost.md)",
     ]
 
 
@@ -54,10 +56,12 @@ def test_external_engines_need_consent_and_bring_their_build_and_cross_check():
     lines = plan_summary(cfg).splitlines()
     assert "  external engines: llama-server in arm(s) baseline, candidate: allowed (allow_external: true)" in lines
     # 24 visits at 20-36 s each, plus 80 s: 560-944 s
-    assert lines[-3:] == ["  time: about 9.3 to 16 min (~80 s + 20-36 s a visit: llama-server's, measured at load 4-8 "
-                          "on 2 cores, docs/engines.md)",
-                          "    plus a CMake build per arm (llama.cpp: 497-991 s with a cold ccache, 39-104 s warm)",
-                          "    plus llama-bench after the visits, 3 rounds (llama-bench's 3 took ~5 min at load 4-8)"]
+    assert lines[-4:-1] == ["  time: about 9.3 to 16 min (~80 s + 20-36 s a visit: llama-server's, measured at load 4-8 "
+                            "on 2 cores, docs/engines.md)",
+                            "    plus a CMake build per arm (llama.cpp: 497-991 s with a cold ccache, 39-104 s warm)",
+                            "    plus llama-bench after the visits, 3 rounds (llama-bench's 3 took ~5 min at load 4-8)"]
+    assert lines[-1].startswith("    plus the cost channel after the visits: 2 arm(s) x in256-out64 under callgrind, "
+                                "prefill and decode counted (")
     cfg["allow_external"] = False
     assert ("  external engines: llama-server in arm(s) baseline, candidate: NOT allowed: the run stops at its "
             "first engine job; review this plan, then add --config allow_external=true") in plan_summary(cfg).splitlines()

@@ -175,6 +175,12 @@ def from_plan(plan: dict) -> list[Condition]:
     return [Condition.from_dict(c) for c in plan["conditions"]]
 
 
+def shortest(conds: Iterable[Condition]) -> Condition:
+    """The condition with the shortest prompt, then the fewest output tokens, then the first in
+    order: the cheapest to run a request of (the cost channel's ``conditions: shortest``)."""
+    return min(conds, key=lambda c: (c.get("input_tokens") or 0, c.get("output_tokens") or 0))
+
+
 def ids(conds: Iterable[Condition | dict]) -> list[str]:
     return [c.id if isinstance(c, Condition) else c["id"] for c in conds]
 

@@ -256,7 +256,7 @@ def _check_trim(cfg: dict, root: Path) -> Iterator[ConfigError]:
 def _check_cost(cfg: dict, root: Path) -> Iterator[ConfigError]:
     """The cost channel's conditions are planned ones (ids, as the plan spells them)."""
     wanted = cfg["cost"]["conditions"]
-    if wanted is None:
+    if wanted is None or wanted == "shortest":
         return
     planned = [c.id for c in conditions(cfg)]
     for i, cid in enumerate(wanted):

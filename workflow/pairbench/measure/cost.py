@@ -13,10 +13,12 @@ Two engine kinds, one shape of result (:class:`ArmCost`):
   (:mod:`pairbench.measure.cost_driver`, run with the arm's interpreter on the arm's tree) switches
   instrumentation on around the scheduler steps of each measured request only and dumps the prompt
   steps and the decode steps apart (:func:`run_embedded`);
-- llama.cpp's ``llama-bench`` from the arm's build runs under ``callgrind
-  --toggle-collect=<the decode function>``, which counts only inside that function, and
-  ``--dump-after`` of it, one dump per call: with ``--n-depth <length> --n-gen <D>`` the first
-  call reads the prompt, the next D decode one token each (:func:`run_llama_bench`).
+- llama.cpp's ``llama-bench`` from the arm's build, relinked with ``-Wl,--wrap=<the decode
+  function>`` around a wrapper (``WRAP_SOURCE``) that switches instrumentation on for the calls
+  counted and dumps after each, runs under ``callgrind --instr-atstart=no``: with ``--n-depth
+  <length> --n-gen <D>`` the first call reads the prompt (simulated uninstrumented unless prefill
+  is counted), the next D decode one token each (:func:`run_llama_bench`). Where the relink cannot
+  be made, ``--toggle-collect`` of the function does the same with everything instrumented (slower).
 
 Estimated cycles, where the cache is simulated, are Itamar Turner-Trauring's formula as iai and
 iai-callgrind compute it (https://pythonspeed.com/articles/consistent-benchmarking-in-ci/):
@@ -36,6 +38,7 @@ import hashlib
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -75,6 +78,29 @@ void pb_start(void) { CALLGRIND_START_INSTRUMENTATION; }
 void pb_stop(void) { CALLGRIND_STOP_INSTRUMENTATION; }
 void pb_dump(const char *label) { CALLGRIND_DUMP_STATS_AT(label); }
 int pb_running_on_valgrind(void) { return RUNNING_ON_VALGRIND; }
+"""
+
+#: llama-bench's wrapper of the decode function (``-Wl,--wrap=llama_process``): instrumentation on
+#: only inside the calls counted (from call PAIRBENCH_COST_FROM_CALL on: 0 counts the prompt's call,
+#: 1 only the decode calls), one dump after each, so the prompt a decode needs is simulated without
+#: instrumentation (about 4x faster with the caches simulated: docs/cost.md)
+WRAP_SOURCE = """\
+/* pairbench's cost channel: llama-bench relinked with -Wl,--wrap=llama_process (measure/cost.py) */
+#include <stdint.h>
+#include <stdlib.h>
+#include <valgrind/callgrind.h>
+struct llama_context;
+struct llama_batch;
+int32_t __real_llama_process(struct llama_context *, int, const struct llama_batch *);
+static long pb_calls;
+int32_t __wrap_llama_process(struct llama_context *ctx, int type, const struct llama_batch *batch) {
+    const char *from = getenv("PAIRBENCH_COST_FROM_CALL");
+    int counted = pb_calls++ >= (from ? atol(from) : 0);
+    if (counted) CALLGRIND_START_INSTRUMENTATION;
+    int32_t r = __real_llama_process(ctx, type, batch);
+    if (counted) { CALLGRIND_STOP_INSTRUMENTATION; CALLGRIND_DUMP_STATS_AT("llama_process"); }
+    return r;
+}
 """
 
 DRIVER = Path(__file__).with_name("cost_driver.py")
@@ -201,27 +227,37 @@ def client_library(cache_dir: Path | None = None) -> Path:
     """The C library of callgrind's client requests (``CLIENT_SOURCE``), compiled once per source and
     compiler into the user's cache. :class:`CostUnavailable` (``no_client``) without a C compiler or
     valgrind's headers."""
+    return _compiled(CLIENT_SOURCE, "libpbcost.so", ["-shared", "-fPIC"], cache_dir)
+
+
+def wrap_object(cache_dir: Path | None = None) -> Path:
+    """llama-bench's wrapper of the decode function (``WRAP_SOURCE``) as an object file, compiled
+    once into the user's cache; :class:`CostUnavailable` (``no_client``) as :func:`client_library`."""
+    return _compiled(WRAP_SOURCE, "pbwrap.o", ["-c", "-fPIC"], cache_dir)
+
+
+def _compiled(source: str, name: str, flags: list[str], cache_dir: Path | None) -> Path:
     from pairbench.core.cache import user_cache
 
     cc = next((c for c in (os.environ.get("CC"), "cc", "gcc", "clang") if c and shutil.which(c)), None)
     if cc is None:
         raise CostUnavailable("no_client", "no C compiler (cc, gcc, clang) to build callgrind's client requests")
-    key = hashlib.sha256((CLIENT_SOURCE + cc).encode()).hexdigest()[:16]
+    key = hashlib.sha256((source + cc).encode()).hexdigest()[:16]
     out_dir = (cache_dir or user_cache() / "cost") / key
-    lib = out_dir / "libpbcost.so"
-    if lib.is_file():
-        return lib
+    out = out_dir / name
+    if out.is_file():
+        return out
     out_dir.mkdir(parents=True, exist_ok=True)
-    src = out_dir / "pbcost.c"
-    src.write_text(CLIENT_SOURCE)
-    tmp = out_dir / f".build-{os.getpid()}.so"
-    r = subprocess.run([cc, "-O2", "-shared", "-fPIC", str(src), "-o", str(tmp)], capture_output=True, text=True)
+    src = out_dir / (Path(name).stem + ".c")
+    src.write_text(source)
+    tmp = out_dir / f".build-{os.getpid()}{Path(name).suffix}"
+    r = subprocess.run([cc, "-O2", *flags, str(src), "-o", str(tmp)], capture_output=True, text=True)
     if r.returncode != 0:
         tmp.unlink(missing_ok=True)
         why = "valgrind's headers (valgrind/callgrind.h) are missing" if "callgrind.h" in r.stderr else r.stderr[-400:]
         raise CostUnavailable("no_client", f"cannot build callgrind's client requests: {why}")
-    os.replace(tmp, lib)
-    return lib
+    os.replace(tmp, out)
+    return out
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -404,36 +440,85 @@ def _real_interpreter(python: str) -> str:
     return exe
 
 
+def relink_counted(binary: Path, out: Path, *, function: str, log: Path) -> str | None:
+    """Relink the arm's ``llama-bench`` (*binary*, ``<build>/bin/llama-bench``) as *out* with
+    *function* wrapped (``-Wl,--wrap``, :data:`WRAP_SOURCE`), from the link command CMake wrote for
+    it (``CMakeFiles/llama-bench.dir/link.txt``): the same objects and libraries, so the same code,
+    plus the wrapper. None when made; else why not, and the caller counts with ``--toggle-collect``."""
+    build = Path(binary).resolve().parent.parent
+    link = build / "tools" / "llama-bench" / "CMakeFiles" / "llama-bench.dir" / "link.txt"
+    if not link.is_file():
+        link = next(iter(sorted(build.glob("**/CMakeFiles/llama-bench.dir/link.txt"))), None)
+        if link is None:
+            return f"no CMake link command for llama-bench under {build.name}/"
+    try:
+        obj = wrap_object()
+    except CostUnavailable as exc:
+        return str(exc)
+    argv = shlex.split(link.read_text())
+    if "-o" not in argv:
+        return f"{link.name} has no -o"
+    i = argv.index("-o") + 1
+    # the wrapper before the libraries, which the linker then searches for the function it calls
+    argv[i:i + 1] = [str(out), f"-Wl,--wrap={function}", str(obj)]
+    out.unlink(missing_ok=True)
+    try:
+        run_step("cost", argv, cwd=link.parent.parent.parent, log=log, timeout_s=600, capture="stdout",
+                 subject="llama-bench relinked for the cost channel")
+    except StepError as exc:
+        return str(exc)[-400:]
+    return None
+
+
 def run_llama_bench(*, binary: Path, model: str, requests: list[dict], opts: CostOptions, collect: str,
                     work: Path, log: Path, cwd: Path) -> ArmCost:
     """Count llama.cpp through ``llama-bench`` from the arm's build: per request (``{"condition",
     "input_tokens"}``) one ``--n-depth <input_tokens> --n-gen <decode_tokens>`` run, one thread, no
     warm-up run, counting only inside *collect* (the function each prompt batch and each decode
-    token passes through once, e.g. ``llama_context::decode*``). The first call is the prompt (its
-    batch of ``input_tokens`` tokens; llama-bench's own token ids, not the fixture's), the next
-    ``decode_tokens`` one token each."""
+    token passes through once, e.g. ``llama_process``). The first call is the prompt (its batch of
+    ``input_tokens`` tokens; llama-bench's own token ids, not the fixture's), the next
+    ``decode_tokens`` one token each.
+
+    The binary run is the arm's llama-bench relinked with *collect* wrapped (:func:`relink_counted`),
+    under ``--instr-atstart=no``: the wrapper instruments the calls counted only, so when prefill is
+    not counted the prompt runs uninstrumented. Where the relink cannot be made, the arm's own binary
+    runs under ``--toggle-collect`` of *collect*, everything instrumented, both phases counted
+    (``facts["counting"]`` says which)."""
     version = valgrind_version()
     work = Path(work).resolve()
     work.mkdir(parents=True, exist_ok=True)
-    cost = ArmCost("valgrind-callgrind", version, facts={"tool": "llama-bench", "collect": collect})
+    counted_bin = work / "llama-bench-counted"  # one name for every arm: the paths the process holds
+    why_not = relink_counted(Path(binary), counted_bin, function=collect, log=log)
+    wrapped = why_not is None
+    from_call = 1 if wrapped and "prefill" not in opts.phases else 0
+    facts = {"tool": "llama-bench", "collect": collect, "counting": "wrapped" if wrapped else "toggle-collect"}
+    if not wrapped:
+        facts["relink"] = _without_paths(why_not)
+    cost = ArmCost("valgrind-callgrind", version, facts=facts)
     for r in requests:
         c, n = r["condition"], int(r["input_tokens"])
         stem = work / f"callgrind.{c}.out"
         for old in work.glob(stem.name + "*"):
             old.unlink()
-        argv = [*callgrind_argv(stem, opts, toggle_collect=collect, dump_after=collect), str(binary),
-                "--model", model, "--threads", "1", "--n-prompt", "0", "--n-gen", str(opts.decode_tokens),
+        if wrapped:
+            head, env = [*callgrind_argv(stem, opts, instr_atstart=False), str(counted_bin)], \
+                {**_env(), "PAIRBENCH_COST_FROM_CALL": str(from_call)}
+        else:
+            head, env = [*callgrind_argv(stem, opts, toggle_collect=collect, dump_after=collect), str(binary)], _env()
+        argv = [*head, "--model", model, "--threads", "1", "--n-prompt", "0", "--n-gen", str(opts.decode_tokens),
                 "--n-depth", str(n), "--repetitions", "1", "--no-warmup", "--output", "json"]
-        res = _run_simulated(f"llama-bench ({c})", argv, cwd=cwd, env=_env(), log=log, timeout_s=opts.timeout_s)
+        res = _run_simulated(f"llama-bench ({c})", argv, cwd=cwd, env=env, log=log, timeout_s=opts.timeout_s)
         cost.duration_s += res.record["duration_s"]
         calls = [counts for label, counts in read_dumps(work, stem.name) if label and label != "Program termination"]
-        if len(calls) != 1 + opts.decode_tokens:
-            raise CostUnavailable("unreadable", f"llama-bench ({c}): expected {1 + opts.decode_tokens} calls of "
-                                                f"{collect}, callgrind dumped {len(calls)}; see {log}")
-        decode = calls[1]
-        for more in calls[2:]:
+        if len(calls) != 1 - from_call + opts.decode_tokens:
+            raise CostUnavailable("unreadable", f"llama-bench ({c}): expected {1 - from_call + opts.decode_tokens} "
+                                                f"calls of {collect}, callgrind dumped {len(calls)}; see {log}")
+        decode = calls[1 - from_call]
+        for more in calls[2 - from_call:]:
             decode = decode + more
-        cost.conditions[c] = {"prefill": PhaseCost(calls[0], n), "decode": PhaseCost(decode, opts.decode_tokens)}
+        cost.conditions[c] = {"decode": PhaseCost(decode, opts.decode_tokens)}
+        if not from_call:
+            cost.conditions[c] = {"prefill": PhaseCost(calls[0], n), **cost.conditions[c]}
     return cost
 
 
@@ -516,7 +601,7 @@ def _without_paths(text: str) -> str:
 def _public_facts(facts: dict) -> dict:
     """The driver's facts that say what ran (ISA path, threads, formats), not where (no paths)."""
     keep = ("on_valgrind", "isa", "linear", "kv", "torch_threads", "native_threads", "slots", "batch_tokens",
-            "malloc", "load_seconds", "tool", "collect")
+            "malloc", "load_seconds", "tool", "collect", "counting", "relink")
     return {k: facts[k] for k in keep if k in facts}
 
 

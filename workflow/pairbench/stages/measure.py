@@ -262,10 +262,10 @@ def crosscheck_stage(layout: Layout, *, arms: list[str], arm_configs: dict, roun
 @dataclass(frozen=True)
 class CostChannel:
     """What the cost stage reads of the config (its ``cost`` section, config/README.md): which
-    conditions (None: every planned one), which phases, decode tokens per request, the cache
+    conditions (None: every planned one; "shortest": the one with the shortest prompt), which phases, decode tokens per request, the cache
     simulated or not, the time limit of one arm's simulated run."""
 
-    conditions: tuple[str, ...] | None
+    conditions: tuple[str, ...] | str | None
     phases: tuple[str, ...]
     decode_tokens: int
     cache_sim: bool
@@ -274,7 +274,7 @@ class CostChannel:
     @classmethod
     def from_rule(cls, params: dict) -> "CostChannel":
         conds = params.get("conditions")
-        return cls(conditions=None if conds is None else tuple(conds), phases=tuple(params["phases"]),
+        return cls(conditions=conds if conds is None or isinstance(conds, str) else tuple(conds), phases=tuple(params["phases"]),
                    decode_tokens=int(params["decode_tokens"]), cache_sim=bool(params["cache_sim"]),
                    timeout_s=float(params["timeout_s"]))
 
@@ -288,6 +288,8 @@ class CostChannel:
         conds = conditions.from_plan(plan)
         if self.conditions is None:
             return conds
+        if self.conditions == "shortest":
+            return [conditions.shortest(conds)]
         planned = conditions.ids(conds)
         unknown = [c for c in self.conditions if c not in planned]
         if unknown:

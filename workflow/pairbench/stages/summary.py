@@ -10,6 +10,7 @@ visits, whether external engines may run, and about how long it takes.
       visits: 16 to 36, 1 steady request(s) per condition each
       external engines: none (nothing outside this repository is built or launched)
       time: about 3.2 to 5.5 min (~80 s + ~7 s a visit: ...); where visits are slower, at most ~9.3 min (rounds.max_minutes 8)
+        plus the cost channel after the visits: 2 arm(s) x in256-out64 under callgrind, decode counted (...)
 
 The estimate is a stated fixed cost plus one stated cost per visit (:data:`FIXED_S`,
 :data:`VISIT_S`), the default config's as measured; other engines, models and lengths cost
@@ -39,6 +40,10 @@ VISIT_S_BY_ENGINE = {
 # llama-server and llama-bench, and 3 rounds of llama-bench.
 CMAKE_BUILD = "a CMake build per arm (llama.cpp: 497-991 s with a cold ccache, 39-104 s warm)"
 CROSSCHECK = "{tool} after the visits, {rounds} rounds (llama-bench's 3 took ~5 min at load 4-8)"
+# The cost channel (docs/cost.md, "Cost of the channel"): one arm's simulated request at a 256-token
+# prompt took 87-90 s (the embedded engine, decode counted, 8 decode tokens, caches simulated).
+COST_CHANNEL = ("the cost channel after the visits: {arms} arm(s) x {conds} under callgrind, {phases} counted "
+                "(~90 s an arm at a 256-token prompt, more as the prompt grows: docs/cost.md)")
 
 
 def _source(src) -> str:
@@ -129,6 +134,13 @@ def _extras(cfg: dict) -> list[str]:
     base = profiles[baseline_arm(cfg)].crosscheck_spec
     if cfg["crosscheck"]["rounds"] > 0 and base and any(profiles[c].crosscheck_spec for c in candidate_arms(cfg)):
         out.append(CROSSCHECK.format(tool=base.tool, rounds=cfg["crosscheck"]["rounds"]))
+    cost = cfg["cost"]
+    if cost["enabled"] and not cfg.get("load"):
+        conds = pb_conditions.conditions(cfg)
+        chosen = ([pb_conditions.shortest(conds)] if cost["conditions"] == "shortest" else
+                  conds if cost["conditions"] is None else [c for c in conds if c.id in cost["conditions"]])
+        out.append(COST_CHANNEL.format(arms=len(cfg["arms"]), conds=", ".join(pb_conditions.ids(chosen)),
+                                       phases=" and ".join(cost["phases"])))
     return out
 
 
