@@ -4,7 +4,8 @@
 Not a test. Counts each arm's ``llama-bench`` (``results/<label>/src/<arm>/build/bin/llama-bench``)
 under callgrind exactly as the pipeline's ``cost`` rule does (:func:`pairbench.measure.cost.run_llama_bench`:
 relinked with the wrapper, one thread, instructions and estimated cycles per prompt and per decode
-token), and prints each candidate's ratio to the baseline with the cost channel's verdict
+token), keeps each arm's callgrind dumps in ``private/cost-bench/dumps-<arm>/`` (for
+``callgrind_annotate``, per function), and prints each candidate's ratio to the baseline with the cost channel's verdict
 (:func:`pairbench.analysis.cost`'s rule: an exact ratio against 1 +- noise; identical counts of
 arms that differ read "not exercised"). A count does not depend on what else the machine runs, so
 this may run beside other work; its own time is printed.
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -56,6 +58,11 @@ def main(argv: list[str] | None = None) -> int:
                                             collect=cost.LLAMA_COLLECT, work=work, log=work / f"{arm}.log",
                                             cwd=binary.parent)
         print(f"{arm}: counted in {time.monotonic() - t0:.0f} s ({counted[arm].facts.get('counting', 'toggle-collect')})", flush=True)
+        keep = work / f"dumps-{arm}"  # each arm's dumps kept apart, for callgrind_annotate per function
+        shutil.rmtree(keep, ignore_errors=True)
+        keep.mkdir()
+        for dump in work.glob("callgrind.*"):
+            dump.rename(keep / dump.name)
     rows = []
     print("| candidate | condition | phase | measure | baseline / token | candidate / token | ratio | verdict |")
     print("|---|---|---|---|---:|---:|---:|---|")
