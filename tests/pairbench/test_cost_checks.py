@@ -11,18 +11,21 @@ from __future__ import annotations
 
 import copy
 import json
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
 
 from pairbench.analysis import cost as cost_verdicts
-from pairbench.core.artifacts import sha256_file, write_artifact
+from pairbench.core.artifacts import sha256_file, validate, write_artifact
 from pairbench.core.metrics import COST_NAMES
 from pairbench.measure import cost
-from pairbench.publish import costcheck
+from pairbench.publish import costcheck, gateviews
+from pairbench.publish import gate as pb_gate
 
 SUMMARY = json.loads((Path(__file__).resolve().parents[1] / "data" / "gate" / "summary.json").read_text())
 CONDS = ("in400-out8", "in480-out8")
+HOST = dict.fromkeys(pb_gate.HOST_FACTS)
 ARMS = {"baseline": {"engine": "embedded", "args": [], "env": {}, "threads": 1, "launch": None},
         "candidate": {"engine": "embedded", "args": [], "env": {}, "threads": 1, "launch": None}}
 PLAN = {"baseline": "baseline", "candidates": ["candidate"], "arms": ARMS}
@@ -58,6 +61,12 @@ def not_counted(arm: str) -> dict:
 
 def cost_summary(costs: dict) -> dict:
     return cost_verdicts.summarize(PLAN, summary(), costs, BUILDS)
+
+
+def decide(gate: dict | None = None, cost_body: dict | None = None) -> dict:
+    body = pb_gate.decide(summary(), gate, label="ci", arms={}, host=HOST, inputs={}, cost=cost_body)
+    validate("gate", {**body, "schema": "pairbench.gate/v2"})  # every record the gate writes is schema-valid
+    return body
 
 
 # --- verify: stats/cost.json recomputed from its inputs ----------------------------------------------
@@ -134,3 +143,88 @@ def test_a_run_without_the_cost_channel_has_nothing_to_recompute_but_a_lone_cost
     write_artifact(res / "cost" / "baseline.json", "cost", counted("baseline", 8_000_000))
     assert costcheck.cost_problems(res) == ["cost/baseline.json: a cost artifact without stats/cost.json, the verdicts "
                                             "made from it"]
+
+
+# --- the gate: shown beside wall time, deciding only when asked --------------------------------------
+
+SLOWER = {"baseline": counted("baseline", 8_000_000), "candidate": counted("candidate", 8_400_000)}  # decode +5%
+
+
+def test_a_slower_cost_verdict_is_shown_and_named_but_does_not_fail_the_gate_by_default():
+    body = decide(None, cost_summary(SLOWER))
+    assert (body["decision"], body["exit_code"]) == ("pass", 0)
+    shown = {(c["condition"], c["metric"]): (c["verdict"], c["gated"], c["outcome"]) for c in body["cost"]["cells"]}
+    assert shown[("in400-out8", DECODE)] == ("slower", False, None)
+    assert shown[("in400-out8", INSTR)] == ("not exercised", False, None)  # prompts count the same in both arms
+    assert (f"the cost channel (shown, not gated: gate.cost_metrics) calls candidate {DECODE} at in400-out8 "
+            "(1.0500x) slower (and 1 more)") in body["reason"]
+    assert f"the cost channel cannot see the change in candidate {INSTR} at in400-out8 (1.0000x) (and 1 more) (not exercised)" in body["reason"]
+
+
+def test_a_slower_cost_verdict_fails_the_gate_when_the_policy_opts_in():
+    body = decide({"cost_metrics": [DECODE], "fail_slower_than": 0.02}, cost_summary(SLOWER))
+    assert (body["decision"], body["exit_code"]) == ("regression", 1)
+    assert body["reason"].startswith(f"a slowdown beyond 2% in the cost channel (gate.cost_metrics): candidate {DECODE} "
+                                     "at in400-out8 counts 1.0500x the baseline's per token (wall time: equivalent)")
+    gated = [c for c in body["cost"]["cells"] if c["gated"]]
+    assert [(c["condition"], c["outcome"]) for c in gated] == [("in400-out8", "regression"), ("in480-out8", "regression")]
+    # a threshold above the ratio passes it: the count is exact, so nothing is left inconclusive
+    assert decide({"cost_metrics": [DECODE], "fail_slower_than": 0.06}, cost_summary(SLOWER))["decision"] == "pass"
+    suite = ET.fromstring(gateviews.junit(body)).find("testsuite")
+    assert (suite.get("tests"), suite.get("failures")) == ("6", "2")  # 4 wall-clock cells + 2 gated cost cells
+    md = gateviews.markdown(body)
+    assert f"Cost channel (simulated counts per token, docs/cost.md): {DECODE} decide beside the wall-clock cells" in md
+    assert f"| candidate | in400-out8 | {DECODE} | **regression** | slower | 1.0500x | decode_tok_s equivalent |" in md
+
+
+def test_the_cli_exit_code_and_message_of_an_opted_in_cost_regression(tmp_path, monkeypatch, capsys):
+    """python -m pairbench gate over a run whose check passes: the exit status and the stderr line."""
+    from pairbench import __main__ as cli
+    from pairbench.integrity import gate as integrity_gate
+
+    record = {**decide({"cost_metrics": [DECODE]}, cost_summary(SLOWER)), "schema": "pairbench.gate/v2"}
+    monkeypatch.setattr(integrity_gate, "check_run", lambda *a, **k: integrity_gate.GateResult(record, published=True))
+    assert cli.main(["gate", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("pairbench gate: regression (exit 1): a slowdown beyond 1% in the cost channel")
+
+
+def test_not_exercised_and_not_counted_gated_cells_are_inconclusive_never_a_pass():
+    both = {"baseline": counted("baseline", 8_000_000), "candidate": not_counted("candidate")}
+    body = decide({"cost_metrics": [DECODE, INSTR]}, cost_summary(both))
+    assert body["decision"] == "pass"  # inconclusive passes by default, and says so
+    assert body["reason"].startswith("no slowdown beyond 1% shown, but 4 of 8 gated cells could not rule out a "
+                                     f"slowdown beyond 1%: the cost channel's candidate {DECODE} at in400-out8 is "
+                                     "unavailable: the cost channel did not count it: candidate not counted (no_valgrind)")
+    assert body["reason"].endswith("; the cost channel did not count candidate (no_valgrind)")
+    strict = decide({"cost_metrics": [INSTR], "inconclusive": "fail"}, cost_summary(SLOWER))
+    assert (strict["decision"], strict["exit_code"]) == ("inconclusive", 2)
+    assert "(1.0000x) is not exercised: the change runs nothing the simulator counts" in strict["reason"]
+
+
+def test_gating_on_a_cost_channel_the_run_does_not_have_is_invalid():
+    body = decide({"cost_metrics": [DECODE]}, None)
+    assert (body["decision"], body["exit_code"]) == ("invalid", 3)
+    assert "gate.cost_metrics: decode_instructions_per_tok gated, but the run has no cost channel" in body["reason"]
+    assert decide(None, None)["cost"] is None  # a run without the channel: the record says so, the rest as before
+
+
+@pytest.mark.parametrize("value", [["decode_tok_s"], "decode_instructions_per_tok", [DECODE, DECODE]])
+def test_a_bad_cost_policy_names_its_key(value):
+    with pytest.raises(pb_gate.GateError, match=r"^gate.cost_metrics: "):
+        pb_gate.Policy.from_config({"cost_metrics": value})
+
+
+def test_the_published_cost_cells_must_recompute():
+    costs = cost_summary(SLOWER)
+    body = decide({"cost_metrics": [DECODE]}, costs)
+    assert pb_gate.gate_problems(body, summary(), costs) == []
+    assert pb_gate.gate_problems(body, summary()) == []  # a bundle alone: its cost cells judged again
+    forged = copy.deepcopy(body)
+    forged.update(decision="pass", exit_code=0)
+    i = next(i for i, c in enumerate(forged["cost"]["cells"]) if c["gated"])
+    forged["cost"]["cells"][i]["outcome"] = "pass"
+    problems = pb_gate.gate_problems(forged, summary(), costs)
+    assert "gate.json: decision is 'pass', the measurements give 'regression'" in problems
+    assert (f"gate.json: cost.cells[{i}] (candidate {DECODE} at in400-out8): outcome is 'pass', the cost channel's "
+            "verdicts give 'regression'") in problems
