@@ -145,6 +145,22 @@ def test_a_run_without_the_cost_channel_has_nothing_to_recompute_but_a_lone_cost
                                             "made from it"]
 
 
+def test_verify_asks_for_the_cost_verdicts_where_the_bundle_publishes_them(tmp_path):
+    from pairbench.publish.report import cost_section
+
+    bundle = tmp_path / "results" / "ci" / "publish"
+    bundle.mkdir(parents=True)
+    (bundle / "README.md").write_text("# pairbench\n\n## Statistics\n")
+    assert costcheck.published_by(bundle) is None  # a stale stats/cost.json would be no figure of it
+    (bundle / "README.md").write_text("\n".join(cost_section(cost_summary({"baseline": counted("baseline", 8_000_000),
+                                                                           "candidate": not_counted("candidate")}))))
+    assert costcheck.published_by(bundle) == "README.md"
+    (bundle / "gate.json").write_text(json.dumps({"inputs": {"summary": "5" * 64, "cost_summary": "6" * 64}}))
+    assert costcheck.published_by(bundle) == "gate.json"
+    assert costcheck.cost_problems(bundle.parent, published_by="gate.json") == [
+        "stats/cost.json: missing, but gate.json publishes the cost channel's verdicts"]
+
+
 # --- the gate: shown beside wall time, deciding only when asked --------------------------------------
 
 SLOWER = {"baseline": counted("baseline", 8_000_000), "candidate": counted("candidate", 8_400_000)}  # decode +5%

@@ -148,7 +148,9 @@ def check_run(res_dir: str | Path, config: dict | None = None, root: str | Path 
     elif _resolved(policy_cfg, summary) != published["policy"]:
         return GateResult(_invalid(L, ["the bundle's gate.json applied another gate policy: run snakemake with "
                                        "this config to publish it again"], policy_cfg, summary), published=False)
-    cost = read_artifact(L.cost_summary, "cost_summary") if Path(L.cost_summary).is_file() else None
+    # the cost channel's verdicts, when the published decision was made from them (a stats/cost.json
+    # left by an earlier config is not); verify_bundle above recomputed them from their inputs
+    cost = read_artifact(L.cost_summary, "cost_summary") if "cost_summary" in published["inputs"] else None
     again = pb_gate.decide(summary, policy_cfg, label=published["label"], arms=published["arms"],
                            host=published["host"], inputs=published["inputs"], cost=cost)
     differ = [k for k in ("decision", "exit_code", "reason", "problems", "cells", "cost") if again[k] != published[k]]

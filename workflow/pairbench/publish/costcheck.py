@@ -14,10 +14,13 @@ where the published file and its inputs differ:
 - a cost artifact without the verdicts made from it, or verdicts whose inputs are gone.
 
 A run without the cost channel (neither ``cost/`` nor ``stats/cost.json``) has nothing to recompute.
+:func:`pairbench.publish.verify.verify_bundle` asks only when its bundle publishes cost verdicts
+(:func:`published_by`): a ``stats/cost.json`` left from an earlier config is no published figure.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -28,6 +31,7 @@ from pairbench.core.layout import Layout
 REL_TOL = 1e-9
 FILE = "stats/cost.json"
 ROW_KEY = ("candidate", "condition", "metric")
+COST_HEADING = "## Cost channel"  # pairbench.publish.report.cost_section
 
 
 def _same(a, b) -> bool:
@@ -109,14 +113,16 @@ def recompute(L: Layout, problems: list[str]) -> dict | None:
     return pb_cost.summarize(plan, summary, costs, builds)
 
 
-def cost_problems(run_dir: str | Path) -> list[str]:
+def cost_problems(run_dir: str | Path, *, published_by: str | None = None) -> list[str]:
     """Problems with the run folder's cost verdicts (empty: ``stats/cost.json`` recomputes from its
-    inputs, or the run has no cost channel). See the module doc."""
+    inputs, or the run has no cost channel). *published_by*: what publishes them (a bundle's file),
+    when something does: then ``stats/cost.json`` must be there. See the module doc."""
     L = Layout.of(run_dir)
     published_path = Path(L.cost_summary)
     counted = sorted(Path(L.res, "cost").glob("*.json"))
     if not published_path.is_file():
-        return [f"{p.relative_to(L.res)}: a cost artifact without {FILE}, the verdicts made from it" for p in counted]
+        gone = [f"{FILE}: missing, but {published_by} publishes the cost channel's verdicts"] if published_by else []
+        return gone + [f"{p.relative_to(L.res)}: a cost artifact without {FILE}, the verdicts made from it" for p in counted]
     problems: list[str] = []
     published = _read(L.cost_summary, "cost_summary", problems)
     if published is None:
@@ -126,3 +132,18 @@ def cost_problems(run_dir: str | Path) -> list[str]:
     if want is not None:
         problems += body_problems(published, want)
     return problems
+
+
+def published_by(bundle_dir: str | Path) -> str | None:
+    """The bundle file that publishes the cost channel's verdicts (``gate.json`` made from
+    ``stats/cost.json``, or the report's "Cost channel" section), or None."""
+    root = Path(bundle_dir)
+    gate, readme = root / "gate.json", root / "README.md"
+    try:
+        if gate.is_file() and "cost_summary" in (json.loads(gate.read_text()).get("inputs") or {}):
+            return "gate.json"
+    except (UnicodeDecodeError, json.JSONDecodeError, AttributeError):
+        pass
+    if readme.is_file() and COST_HEADING in readme.read_text(errors="replace"):
+        return "README.md"
+    return None

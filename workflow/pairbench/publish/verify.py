@@ -196,7 +196,8 @@ def verify_bundle(bundle_dir: str | os.PathLike, *, clean_source: str | os.PathL
     *recompute_stats* False skips the statistics recomputation (the bundle stage's own pre-check,
     run before the report and parameters it would compare exist). *run_dir*: the run folder the
     bundle was made from, whose cost channel's verdicts (``stats/cost.json``, not bundled) are then
-    recomputed from their inputs too (:func:`pairbench.publish.costcheck.cost_problems`)."""
+    recomputed from their inputs too, when the bundle publishes them
+    (:func:`pairbench.publish.costcheck.cost_problems`)."""
     root = Path(bundle_dir)
     if not root.is_dir():
         return [f"{root}: not a directory"]
@@ -236,9 +237,11 @@ def verify_bundle(bundle_dir: str | os.PathLike, *, clean_source: str | os.PathL
     if clean_source is not None:
         problems += _source_problems(root, manifest["source"], clean_source)
     if run_dir is not None:
-        from pairbench.publish.costcheck import cost_problems
+        from pairbench.publish import costcheck
 
-        problems += cost_problems(run_dir)
+        publisher = costcheck.published_by(root)
+        if publisher is not None:  # a stats/cost.json the bundle does not publish is no figure of it
+            problems += costcheck.cost_problems(run_dir, published_by=publisher)
     return problems
 
 
