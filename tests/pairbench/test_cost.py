@@ -233,3 +233,28 @@ def test_the_default_config_counts_its_shortest_condition_and_a_wrong_word_is_na
     assert load_config([REPO / "config/config.yaml"], {"lengths": [512, 64]}, root=REPO)["lengths"] == [512, 64]
     with pytest.raises(ConfigErrors, match="cost.conditions"):
         load_config([REPO / "config/config.yaml"], {"cost": {"conditions": "longest"}}, root=REPO)
+
+
+def test_the_cost_job_s_scratch_is_removed_without_touching_what_its_links_name(tmp_path: Path):
+    """private/cost/work holds a copy of an arm's tree, a link to the model and callgrind's dumps: the
+    job removes it as it ends, and the model behind the link survives."""
+    from pairbench.stages.measure import drop_scratch
+
+    model = tmp_path / "resources" / "model.gguf"
+    model.parent.mkdir()
+    model.write_bytes(b"weights")
+    work = tmp_path / "private" / "cost" / "work"
+    (work / "src" / "engine").mkdir(parents=True)
+    (work / "src" / "engine" / "kernel.py").write_text("x = 1\n")
+    (work / "callgrind.out.1").write_text("events: Ir\n")
+    (work / "model").symlink_to(model)
+    (work / "src" / "tree").symlink_to(tmp_path / "resources", target_is_directory=True)
+    drop_scratch(work)
+    assert not (tmp_path / "private" / "cost").exists() and (tmp_path / "private").is_dir()
+    assert model.read_bytes() == b"weights"
+    # a private/cost that holds something else is kept; a second call (nothing left) is harmless
+    work.mkdir(parents=True)
+    (tmp_path / "private" / "cost" / "note").write_text("kept")
+    drop_scratch(work)
+    drop_scratch(work)
+    assert not work.exists() and (tmp_path / "private" / "cost" / "note").read_text() == "kept"

@@ -44,7 +44,7 @@ def summary_with(**cells) -> dict:
 
 def decide(summary: dict, gate: dict | None = None) -> dict:
     body = pb_gate.decide(summary, gate, label="ci", arms=ARMS, host=HOST, inputs={"summary": "5" * 64})
-    validate("gate", {**body, "schema": "pairbench.gate/v1"})  # every record the gate writes is schema-valid
+    validate("gate", {**body, "schema": "pairbench.gate/v2"})  # every record the gate writes is schema-valid
     return body
 
 
@@ -74,8 +74,8 @@ def test_the_default_threshold_is_the_runs_noise():
     assert SUMMARY["params"]["noise"] == 0.01
     body = decide(summary_with(decode_tok_s=(0.975, 0.985)))
     assert body["policy"] == {"metrics": ["decode_tok_s", "prefill_tok_s"], "conditions": None,
-                              "fail_slower_than": 0.01, "inconclusive": "pass"}
-    assert body["exit_code"] == 1
+                              "fail_slower_than": 0.01, "inconclusive": "pass", "cost_metrics": []}
+    assert body["exit_code"] == 1 and body["cost"] is None  # no cost channel given: none shown, none gated
 
 
 def test_time_metrics_are_slower_above_one():

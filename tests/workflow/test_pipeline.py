@@ -167,6 +167,28 @@ def test_the_cost_channel_on_a_finished_run_counts_every_arm_and_reports_beside_
                                                                      ("decode_instructions_per_tok", wall)]
     readme = (res / "publish" / "README.md").read_text()
     assert "## Cost channel" in readme and f"`decode_tok_s` {wall}" in readme
+    assert not (res / "private" / "cost").exists()  # the job's scratch is gone with the job
+    # verify recomputes stats/cost.json from the run folder; the gate shows the cost cells, ungated
+    from pairbench.integrity.gate import check_run
+
+    assert verify_bundle(res / "publish", run_dir=res) == []
+    result = check_run(res)
+    assert result.published and {(c["metric"], c["gated"]) for c in result.record["cost"]["cells"]} == \
+        {("decode_cycles_per_tok", False), ("decode_instructions_per_tok", False)}
+    # a count changed after the verdicts were made: verify names the file and the field, the gate is invalid
+    victim = res / "cost" / "candidate.json"
+    original = victim.read_bytes()
+    body = json.loads(original)
+    body["rows"][0]["metrics"] = {m: v * 2 for m, v in body["rows"][0]["metrics"].items()}
+    victim.write_text(json.dumps(body))
+    try:
+        problems = verify_bundle(res / "publish", run_dir=res)
+        assert problems[0].startswith("cost/candidate.json: its sha256 is not the one stats/cost.json was computed from")
+        assert any(p.startswith("stats/cost.json: rows[") and ".candidate_per_tok is " in p for p in problems)
+        tampered = check_run(res)
+        assert tampered.exit_code == 3 and "cost/candidate.json: its sha256" in tampered.reason
+    finally:
+        victim.write_bytes(original)
 
 
 BAD_CONFIGS = {

@@ -8,8 +8,9 @@ Commands:
 - ``plan [<config> ...] [--config KEY=VALUE ...]``: check a config as ``snakemake`` would (every
   error at once, each at its file and line) and print the plan in words
   (:func:`pairbench.stages.summary.plan_summary`); exit status 2 with the errors if it cannot run.
-- ``verify <bundle> [--source <clean source dir>]``: offline check of a publication bundle
-  (:func:`pairbench.publish.verify.verify_bundle`); exit status 1 and one line per problem if it fails.
+- ``verify <bundle> [--source <clean source dir>] [--run <run dir>]``: offline check of a publication
+  bundle (:func:`pairbench.publish.verify.verify_bundle`), and of the cost channel's verdicts of the
+  run folder it was made from (its parent, by default); exit status 1 and one line per problem if it fails.
 - ``audit <run dir> [--extra FILE] [--out audit.json]``: re-validate every artifact of
   ``results/<label>`` and walk its hash chain (:func:`pairbench.integrity.audit.audit_run`); exit status 1 and
   one ``FAIL <file>: [check] ...`` line per finding if anything was tampered with or corrupted.
@@ -100,17 +101,26 @@ def _add_plan(sub) -> None:
 def _verify(args: argparse.Namespace) -> int:
     from pairbench.publish.verify import bundle_versions, verify_bundle
 
-    problems = verify_bundle(args.bundle, clean_source=args.source)
+    run_dir = args.run if args.run is not None else _run_of(args.bundle)
+    problems = verify_bundle(args.bundle, clean_source=args.source, run_dir=run_dir or None)
     for p in problems:
         print(p)
     if problems:
         print(f"FAILED: {len(problems)} problem(s) in {args.bundle}", file=sys.stderr)
         return 1
     checked = ("MANIFEST hashes, schemas, fixture hashes, scripts, every verdict and number recomputed from "
-               "tables/measurements.csv" + (", patches and patched-file hashes" if args.source else ""))
+               "tables/measurements.csv" + (", patches and patched-file hashes" if args.source else "")
+               + (f", the cost channel's verdicts of {run_dir} recomputed"
+                  if run_dir and Path(run_dir, "stats", "cost.json").is_file() else ""))
     versions = ", ".join(f"{k} v{v}" for k, v in bundle_versions(args.bundle).items())
     print(f"OK: {args.bundle} verified ({checked}); schemas: {versions}")
     return 0
+
+
+def _run_of(bundle: str) -> str | None:
+    """The run folder a bundle at ``results/<label>/publish`` was made from, when it is there."""
+    parent = Path(bundle).resolve().parent
+    return str(parent) if (parent / "plan.json").is_file() else None
 
 
 def _scan(args: argparse.Namespace) -> int:
@@ -149,6 +159,10 @@ def _add_verify(sub) -> None:
     p = sub.add_parser("verify", help="verify a publication bundle offline")
     p.add_argument("bundle", help="the bundle folder (results/<label>/publish)")
     p.add_argument("--source", default=None, help="clean source tree at the measured tag; re-applies the patches")
+    p.add_argument("--run", default=None, metavar="DIR", help="the run folder the bundle was made from: the cost "
+                   "channel's verdicts (stats/cost.json, not bundled) are recomputed from its cost/<arm>.json, "
+                   "build/<arm>.json, plan.json and stats/summary.json (default: the bundle's parent, when it is "
+                   "a run folder; --run '' checks the bundle alone)")
     p.set_defaults(func=_verify)
 
 

@@ -40,8 +40,6 @@ rule cost_compare:
         builds=[L.build(a) for a in cost_arms(CFG)],
     output:
         comparison=L.cost_summary,
-    params:
-        arm_configs=CFG["arms"],
     resources:
         **other_resources(CFG),
     log:

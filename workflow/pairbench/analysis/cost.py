@@ -103,6 +103,16 @@ def compare(summary: dict, costs: dict[str, dict], *, same: dict[str, bool]) -> 
     return {"baseline": base, "noise": noise, "arms": arms, "rows": rows, "agreement_counts": counts}
 
 
+def summarize(plan: dict, summary: dict, costs: dict[str, dict], builds: dict[str, dict]) -> dict:
+    """The ``cost_summary`` body (without ``inputs``) of a run: its *plan* (baseline, candidates and
+    each arm's engine, args, env, threads and launch), its wall-clock *summary*, every arm's ``cost``
+    body and ``build`` body (by arm). Rule ``cost_compare`` writes it and ``verify`` recomputes it
+    (:mod:`pairbench.publish.costcheck`): one function, so the two cannot differ."""
+    base = plan["baseline"]
+    same = {c: same_arm(plan["arms"], builds, base, c) for c in plan["candidates"]}
+    return compare(summary, costs, same=same)
+
+
 def statement(body: dict) -> str:
     """One sentence for the report: what the channel counted, and whether it agrees with wall time."""
     skipped = [f"`{a}` ({b['reason']}: {b['message']})" for a, b in body["arms"].items() if b["status"] != "counted"]

@@ -14,9 +14,11 @@ folder is a finished, intact run of the config at hand; anything else is the dec
    from another config, or from before the config changed), and every git arm's ref still names the
    commit its ``source/<arm>.json`` exported (a moved branch: the run measured older code);
 3. the bundle verifies (:func:`pairbench.publish.verify.verify_bundle`: every hash, schema and
-   verdict, the gate recomputed from the bundle's own measurements);
-4. the decision recomputed from ``stats/summary.json`` under the policy (the config's, else the one
-   recorded) is the published ``gate.json``, so what CI acts on is what was published.
+   verdict, the gate recomputed from the bundle's own measurements; and with this run folder, the
+   cost channel's verdicts ``stats/cost.json`` recomputed from ``cost/<arm>.json`` and the rest);
+4. the decision recomputed from ``stats/summary.json`` and ``stats/cost.json`` (when the run has the
+   cost channel) under the policy (the config's, else the one recorded) is the published
+   ``gate.json``, so what CI acts on is what was published.
 
 Then the result is the published record, whose ``exit_code`` and ``reason`` the command returns.
 """
@@ -58,12 +60,12 @@ def invalid_record(label: str, problems: list[str], policy: dict | None = None, 
     params = (summary or {}).get("params") or {}
     if policy is None:
         policy = {"metrics": list(params.get("primary", [])), "conditions": None,
-                  "fail_slower_than": params.get("noise"), "inconclusive": "pass"}
+                  "fail_slower_than": params.get("noise"), "inconclusive": "pass", "cost_metrics": []}
     return {"schema": schema_id("gate"), "label": label, "policy": policy, "decision": "invalid",
             "exit_code": pb_gate.EXIT["invalid"], "problems": problems,
             "reason": f"the run is not valid: {problems[0]}" + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""),
             "baseline": (summary or {}).get("baseline", "baseline"), "candidates": list((summary or {}).get("candidates", [])),
-            "cells": [], "arms": {}, "host": dict.fromkeys(pb_gate.HOST_FACTS), "report": pb_gate.REPORT,
+            "cells": [], "cost": None, "arms": {}, "host": dict.fromkeys(pb_gate.HOST_FACTS), "report": pb_gate.REPORT,
             "stats": {k: params.get(k) for k in ("alpha", "noise", "multiplicity")},
             "rounds": {"planned": None, "run": None, "adaptive": None, "stopped_by": None}, "inputs": {}}
 
@@ -136,19 +138,22 @@ def check_run(res_dir: str | Path, config: dict | None = None, root: str | Path 
     if problems:
         return GateResult(_invalid(L, problems, policy_cfg, summary), published=False)
     published = json.loads(Path(L.bundle, GATE_FILE).read_text())
-    found = verify_bundle(L.bundle)
+    found = verify_bundle(L.bundle, run_dir=L.res)
     if found:
         return GateResult(_invalid(L, [f"the bundle {L.bundle} does not verify: {found[0]}"
                                        + (f" (and {len(found) - 1} more)" if len(found) > 1 else "")],
                                    policy_cfg, summary), published=False)
     if policy_cfg is None:
-        policy_cfg = {k: published["policy"][k] for k in ("metrics", "conditions", "fail_slower_than", "inconclusive")}
+        policy_cfg = {k: published["policy"][k] for k in pb_gate.POLICY_KEYS}
     elif _resolved(policy_cfg, summary) != published["policy"]:
         return GateResult(_invalid(L, ["the bundle's gate.json applied another gate policy: run snakemake with "
                                        "this config to publish it again"], policy_cfg, summary), published=False)
+    # the cost channel's verdicts, when the published decision was made from them (a stats/cost.json
+    # left by an earlier config is not); verify_bundle above recomputed them from their inputs
+    cost = read_artifact(L.cost_summary, "cost_summary") if "cost_summary" in published["inputs"] else None
     again = pb_gate.decide(summary, policy_cfg, label=published["label"], arms=published["arms"],
-                           host=published["host"], inputs=published["inputs"])
-    differ = [k for k in ("decision", "exit_code", "reason", "problems", "cells") if again[k] != published[k]]
+                           host=published["host"], inputs=published["inputs"], cost=cost)
+    differ = [k for k in ("decision", "exit_code", "reason", "problems", "cells", "cost") if again[k] != published[k]]
     if differ:
         return GateResult(_invalid(L, [f"{L.summary} does not give the published gate.json ({', '.join(differ)} "
                                        "differ): the run folder changed after it was published"],

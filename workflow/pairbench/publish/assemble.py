@@ -170,12 +170,15 @@ def _without_outputs(tree: Path, outputs: list[str], dest: Path) -> Path:
 
 def write_gate(run: Run, environment: str, gate: dict | None) -> str:
     """``private/gate.json``: the gate's decision over the run under the *gate* policy (the config's
-    ``gate:``), with the arms' shas and the host facts of *environment* (``environment.json``)."""
+    ``gate:``), the cost channel's verdicts beside it when the run has them, with the arms' shas and
+    the host facts of *environment* (``environment.json``)."""
     L, plan = run.layout, run.plan
     body = pb_gate.decide(run.summary, gate, label=plan["label"], arms=pb_gate.arms_facts(plan, run.sources),
                           host=pb_gate.host_facts(read_artifact(environment, "environment")),
                           inputs={"summary": sha256_file(L.summary),
-                                  **{f"source.{a}": sha256_file(L.source(a)) for a in plan["arms"]}})
+                                  **({"cost_summary": sha256_file(L.cost_summary)} if run.cost is not None else {}),
+                                  **{f"source.{a}": sha256_file(L.source(a)) for a in plan["arms"]}},
+                          cost=run.cost)
     path = Path(L.private) / "gate.json"
     write_artifact(path, "gate", body)
     return str(path)

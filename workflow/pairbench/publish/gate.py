@@ -12,7 +12,18 @@ significant slowdown beyond a factor; Bencher on a threshold). Policy:
   multiplicity, against that threshold, so a regression the gate calls is always a ``slower``
   verdict of the run;
 - ``inconclusive``: ``pass`` (the default) or ``fail``: what a cell that could not rule out such a
-  slowdown does.
+  slowdown does;
+- ``cost_metrics``: the cost channel's metrics (:data:`pairbench.core.metrics.COST_METRICS`) whose
+  verdicts decide too; ``[]`` (the default): they are shown beside the wall-clock ones, never decide.
+
+The cost channel (``stats/cost.json``, docs/cost.md), where the run has one, is in ``gate.json`` as
+``cost`` (:func:`cost_record`): its rows at the gated conditions beside the wall-clock verdicts. It
+decides nothing unless the policy names its metrics, because a count is a model of the machine
+(it cannot see memory bandwidth, threads or the ISA paths valgrind cannot run). A gated cost cell is
+exact: a **regression** when its ratio lies above ``1 + fail_slower_than``, **inconclusive** when the
+channel is blind to the change (``not exercised``) or did not count it (``unavailable``: an arm not
+counted, a condition not counted), else **pass**. Gated or not, the reason names the cost channel's
+slower rows, its ``not exercised`` rows and the arms it did not count, so none reads as a pass unsaid.
 
 Each gated cell (candidate x condition x metric) is read from its interval, the metric's
 orientation deciding which side is slower (a lower tok/s, a higher ms):
@@ -26,7 +37,8 @@ The decision, and its exit status: ``invalid`` (3) when the run cannot be judged
 rounds missing); else ``regression`` (1) when any cell is one; else ``inconclusive`` (2) when a
 cell is and the policy fails it; else ``pass`` (0), saying what it could not rule out. One line of
 ``reason`` says why. The views of this record (:mod:`pairbench.publish.gateviews`) compute nothing
-it lacks; ``verify`` recomputes it from the bundle's measurements (:func:`gate_problems`).
+it lacks; ``verify`` recomputes it from the bundle's measurements (:func:`gate_problems`; the cost
+cells from ``stats/cost.json`` where the run folder is at hand).
 """
 
 from __future__ import annotations
@@ -35,6 +47,7 @@ import math
 from dataclasses import dataclass
 
 from pairbench.analysis.verdicts import SPEED_WORDS, read_ratio
+from pairbench.core.metrics import COST_COUNTERPARTS, COST_METRICS
 
 EXIT = {"pass": 0, "regression": 1, "inconclusive": 2, "invalid": 3}
 INCONCLUSIVE = ("pass", "fail")
@@ -42,6 +55,11 @@ REPORT = "publish/README.md"  # the full report, relative to the run folder
 HOST_FACTS = ("cpu_model", "cpu_count_logical", "cpu_arch", "memory_total_bytes", "os_family", "os_distribution",
               "gpu_count")
 CELL_NUMBERS = ("hl_ratio", "ci_low", "ci_high", "ci_level", "n_pairs", "rounds_needed", "detectable_change")
+# What a cost cell carries of its stats/cost.json row (pairbench.analysis.cost)
+COST_CELL = ("candidate", "condition", "metric", "verdict", "ratio", "baseline_per_tok", "candidate_per_tok",
+             "wall_metric", "wall_verdict", "agreement")
+UNAVAILABLE = "unavailable"  # a gated cost cell the channel did not count
+POLICY_KEYS = ("metrics", "conditions", "fail_slower_than", "inconclusive", "cost_metrics")
 REL_TOL = 1e-9
 
 
@@ -57,13 +75,14 @@ class Policy:
     conditions: tuple[str, ...] | None = None
     fail_slower_than: float | None = None
     inconclusive: str = "pass"
+    cost_metrics: tuple[str, ...] = ()
 
     @classmethod
     def from_config(cls, gate: dict | None) -> "Policy":
         gate = dict(gate or {})
-        unknown = sorted(set(gate) - {"metrics", "conditions", "fail_slower_than", "inconclusive"})
+        unknown = sorted(set(gate) - set(POLICY_KEYS))
         if unknown:
-            raise GateError(f"gate.{unknown[0]}: not a gate key (metrics, conditions, fail_slower_than, inconclusive)")
+            raise GateError(f"gate.{unknown[0]}: not a gate key ({', '.join(POLICY_KEYS)})")
         inconclusive = gate.get("inconclusive") or "pass"
         if inconclusive not in INCONCLUSIVE:
             raise GateError(f"gate.inconclusive: {inconclusive!r} is not pass or fail")
@@ -71,8 +90,13 @@ class Policy:
         if threshold is not None and (isinstance(threshold, bool) or not isinstance(threshold, (int, float))
                                       or not 0 <= threshold < 1):
             raise GateError(f"gate.fail_slower_than: {threshold!r} is not a fraction in [0, 1), e.g. 0.02")
+        cost = gate.get("cost_metrics") or []
+        if not isinstance(cost, list) or any(m not in COST_METRICS for m in cost) or len(set(cost)) != len(cost):
+            raise GateError(f"gate.cost_metrics: {cost!r} is not a list of distinct cost metrics "
+                            f"({', '.join(COST_METRICS)}), or [] for none")
         return cls(metrics=_names(gate, "metrics"), conditions=_names(gate, "conditions"),
-                   fail_slower_than=None if threshold is None else float(threshold), inconclusive=inconclusive)
+                   fail_slower_than=None if threshold is None else float(threshold), inconclusive=inconclusive,
+                   cost_metrics=tuple(cost))
 
     def resolved(self, summary: dict) -> dict:
         """The policy as it applies to *summary* (every null made explicit): what ``gate.json`` records."""
@@ -81,7 +105,7 @@ class Policy:
                 "conditions": list(self.conditions) if self.conditions is not None else None,
                 "fail_slower_than": (self.fail_slower_than if self.fail_slower_than is not None
                                      else float(params["noise"])),
-                "inconclusive": self.inconclusive}
+                "inconclusive": self.inconclusive, "cost_metrics": list(self.cost_metrics)}
 
 
 def _names(gate: dict, key: str) -> tuple[str, ...] | None:
@@ -217,6 +241,91 @@ def cells(summary: dict, policy: dict) -> list[dict]:
     return out
 
 
+# --- the cost channel ------------------------------------------------------------------------------
+
+def judge_cost(cell: dict, threshold: float) -> tuple[str, str]:
+    """``(outcome, rule)`` of one gated cost cell: its ratio is exact (a count has no sampling error),
+    so it is read, by the one verdict rule, against the band 1 + *threshold* alone; a cell the channel
+    cannot see the change in (``not exercised``) or did not count (``unavailable``) rules nothing out."""
+    if cell["verdict"] == UNAVAILABLE:
+        return "inconclusive", f"the cost channel did not count it: {cell['why']}"
+    if cell["verdict"] == "not exercised":
+        return "inconclusive", "the change runs nothing the simulator counts, so no slowdown is ruled out"
+    if _slower(cell["ratio"], threshold, False):
+        return "regression", f"gate.cost_metrics: the count per token is above 1 + {threshold:g}"
+    return "pass", f"the count per token is not above 1 + {threshold:g}"
+
+
+def _missing_cost_cell(cost: dict, summary: dict, cand: str, cond: str, metric: str) -> dict:
+    """A gated cost cell that ``stats/cost.json`` has no row for: an arm not counted, or a condition
+    the channel did not count (config ``cost.conditions``, ``cost.phases``)."""
+    arms = cost["arms"]
+    lost = [f"{a} not counted ({arms[a]['reason']})" for a in (summary["baseline"], cand)
+            if (arms.get(a) or {}).get("status") != "counted"]
+    wall = COST_COUNTERPARTS[COST_METRICS[metric].question]
+    paired = summary["comparisons"][cand]["paired"].get(cond, {}).get(wall) or {}
+    return {"candidate": cand, "condition": cond, "metric": metric, "verdict": UNAVAILABLE, "ratio": None,
+            "baseline_per_tok": None, "candidate_per_tok": None, "wall_metric": wall,
+            "wall_verdict": paired.get("verdict"), "agreement": "undecided",
+            "why": "; ".join(lost) or "the channel counted no such row (cost.conditions, cost.phases)"}
+
+
+def cost_record(cost: dict | None, summary: dict, policy: dict) -> dict | None:
+    """``gate.json``'s ``cost``: the cost channel's verdicts (*cost*: the ``stats/cost.json`` body) at the
+    gated conditions beside the wall-clock ones, each cell ``gated`` when its metric is one of
+    ``gate.cost_metrics`` (then judged: :func:`judge_cost`; else ``outcome`` null, shown only), a gated
+    cell the channel did not count added as ``unavailable``; and each arm's status. None: no channel."""
+    if cost is None:
+        return None
+    conds = gated_conditions(summary, policy)
+    gated = policy["cost_metrics"]
+    rows = {(r["candidate"], r["condition"], r["metric"]): r for r in cost["rows"] if r["condition"] in conds}
+    cells = [{**{k: r[k] for k in COST_CELL}, "why": None} for r in rows.values()]
+    cells += [_missing_cost_cell(cost, summary, cand, cond, m) for cand in summary["candidates"] for cond in conds
+              for m in gated if (cand, cond, m) not in rows]
+    for c in cells:
+        outcome, rule = judge_cost(c, policy["fail_slower_than"]) if c["metric"] in gated else (None, "shown, not gated")
+        c.update(gated=c["metric"] in gated, outcome=outcome, rule=rule)
+    return {"cells": cells, "arms": {a: {"status": b["status"], "reason": b["reason"]} for a, b in cost["arms"].items()}}
+
+
+def cost_body(record: dict | None) -> dict | None:
+    """The part of a ``stats/cost.json`` body that :func:`cost_record` reads, back from a record
+    (``verify`` of a bundle alone: the cost verdicts themselves are checked against their inputs in
+    the run folder, :mod:`pairbench.publish.costcheck`)."""
+    if record is None:
+        return None
+    return {"arms": record["arms"], "rows": [{k: c[k] for k in COST_CELL} for c in record["cells"]
+                                              if c["verdict"] != UNAVAILABLE]}
+
+
+def _cost_where(c: dict) -> str:
+    ratio = "" if c["ratio"] is None else f" ({c['ratio']:.4f}x)"
+    return f"{c['candidate']} {c['metric']} at {c['condition']}{ratio}"
+
+
+def cost_note(record: dict | None) -> str:
+    """What the reason adds about the cost channel: its slower rows that do not decide, and, gated or
+    not, what it could not judge (not exercised, arms not counted), so that none of these reads as part
+    of a "no regression" claim unsaid. Empty when the run has no channel or nothing to say."""
+    if record is None:
+        return ""
+    cells = record["cells"]
+    parts = []
+    slower = [c for c in cells if not c["gated"] and c["verdict"] == "slower"]
+    if slower:
+        parts.append(f"the cost channel (shown, not gated: gate.cost_metrics) calls {_cost_where(slower[0])} "
+                     f"slower{_more(slower)}")
+    blind = [c for c in cells if c["verdict"] == "not exercised"]
+    if blind:
+        parts.append(f"the cost channel cannot see the change in {_cost_where(blind[0])}{_more(blind)} "
+                     "(not exercised)")
+    lost = [f"{a} ({b['reason']})" for a, b in record["arms"].items() if b["status"] != "counted"]
+    if lost:
+        parts.append(f"the cost channel did not count {', '.join(lost)}")
+    return "".join(f"; {p}" for p in parts)
+
+
 # --- the decision ----------------------------------------------------------------------------------
 
 def interval_text(c: dict) -> str:
@@ -237,21 +346,38 @@ def _more(items: list) -> str:
     return f" (and {len(items) - 1} more)" if len(items) > 1 else ""
 
 
-def decision(cell_list: list[dict], policy: dict) -> tuple[str, str]:
-    """``(decision, reason)`` from judged cells (a run without problems)."""
+def decision(cell_list: list[dict], policy: dict, cost: dict | None = None) -> tuple[str, str]:
+    """``(decision, reason)`` from judged cells (a run without problems) and the cost record
+    (:func:`cost_record`), whose gated cells decide beside the wall-clock ones; the reason ends with
+    :func:`cost_note`."""
+    verdict, reason = _decision(cell_list, [c for c in (cost or {}).get("cells", []) if c["gated"]], policy)
+    return verdict, reason + cost_note(cost)
+
+
+def _inconclusive_words(c: dict) -> str:
+    if "n_pairs" not in c:  # a cost cell
+        return f"the cost channel's {_cost_where(c)} is {c['verdict']}: {c['rule']}"
+    need = f"; about {c['rounds_needed']} rounds would resolve it" if c["rounds_needed"] else ""
+    return f"{_where(c)} is {interval_text(c)} over {c['n_pairs']} rounds{need}"
+
+
+def _decision(cell_list: list[dict], cost_cells: list[dict], policy: dict) -> tuple[str, str]:
     t = f"{policy['fail_slower_than']:.2%}".replace(".00%", "%")
     reg = [c for c in cell_list if c["outcome"] == "regression"]
-    inc = [c for c in cell_list if c["outcome"] == "inconclusive"]
-    n = len(cell_list)
+    cost_reg = [c for c in cost_cells if c["outcome"] == "regression"]
+    inc = [c for c in (*cell_list, *cost_cells) if c["outcome"] == "inconclusive"]
+    n = len(cell_list) + len(cost_cells)
     if reg:
         c = reg[0]
         return "regression", (f"a slowdown beyond {t}: {_where(c)} is {interval_text(c)}, over {c['n_pairs']} "
                               f"rounds{_more(reg)}")
+    if cost_reg:
+        c = cost_reg[0]
+        return "regression", (f"a slowdown beyond {t} in the cost channel (gate.cost_metrics): {c['candidate']} "
+                              f"{c['metric']} at {c['condition']} counts {c['ratio']:.4f}x the baseline's per token "
+                              f"(wall time: {c['wall_verdict'] or 'not compared'}){_more(cost_reg)}")
     if inc:
-        c = inc[0]
-        need = f"; about {c['rounds_needed']} rounds would resolve it" if c["rounds_needed"] else ""
-        what = (f"{len(inc)} of {n} gated cells could not rule out a slowdown beyond {t}: {_where(c)} is "
-                f"{interval_text(c)} over {c['n_pairs']} rounds{need}")
+        what = f"{len(inc)} of {n} gated cells could not rule out a slowdown beyond {t}: {_inconclusive_words(inc[0])}"
         if policy["inconclusive"] == "fail":
             return "inconclusive", f"{what}; the policy fails an inconclusive result"
         return "pass", f"no slowdown beyond {t} shown, but {what}"
@@ -278,20 +404,27 @@ def host_facts(environment: dict) -> dict:
     return {k: environment.get(k) for k in HOST_FACTS}
 
 
-def decide(summary: dict, gate: dict | None, *, label: str, arms: dict, host: dict, inputs: dict) -> dict:
-    """The ``gate.json`` body: the policy as applied, every gated cell judged, the decision, its exit
-    status and its reason, with the arms' shas (:func:`arms_facts`) and the host (:func:`host_facts`)."""
+def decide(summary: dict, gate: dict | None, *, label: str, arms: dict, host: dict, inputs: dict,
+           cost: dict | None = None) -> dict:
+    """The ``gate.json`` body: the policy as applied, every gated cell judged, the cost channel's
+    cells (*cost*: the ``stats/cost.json`` body, when the run has one: :func:`cost_record`), the
+    decision, its exit status and its reason, with the arms' shas (:func:`arms_facts`) and the host
+    (:func:`host_facts`)."""
     policy = Policy.from_config(gate).resolved(summary)
     problems = run_problems(summary, policy)
+    if policy["cost_metrics"] and cost is None:
+        problems.append(f"gate.cost_metrics: {', '.join(policy['cost_metrics'])} gated, but the run has no cost "
+                        "channel (config cost.enabled, a single-stream run: docs/cost.md)")
     judged = [] if problems else cells(summary, policy)
+    record = None if problems else cost_record(cost, summary, policy)
     if problems:
         verdict, reason = "invalid", f"the run is not valid: {problems[0]}{_more(problems)}"
     else:
-        verdict, reason = decision(judged, policy)
+        verdict, reason = decision(judged, policy, record)
     rounds = (summary.get("run") or {}).get("rounds") or {}
     return {"label": label, "policy": policy, "decision": verdict, "exit_code": EXIT[verdict], "reason": reason,
             "problems": problems, "baseline": summary["baseline"], "candidates": list(summary["candidates"]),
-            "cells": judged, "arms": arms, "host": host, "report": REPORT,
+            "cells": judged, "cost": record, "arms": arms, "host": host, "report": REPORT,
             "stats": {k: summary["params"][k] for k in ("alpha", "noise", "multiplicity")},
             "rounds": {"planned": rounds.get("planned"), "run": rounds.get("run"),
                        "adaptive": rounds.get("adaptive"),
@@ -301,18 +434,22 @@ def decide(summary: dict, gate: dict | None, *, label: str, arms: dict, host: di
 
 # --- verify: the published gate.json against the bundle's own measurements ------------------------
 
-def gate_problems(published: dict, summary: dict) -> list[str]:
+def gate_problems(published: dict, summary: dict, cost: dict | None = None) -> list[str]:
     """Problems with a published ``gate.json`` against *summary* (recomputed from the bundle's
-    measurements): the decision, its reason and every cell must be what the recorded policy gives."""
+    measurements): the decision, its reason and every cell must be what the recorded policy gives.
+    *cost*: the run's ``stats/cost.json`` body; without it (a bundle alone) the record's own cost
+    cells are taken as the channel's verdicts (:func:`cost_body`), and their judging is checked."""
     try:
         want = decide(summary, _as_config(published["policy"]), label=published["label"], arms=published["arms"],
-                      host=published["host"], inputs=published["inputs"])
-    except (GateError, KeyError) as exc:
+                      host=published["host"], inputs=published["inputs"],
+                      cost=cost if cost is not None else cost_body(published.get("cost")))
+    except (GateError, KeyError, TypeError) as exc:
         return [f"gate.json: cannot be recomputed: {exc}"]
     problems = []
     for key in ("decision", "exit_code", "reason", "problems", "policy", "baseline", "candidates"):
         if published.get(key) != want[key]:
             problems.append(f"gate.json: {key} is {published.get(key)!r}, the measurements give {want[key]!r}")
+    problems += _cost_record_problems(published.get("cost"), want["cost"])
     got_cells = published.get("cells") or []
     if len(got_cells) != len(want["cells"]):
         return problems + [f"gate.json: {len(got_cells)} cells, the measurements give {len(want['cells'])}"]
@@ -324,8 +461,20 @@ def gate_problems(published: dict, summary: dict) -> list[str]:
     return problems
 
 
+def _cost_record_problems(got: dict | None, want: dict | None) -> list[str]:
+    if (got is None) != (want is None) or (want is not None and (got["arms"] != want["arms"]
+                                                                 or len(got["cells"]) != len(want["cells"]))):
+        return [f"gate.json: cost is {got!r}, the cost channel's verdicts give {want!r}"]
+    problems = []
+    for i, (g, exp) in enumerate(zip((got or {}).get("cells", []), (want or {}).get("cells", []))):
+        problems += [f"gate.json: cost.cells[{i}] ({exp['candidate']} {exp['metric']} at {exp['condition']}): {key} is "
+                     f"{g.get(key)!r}, the cost channel's verdicts give {value!r}"
+                     for key, value in exp.items() if not _same(g.get(key), value)]
+    return problems
+
+
 def _as_config(policy: dict) -> dict:
-    return {k: policy[k] for k in ("metrics", "conditions", "fail_slower_than", "inconclusive")}
+    return {k: policy[k] for k in POLICY_KEYS if k in policy}
 
 
 def _same(a, b) -> bool:

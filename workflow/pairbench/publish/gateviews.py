@@ -7,16 +7,19 @@ it lacks (pytest's JUnit XML and a GitHub step summary are the shapes):
   its reason, a table of the gated cells (outcome, the run's verdict, ratio, interval, rounds, the
   rule), the policy, the arms with their refs and shas, the host, and the path of the full report
   (no links: a CI page renders it wherever it lands);
-- :func:`junit`: one ``<testcase>`` per gated cell (a regression, or an inconclusive cell under a
-  policy that fails it, is a ``<failure>``); a run that cannot be judged is one ``<testcase>`` with
-  an ``<error>``.
+- :func:`junit`: one ``<testcase>`` per gated cell, the cost channel's gated cells included (a
+  regression, or an inconclusive cell under a policy that fails it, is a ``<failure>``); a run that
+  cannot be judged is one ``<testcase>`` with an ``<error>``.
+
+The Markdown shows the cost channel's cells (``gate.json``'s ``cost``) in a table of their own after
+the wall-clock one, saying whether they decide and which arms were not counted.
 """
 
 from __future__ import annotations
 
 import xml.etree.ElementTree as ET
 
-MARK = {"pass": "pass", "regression": "**regression**", "inconclusive": "*inconclusive*"}
+MARK = {"pass": "pass", "regression": "**regression**", "inconclusive": "*inconclusive*", None: "shown, not gated"}
 
 
 def _cell_text(value: str) -> str:
@@ -53,6 +56,33 @@ def _cells_table(g: dict) -> list[str]:
     return lines
 
 
+def _cost_lines(g: dict) -> list[str]:
+    """The cost channel's verdicts beside the wall-clock ones, the arms it did not count, and whether
+    they decide (gate.cost_metrics)."""
+    cost = g.get("cost")
+    if cost is None:
+        return []
+    gated = g["policy"].get("cost_metrics") or []
+    head = (f"Cost channel (simulated counts per token, docs/cost.md): {', '.join(gated)} decide beside the "
+            "wall-clock cells; the rest are shown." if gated else
+            "Cost channel (simulated counts per token, docs/cost.md): shown beside the wall-clock verdicts; it "
+            "decides nothing (gate.cost_metrics is empty).")
+    lines = [head, ""]
+    lost = [f"`{a}` ({b['reason']})" for a, b in cost["arms"].items() if b["status"] != "counted"]
+    if lost:
+        lines += [f"Not counted: {', '.join(lost)}: its cells are unavailable, never a pass.", ""]
+    if cost["cells"]:
+        lines += ["| candidate | condition | cost metric | outcome | cost verdict | ratio | wall-clock verdict | "
+                  "agreement | rule |", "|---|---|---|---|---|---|---|---|---|"]
+        for c in cost["cells"]:
+            ratio = "n/a" if c["ratio"] is None else f"{c['ratio']:.4f}x"
+            lines.append("| " + " | ".join(_cell_text(x) for x in (
+                c["candidate"], c["condition"], c["metric"], MARK[c["outcome"]], c["verdict"], ratio,
+                f"{c['wall_metric']} {c['wall_verdict'] or '–'}", c["agreement"], c["rule"])) + " |")
+        lines.append("")
+    return lines
+
+
 def _arms_table(g: dict) -> list[str]:
     lines = ["| arm | role | engine | source | ref | commit | patches |", "|---|---|---|---|---|---|---|"]
     for name, a in g["arms"].items():
@@ -79,6 +109,7 @@ def markdown(g: dict) -> str:
         out += [f"- {p}" for p in g["problems"]] + [""]
     if g["cells"]:
         out += _cells_table(g) + [""]
+    out += _cost_lines(g)
     if g["policy"]["metrics"]:
         out += [_policy_line(g), ""]
     if g["arms"]:
@@ -92,9 +123,18 @@ def markdown(g: dict) -> str:
     return "\n".join(out)
 
 
+def _detail(c: dict) -> str:
+    if "n_pairs" not in c:  # a gated cost cell
+        ratio = "n/a" if c["ratio"] is None else f"{c['ratio']:.4f}x"
+        return (f"{c['outcome']}: the cost channel counts {ratio} the baseline's per token; its verdict: "
+                f"{c['verdict']}; wall time ({c['wall_metric']}): {c['wall_verdict'] or 'not compared'}; {c['rule']}")
+    return (f"{c['outcome']}: {_ratio(c)} {_interval(c)} at {c['ci_level']:.2%} over {c['n_pairs']} rounds; "
+            f"the run's verdict: {c['verdict']}; {c['rule']}")
+
+
 def junit(g: dict) -> str:
     """JUnit XML of one gate record: one test case per gated cell (UTF-8, with an XML declaration)."""
-    cases = g["cells"]
+    cases = [*g["cells"], *(c for c in (g.get("cost") or {}).get("cells", []) if c["gated"])]
     failing = [c for c in cases if c["outcome"] == "regression"
                or (c["outcome"] == "inconclusive" and g["policy"]["inconclusive"] == "fail")]
     errors = 1 if g["decision"] == "invalid" else 0
@@ -118,8 +158,7 @@ def junit(g: dict) -> str:
     for c in cases:
         case = ET.SubElement(suite, "testcase", {"classname": f"pairbench.{g['label']}.{c['candidate']}",
                                                  "name": f"{c['metric']} at {c['condition']}", "time": "0"})
-        detail = (f"{c['outcome']}: {_ratio(c)} {_interval(c)} at {c['ci_level']:.2%} over {c['n_pairs']} rounds; "
-                  f"the run's verdict: {c['verdict']}; {c['rule']}")
+        detail = _detail(c)
         if c in failing:
             fail = ET.SubElement(case, "failure", {"type": c["outcome"], "message": detail})
             fail.text = detail

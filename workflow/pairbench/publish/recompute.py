@@ -14,7 +14,8 @@ the statistics stage ran it, and checks, cell by cell, that
 - ``README.md`` contains the statistics section, regenerated from the recomputed summary, verbatim;
 - ``gate.json``, when the bundle has one, is the decision its recorded policy gives over the
   recomputed summary (:func:`pairbench.publish.gate.gate_problems`): its decision, reason and every
-  gated cell.
+  gated cell (its cost channel cells are judged again as recorded: ``stats/cost.json`` is not in the
+  bundle, and :mod:`pairbench.publish.costcheck` recomputes it where the run folder is at hand).
 
 Any difference is a problem naming the file, the row and the column: a published number or verdict
 that the measurements do not give.

@@ -12,6 +12,9 @@ No network, no model, no engine: only the bundle, and optionally the clean sourc
 - bundled Python scripts pass a syntax check (``compile``; nothing is run);
 - every verdict and number recomputes from ``tables/measurements.csv`` and ``stats_params.json``
   (:mod:`pairbench.publish.recompute`): the tables, the run facts and the README's statistics section;
+- with the run folder it was made from: the cost channel's verdicts (``stats/cost.json``) recompute
+  from ``cost/<arm>.json``, ``build/<arm>.json``, ``plan.json`` and ``stats/summary.json``
+  (:mod:`pairbench.publish.costcheck`);
 - with a clean source: the bundled patches apply in MANIFEST order (``git apply --check``, then
   ``git apply`` on a temporary copy) and the patched files' sha256 equal the ones recorded from the
   measured source (``MANIFEST.source.patched_files``).
@@ -188,10 +191,13 @@ def apply_patches(clean_source: str | os.PathLike, patches: Iterable[tuple[str, 
 # --- the whole bundle --------------------------------------------------------------------------
 
 def verify_bundle(bundle_dir: str | os.PathLike, *, clean_source: str | os.PathLike | None = None,
-                  recompute_stats: bool = True) -> list[str]:
+                  recompute_stats: bool = True, run_dir: str | os.PathLike | None = None) -> list[str]:
     """Problems found in the bundle (empty list = verified). Never raises for a bad bundle.
     *recompute_stats* False skips the statistics recomputation (the bundle stage's own pre-check,
-    run before the report and parameters it would compare exist)."""
+    run before the report and parameters it would compare exist). *run_dir*: the run folder the
+    bundle was made from, whose cost channel's verdicts (``stats/cost.json``, not bundled) are then
+    recomputed from their inputs too, when the bundle publishes them
+    (:func:`pairbench.publish.costcheck.cost_problems`)."""
     root = Path(bundle_dir)
     if not root.is_dir():
         return [f"{root}: not a directory"]
@@ -230,6 +236,12 @@ def verify_bundle(bundle_dir: str | os.PathLike, *, clean_source: str | os.PathL
         problems += recompute_problems(root)
     if clean_source is not None:
         problems += _source_problems(root, manifest["source"], clean_source)
+    if run_dir is not None:
+        from pairbench.publish import costcheck
+
+        publisher = costcheck.published_by(root)
+        if publisher is not None:  # a stats/cost.json the bundle does not publish is no figure of it
+            problems += costcheck.cost_problems(run_dir, published_by=publisher)
     return problems
 
 

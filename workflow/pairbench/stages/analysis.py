@@ -160,17 +160,17 @@ def crosscheck_compare_stage(*, comparison: str, summary: str, plan: str, crossc
     write_artifact(comparison, "crosscheck_summary", body)
 
 
-def cost_compare_stage(*, comparison: str, summary: str, plan: str, costs: list[str], builds: list[str],
-                       arm_configs: dict) -> None:
-    """The cost channel's verdicts beside the wall-clock ones (pairbench.analysis.cost), for every
-    candidate; an arm not counted is carried with its reason."""
+def cost_compare_stage(*, comparison: str, summary: str, plan: str, costs: list[str], builds: list[str]) -> None:
+    """The cost channel's verdicts beside the wall-clock ones (pairbench.analysis.cost.summarize, which
+    ``verify`` recomputes), for every candidate; an arm not counted is carried with its reason."""
     plan_body = read_artifact(plan, "plan")
     bodies = {b["arm"]: (b, p) for b, p in ((read_artifact(p, "cost"), p) for p in costs)}
-    built = {b["arm"]: b for b in (read_artifact(p, "build") for p in builds)}
-    base = plan_body["baseline"]
-    same = {c: pb_cost.same_arm(arm_configs, built, base, c) for c in plan_body["candidates"]}
-    body = pb_cost.compare(read_artifact(summary, "summary"), {a: b for a, (b, _) in bodies.items()}, same=same)
-    body["inputs"] = {"summary": sha256_file(summary), **{f"cost.{a}": sha256_file(p) for a, (_, p) in sorted(bodies.items())}}
+    built = {b["arm"]: (b, p) for b, p in ((read_artifact(p, "build"), p) for p in builds)}
+    body = pb_cost.summarize(plan_body, read_artifact(summary, "summary"), {a: b for a, (b, _) in bodies.items()},
+                             {a: b for a, (b, _) in built.items()})
+    body["inputs"] = {"plan": sha256_file(plan), "summary": sha256_file(summary),
+                      **{f"cost.{a}": sha256_file(p) for a, (_, p) in sorted(bodies.items())},
+                      **{f"build.{a}": sha256_file(p) for a, (_, p) in sorted(built.items())}}
     for r in body["rows"]:
         logging.getLogger("pairbench").info("%s %s %s: %.4fx %s (wall time: %s)", r["candidate"], r["condition"], r["metric"], r["ratio"],
                  r["verdict"], r["wall_verdict"])

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -351,3 +352,16 @@ def cost_stage(layout: Layout, options: CostChannel, *, arm_configs: dict, serve
         body["inputs"] = {"plan": sha256_file(L.plan), "build": sha256_file(build_path),
                           **{f"prompts.{r['condition']}": sha256_file(L.prompts(r["condition"])) for r in requests}}
         write_artifact(L.cost(a), "cost", body)
+    drop_scratch(work)
+
+
+def drop_scratch(work: Path) -> None:
+    """Remove the cost job's work folder (``private/cost/work``) and ``private/cost`` when that is
+    then empty. It is scratch, not a record: a byte-compiled copy of the last arm's tree, a link to
+    the model and the last arm's callgrind dumps only (each arm clears the one before's), so what it
+    held after the job described one arm of the run at most. The counts are in ``cost/<arm>.json``,
+    the tool's output in the job's log; the next cost job makes the folder again, at the same path
+    (docs/cost.md, "Determinism")."""
+    shutil.rmtree(work, ignore_errors=True)
+    with contextlib.suppress(OSError):
+        work.parent.rmdir()
