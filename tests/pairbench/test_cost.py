@@ -158,6 +158,22 @@ def _rows(body: dict, metric: str) -> dict:
     return next(r for r in body["rows"] if r["metric"] == metric)
 
 
+def test_the_cost_verdict_sits_beside_the_wall_clock_metric_the_run_tests():
+    # config/llama-cpp.yaml tests the engine's own timings; the client's are shown untested (verdict None)
+    paired = {"decode_tok_s": {"verdict": None, "hl_ratio": 1.05},
+              "engine_decode_tok_s": {"verdict": "inconclusive", "hl_ratio": 1.052}}
+    summary = {**SUMMARY, "comparisons": {"candidate": {"paired": {"in256-out8": paired}}}}
+    body = cost_verdicts.compare(summary, {"baseline": _body("baseline", 8_000_000), "candidate": _body("candidate", 8_160_000)},
+                                 same={"candidate": False})
+    row = _rows(body, COST_NAMES.decode_instructions_per_tok)
+    assert (row["wall_metric"], row["wall_verdict"], row["wall_ratio"]) == ("engine_decode_tok_s", "inconclusive", 1.052)
+    # where the run tests the client's figure, that one (the default config)
+    row = _rows(cost_verdicts.compare(SUMMARY, {"baseline": _body("baseline", 8_000_000),
+                                                "candidate": _body("candidate", 8_160_000)}, same={"candidate": False}),
+                COST_NAMES.decode_instructions_per_tok)
+    assert row["wall_metric"] == "decode_tok_s"
+
+
 def test_two_percent_more_decode_instructions_is_slower_where_wall_time_is_inconclusive():
     body = cost_verdicts.compare(SUMMARY, {"baseline": _body("baseline", 8_000_000), "candidate": _body("candidate", 8_160_000)},
                                  same={"candidate": False})

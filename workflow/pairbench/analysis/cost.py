@@ -13,7 +13,8 @@ wall-clock comparisons). Per candidate, condition and cost metric
   read **not exercised**, never ``equivalent``: the candidate's change ran no instruction the channel
   counts (an AVX-512 kernel, a thread count, a barrier: what it cannot see);
 - beside it, the wall-clock verdict of the same question and condition (``decode_tok_s`` for decode,
-  ``prefill_tok_s`` for prefill: :data:`pairbench.core.metrics.COST_COUNTERPARTS`) and
+  ``prefill_tok_s`` for prefill, or the engine's own figures where the run tests those instead:
+  :func:`wall_cell`, :data:`pairbench.core.metrics.COST_COUNTERPARTS`) and
   ``agreement``: ``agree`` where both make the same claim, ``disagree`` where both make a claim and
   the claims differ, else ``undecided`` (wall time inconclusive or untested, the channel not
   exercised).
@@ -52,9 +53,17 @@ def judge(ratio: float, *, noise: float, identical: bool, same_arms: bool) -> ve
     return verdicts.read_ratio(ratio, noise=noise, higher_is_better=False)
 
 
-def _wall(summary: dict, candidate: str, condition: str, phase: str) -> tuple[str | None, float | None]:
-    cell = summary["comparisons"][candidate]["paired"].get(condition, {}).get(COST_COUNTERPARTS[phase])
-    return (None, None) if cell is None else (cell["verdict"], cell.get("hl_ratio"))
+def wall_cell(summary: dict, candidate: str, condition: str, phase: str) -> tuple[str, dict | None]:
+    """The wall-clock comparison a cost metric of *phase* sits beside: ``(metric, its paired cell)``,
+    the first of :data:`COST_COUNTERPARTS` the run tests (a primary metric has a verdict: the client's
+    ``decode_tok_s``, or the engine's own ``engine_decode_tok_s`` where a config tests that instead),
+    else the first the run has, else the first name and None."""
+    paired = summary["comparisons"][candidate]["paired"].get(condition, {})
+    names = COST_COUNTERPARTS[phase]
+    tested = [m for m in names if (paired.get(m) or {}).get("verdict") is not None]
+    present = [m for m in names if paired.get(m) is not None]
+    metric = (tested or present or list(names))[0]
+    return metric, paired.get(metric)
 
 
 def agreement(cost_verdict: str, wall_verdict: str | None) -> str:
@@ -94,10 +103,11 @@ def compare(summary: dict, costs: dict[str, dict], *, same: dict[str, bool]) -> 
             ratio = cv / bv
             j = judge(ratio, noise=noise, identical=_instructions_identical(b_body, c_body, cond, phase),
                       same_arms=same.get(cand, False))
-            wall_verdict, wall_ratio = _wall(summary, cand, cond, phase)
+            wall_metric, cell = wall_cell(summary, cand, cond, phase)
+            wall_verdict, wall_ratio = (None, None) if cell is None else (cell["verdict"], cell.get("hl_ratio"))
             rows.append({"candidate": cand, "condition": cond, "phase": phase, "metric": metric,
                          "baseline_per_tok": bv, "candidate_per_tok": cv, "ratio": ratio, "verdict": j.verdict,
-                         "reason": j.reason, "wall_metric": COST_COUNTERPARTS[phase], "wall_verdict": wall_verdict,
+                         "reason": j.reason, "wall_metric": wall_metric, "wall_verdict": wall_verdict,
                          "wall_ratio": wall_ratio, "agreement": agreement(j.verdict, wall_verdict)})
     counts = {k: sum(1 for r in rows if r["agreement"] == k) for k in ("agree", "disagree", "undecided")}
     return {"baseline": base, "noise": noise, "arms": arms, "rows": rows, "agreement_counts": counts}

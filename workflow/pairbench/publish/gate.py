@@ -46,8 +46,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from pairbench.analysis import cost as pb_cost
 from pairbench.analysis.verdicts import SPEED_WORDS, read_ratio
-from pairbench.core.metrics import COST_COUNTERPARTS, COST_METRICS
+from pairbench.core.metrics import COST_METRICS
 
 EXIT = {"pass": 0, "regression": 1, "inconclusive": 2, "invalid": 3}
 INCONCLUSIVE = ("pass", "fail")
@@ -262,8 +263,8 @@ def _missing_cost_cell(cost: dict, summary: dict, cand: str, cond: str, metric: 
     arms = cost["arms"]
     lost = [f"{a} not counted ({arms[a]['reason']})" for a in (summary["baseline"], cand)
             if (arms.get(a) or {}).get("status") != "counted"]
-    wall = COST_COUNTERPARTS[COST_METRICS[metric].question]
-    paired = summary["comparisons"][cand]["paired"].get(cond, {}).get(wall) or {}
+    wall, cell = pb_cost.wall_cell(summary, cand, cond, COST_METRICS[metric].question)
+    paired = cell or {}
     return {"candidate": cand, "condition": cond, "metric": metric, "verdict": UNAVAILABLE, "ratio": None,
             "baseline_per_tok": None, "candidate_per_tok": None, "wall_metric": wall,
             "wall_verdict": paired.get("verdict"), "agreement": "undecided",

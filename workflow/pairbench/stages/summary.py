@@ -41,9 +41,13 @@ VISIT_S_BY_ENGINE = {
 CMAKE_BUILD = "a CMake build per arm (llama.cpp: 497-991 s with a cold ccache, 39-104 s warm)"
 CROSSCHECK = "{tool} after the visits, {rounds} rounds (llama-bench's 3 took ~5 min at load 4-8)"
 # The cost channel (docs/cost.md, "Cost of the channel"): one arm's simulated request at a 256-token
-# prompt took 87-90 s (the embedded engine, decode counted, 8 decode tokens, caches simulated).
+# prompt, 8 decode tokens, caches simulated, on this project's 2-core AMD host: the embedded engine
+# 87-97 s (decode counted); llama.cpp's llama-bench 419 s (decode) and 676-705 s (prefill and decode):
+# valgrind emulates every lane of its FMA kernels for the prompt the decode needs.
 COST_CHANNEL = ("the cost channel after the visits: {arms} arm(s) x {conds} under callgrind, {phases} counted "
-                "(~90 s an arm at a 256-token prompt, more as the prompt grows: docs/cost.md)")
+                "({estimate}, more as the prompt grows: docs/cost.md)")
+COST_ESTIMATE = {"embedded": "~90 s an arm at a 256-token prompt",
+                 "llama-server": "~7 min an arm at a 256-token prompt, ~11.5 min with prefill counted"}
 
 
 def _source(src) -> str:
@@ -139,8 +143,9 @@ def _extras(cfg: dict) -> list[str]:
         conds = pb_conditions.conditions(cfg)
         chosen = ([pb_conditions.shortest(conds)] if cost["conditions"] == "shortest" else
                   conds if cost["conditions"] is None else [c for c in conds if c.id in cost["conditions"]])
+        estimate = COST_ESTIMATE.get(arm_engine(cfg["arms"][baseline_arm(cfg)]), "its time not measured for this engine")
         out.append(COST_CHANNEL.format(arms=len(cfg["arms"]), conds=", ".join(pb_conditions.ids(chosen)),
-                                       phases=" and ".join(cost["phases"])))
+                                       phases=" and ".join(cost["phases"]), estimate=estimate))
     return out
 
 
