@@ -174,6 +174,15 @@ def test_the_cost_verdict_sits_beside_the_wall_clock_metric_the_run_tests():
     assert row["wall_metric"] == "decode_tok_s"
 
 
+def test_arms_counted_two_ways_compare_instructions_but_not_simulated_cycles():
+    base, cand = _body("baseline", 8_000_000), _body("candidate", 8_160_000)
+    base["facts"], cand["facts"] = {"counting": "wrapped"}, {"counting": "toggle-collect"}
+    body = cost_verdicts.compare(SUMMARY, {"baseline": base, "candidate": cand}, same={"candidate": False})
+    assert _rows(body, COST_NAMES.decode_instructions_per_tok)["verdict"] == "slower"
+    cycles = _rows(body, COST_NAMES.decode_cycles_per_tok)
+    assert cycles["verdict"] == "inconclusive" and "counted differently" in cycles["reason"]
+
+
 def test_two_percent_more_decode_instructions_is_slower_where_wall_time_is_inconclusive():
     body = cost_verdicts.compare(SUMMARY, {"baseline": _body("baseline", 8_000_000), "candidate": _body("candidate", 8_160_000)},
                                  same={"candidate": False})

@@ -107,3 +107,22 @@ def test_without_a_link_command_it_falls_back_to_toggle_collect_and_says_so(tmp_
     assert got.facts["counting"] == "toggle-collect"
     assert "no CMake link command" in got.facts["relink"]
     assert set(got.conditions["in40-out8"]) == {"prefill", "decode"}  # everything instrumented anyway
+
+
+def test_a_llama_bench_that_never_calls_the_function_itself_is_counted_the_slow_way(tmp_path):
+    # main calls decode_batch(), which calls llama_process inside the same object: --wrap cannot reach it
+    root = tmp_path / "arm"
+    binary = _build(root, 2000)
+    tool = root / "build" / "tools" / "llama-bench"
+    lib = LIB + "int32_t decode_batch(const struct llama_batch *b) { return llama_process(0, 0, b); }\n"
+    (tool / "lib.c").write_text(lib)
+    (tool / "main.c").write_text(MAIN.replace("llama_process(NULL, 0, ", "decode_batch(").replace(
+        "int32_t llama_process(struct llama_context *, int, const struct llama_batch *);",
+        "int32_t decode_batch(const struct llama_batch *);"))
+    subprocess.run(["cc", "-O0", "-DWORK=2000", "-c", "lib.c", "-o", "lib.o"], cwd=tool, check=True)
+    subprocess.run(["ar", "rcs", "libfake.a", "lib.o"], cwd=tool, check=True)
+    subprocess.run(["cc", "-O0", "-c", "main.c", "-o", "CMakeFiles/llama-bench.dir/main.o"], cwd=tool, check=True)
+    subprocess.run((tool / "CMakeFiles" / "llama-bench.dir" / "link.txt").read_text().split(), cwd=tool, check=True)
+    got = _count(binary, tmp_path / "work", ("decode",))
+    assert got.facts["counting"] == "toggle-collect" and "never called llama_process" in got.facts["relink"]
+    assert got.conditions["in40-out8"]["decode"].counts.instructions > 0

@@ -99,6 +99,7 @@ def _add_plan(sub) -> None:
 
 
 def _verify(args: argparse.Namespace) -> int:
+    from pairbench.publish import costcheck
     from pairbench.publish.verify import bundle_versions, verify_bundle
 
     run_dir = args.run if args.run is not None else _run_of(args.bundle)
@@ -111,7 +112,7 @@ def _verify(args: argparse.Namespace) -> int:
     checked = ("MANIFEST hashes, schemas, fixture hashes, scripts, every verdict and number recomputed from "
                "tables/measurements.csv" + (", patches and patched-file hashes" if args.source else "")
                + (f", the cost channel's verdicts of {run_dir} recomputed"
-                  if run_dir and Path(run_dir, "stats", "cost.json").is_file() else ""))
+                  if run_dir and costcheck.published_by(args.bundle) else ""))
     versions = ", ".join(f"{k} v{v}" for k, v in bundle_versions(args.bundle).items())
     print(f"OK: {args.bundle} verified ({checked}); schemas: {versions}")
     return 0

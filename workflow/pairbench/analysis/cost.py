@@ -44,6 +44,13 @@ def _instructions_identical(base: dict, cand: dict, condition: str, phase: str) 
     return b is not None and c is not None and b["events"]["Ir"] == c["events"]["Ir"]
 
 
+def _counting(body: dict) -> str | None:
+    """How an arm's llama-bench was counted (``wrapped``, ``toggle-collect``; None for the embedded
+    engine): callgrind's simulated caches start cold at every call in one mode and stay warm in the
+    other, so estimated cycles compare only within one mode."""
+    return (body.get("facts") or {}).get("counting")
+
+
 def judge(ratio: float, *, noise: float, identical: bool, same_arms: bool) -> verdicts.Judgement:
     """The cost verdict of one exact ratio (lower counts are better). *identical*: the instruction
     counts are equal; *same_arms*: the two arms run the same tree with the same launch flags (an A/A)."""
@@ -103,6 +110,11 @@ def compare(summary: dict, costs: dict[str, dict], *, same: dict[str, bool]) -> 
             ratio = cv / bv
             j = judge(ratio, noise=noise, identical=_instructions_identical(b_body, c_body, cond, phase),
                       same_arms=same.get(cand, False))
+            if metric.split("_")[1] == "cycles" and _counting(b_body) != _counting(c_body):
+                # instructions count alike either way; the simulated caches do not (measure.cost)
+                j = verdicts.Judgement("inconclusive", f"the arms were counted differently ({_counting(b_body)} "
+                                                       f"against {_counting(c_body)}): their simulated caches "
+                                                       "are not comparable, their instructions are")
             wall_metric, cell = wall_cell(summary, cand, cond, phase)
             wall_verdict, wall_ratio = (None, None) if cell is None else (cell["verdict"], cell.get("hl_ratio"))
             rows.append({"candidate": cand, "condition": cond, "phase": phase, "metric": metric,

@@ -455,9 +455,13 @@ def relink_counted(binary: Path, out: Path, *, function: str, log: Path) -> str 
         obj = wrap_object()
     except CostUnavailable as exc:
         return str(exc)
-    argv = shlex.split(link.read_text())
+    try:
+        line = next((ln for ln in link.read_text().splitlines() if " -o " in f" {ln} "), None)
+        argv = shlex.split(line) if line else []
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        return f"cannot read {link.name}: {exc}"
     if "-o" not in argv:
-        return f"{link.name} has no -o"
+        return f"{link.name} has no command with -o"
     i = argv.index("-o") + 1
     # the wrapper before the libraries, which the linker then searches for the function it calls
     argv[i:i + 1] = [str(out), f"-Wl,--wrap={function}", str(obj)]
@@ -471,7 +475,7 @@ def relink_counted(binary: Path, out: Path, *, function: str, log: Path) -> str 
 
 
 def run_llama_bench(*, binary: Path, model: str, requests: list[dict], opts: CostOptions, collect: str,
-                    work: Path, log: Path, cwd: Path) -> ArmCost:
+                    work: Path, log: Path, cwd: Path, relink: bool = True) -> ArmCost:
     """Count llama.cpp through ``llama-bench`` from the arm's build: per request (``{"condition",
     "input_tokens"}``) one ``--n-depth <input_tokens> --n-gen <decode_tokens>`` run, one thread, no
     warm-up run, counting only inside *collect* (the function each prompt batch and each decode
@@ -483,12 +487,14 @@ def run_llama_bench(*, binary: Path, model: str, requests: list[dict], opts: Cos
     under ``--instr-atstart=no``: the wrapper instruments the calls counted only, so when prefill is
     not counted the prompt runs uninstrumented. Where the relink cannot be made, the arm's own binary
     runs under ``--toggle-collect`` of *collect*, everything instrumented, both phases counted
-    (``facts["counting"]`` says which)."""
+    (``facts["counting"]`` says which); so does every request when the relinked binary never calls
+    *collect* (a llama-bench that reaches it only from inside the library)."""
     version = valgrind_version()
     work = Path(work).resolve()
     work.mkdir(parents=True, exist_ok=True)
     counted_bin = work / "llama-bench-counted"  # one name for every arm: the paths the process holds
-    why_not = relink_counted(Path(binary), counted_bin, function=collect, log=log)
+    why_not = (relink_counted(Path(binary), counted_bin, function=collect, log=log) if relink
+               else f"the relinked llama-bench never called {collect}")
     wrapped = why_not is None
     from_call = 1 if wrapped and "prefill" not in opts.phases else 0
     facts = {"tool": "llama-bench", "collect": collect, "counting": "wrapped" if wrapped else "toggle-collect"}
@@ -510,6 +516,11 @@ def run_llama_bench(*, binary: Path, model: str, requests: list[dict], opts: Cos
         res = _run_simulated(f"llama-bench ({c})", argv, cwd=cwd, env=env, log=log, timeout_s=opts.timeout_s)
         cost.duration_s += res.record["duration_s"]
         calls = [counts for label, counts in read_dumps(work, stem.name) if label and label != "Program termination"]
+        if wrapped and not calls:
+            # the wrapper never ran: this llama-bench reaches the function from inside the library
+            # (no call to wrap); count it the slow way, every request alike
+            return run_llama_bench(binary=binary, model=model, requests=requests, opts=opts, collect=collect,
+                                   work=work, log=log, cwd=cwd, relink=False)
         if len(calls) != 1 - from_call + opts.decode_tokens:
             raise CostUnavailable("unreadable", f"llama-bench ({c}): expected {1 - from_call + opts.decode_tokens} "
                                                 f"calls of {collect}, callgrind dumped {len(calls)}; see {log}")
