@@ -28,7 +28,7 @@ and short labels only, so it is published as ``tables/cost.json``.
 from __future__ import annotations
 
 from pairbench.analysis import verdicts
-from pairbench.core.metrics import COST_COUNTERPARTS, COST_METRICS
+from pairbench.core.metrics import COST_COUNTERPARTS, COST_METRICS, cost_metric
 
 NOT_EXERCISED = "not exercised"
 CLAIMS = ("faster", "slower", "equivalent")
@@ -102,6 +102,7 @@ def compare(summary: dict, costs: dict[str, dict], *, same: dict[str, bool]) -> 
         if b_body is None or c_body is None or b_body["status"] != "counted" or c_body["status"] != "counted":
             continue
         b_vals, c_vals = _by_key(b_body), _by_key(c_body)
+        two_ways = _counting(b_body) != _counting(c_body)
         for (cond, metric), bv in b_vals.items():
             cv = c_vals.get((cond, metric))
             if bv is None or cv is None or bv <= 0:
@@ -110,7 +111,7 @@ def compare(summary: dict, costs: dict[str, dict], *, same: dict[str, bool]) -> 
             ratio = cv / bv
             j = judge(ratio, noise=noise, identical=_instructions_identical(b_body, c_body, cond, phase),
                       same_arms=same.get(cand, False))
-            if metric.split("_")[1] == "cycles" and _counting(b_body) != _counting(c_body):
+            if two_ways and metric == cost_metric(phase, "cycles"):
                 # instructions count alike either way; the simulated caches do not (measure.cost)
                 j = verdicts.Judgement("inconclusive", f"the arms were counted differently ({_counting(b_body)} "
                                                        f"against {_counting(c_body)}): their simulated caches "

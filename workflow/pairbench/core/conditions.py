@@ -181,6 +181,21 @@ def shortest(conds: Iterable[Condition]) -> Condition:
     return min(conds, key=lambda c: (c.get("input_tokens") or 0, c.get("output_tokens") or 0))
 
 
+def selected(conds: list[Condition], wanted: list[str] | tuple[str, ...] | str | None) -> list[Condition]:
+    """The conditions a ``conditions`` setting picks (the cost channel's ``cost.conditions``), in
+    *conds*' order: None every one, ``"shortest"`` :func:`shortest`, else the named ids; an id
+    *conds* lacks is a ``ValueError`` naming it and the ones there are."""
+    if wanted is None:
+        return list(conds)
+    if wanted == "shortest":
+        return [shortest(conds)]
+    known = ids(conds)
+    unknown = [c for c in wanted if c not in known]
+    if unknown:
+        raise ValueError(f"{', '.join(unknown)} not planned (planned: {', '.join(known)})")
+    return [c for c in conds if c.id in wanted]
+
+
 def ids(conds: Iterable[Condition | dict]) -> list[str]:
     return [c.id if isinstance(c, Condition) else c["id"] for c in conds]
 

@@ -83,7 +83,7 @@ int pb_running_on_valgrind(void) { return RUNNING_ON_VALGRIND; }
 #: llama-bench's wrapper of the decode function (``-Wl,--wrap=llama_process``): instrumentation on
 #: only inside the calls counted (from call PAIRBENCH_COST_FROM_CALL on: 0 counts the prompt's call,
 #: 1 only the decode calls), one dump after each, so the prompt a decode needs is simulated without
-#: instrumentation (about 4x faster with the caches simulated: docs/cost.md)
+#: instrumentation (measured: one arm 676 s with the prompt counted, 419 s without: docs/cost.md)
 WRAP_SOURCE = """\
 /* pairbench's cost channel: llama-bench relinked with -Wl,--wrap=llama_process (measure/cost.py) */
 #include <stdint.h>

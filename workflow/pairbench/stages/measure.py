@@ -263,8 +263,9 @@ def crosscheck_stage(layout: Layout, *, arms: list[str], arm_configs: dict, roun
 @dataclass(frozen=True)
 class CostChannel:
     """What the cost stage reads of the config (its ``cost`` section, config/README.md): which
-    conditions (None: every planned one; "shortest": the one with the shortest prompt), which phases, decode tokens per request, the cache
-    simulated or not, the time limit of one arm's simulated run."""
+    conditions (None: every planned one; "shortest": the one with the shortest prompt), which
+    phases, decode tokens per request, the cache simulated or not, the time limit of one arm's
+    simulated run."""
 
     conditions: tuple[str, ...] | str | None
     phases: tuple[str, ...]
@@ -275,8 +276,8 @@ class CostChannel:
     @classmethod
     def from_rule(cls, params: dict) -> "CostChannel":
         conds = params.get("conditions")
-        return cls(conditions=conds if conds is None or isinstance(conds, str) else tuple(conds), phases=tuple(params["phases"]),
-                   decode_tokens=int(params["decode_tokens"]), cache_sim=bool(params["cache_sim"]),
+        return cls(conditions=conds if conds is None or isinstance(conds, str) else tuple(conds),
+                   phases=tuple(params["phases"]), decode_tokens=int(params["decode_tokens"]), cache_sim=bool(params["cache_sim"]),
                    timeout_s=float(params["timeout_s"]))
 
     def runner(self) -> pb_cost.CostOptions:
@@ -286,16 +287,10 @@ class CostChannel:
     def selected(self, plan: dict) -> list[conditions.Condition]:
         """The planned conditions this channel counts, in the plan's order (a condition the plan
         lacks is an error naming it and the planned ones)."""
-        conds = conditions.from_plan(plan)
-        if self.conditions is None:
-            return conds
-        if self.conditions == "shortest":
-            return [conditions.shortest(conds)]
-        planned = conditions.ids(conds)
-        unknown = [c for c in self.conditions if c not in planned]
-        if unknown:
-            raise ValueError(f"config cost.conditions: {', '.join(unknown)} not planned (planned: {', '.join(planned)})")
-        return [c for c in conds if c.id in self.conditions]
+        try:
+            return conditions.selected(conditions.from_plan(plan), self.conditions)
+        except ValueError as exc:
+            raise ValueError(f"config cost.conditions: {exc}") from None
 
 
 def _cost_requests(L: Layout, conds: list) -> list[dict]:

@@ -140,9 +140,7 @@ def _extras(cfg: dict) -> list[str]:
         out.append(CROSSCHECK.format(tool=base.tool, rounds=cfg["crosscheck"]["rounds"]))
     cost = cfg["cost"]
     if cost["enabled"] and not cfg.get("load"):
-        conds = pb_conditions.conditions(cfg)
-        chosen = ([pb_conditions.shortest(conds)] if cost["conditions"] == "shortest" else
-                  conds if cost["conditions"] is None else [c for c in conds if c.id in cost["conditions"]])
+        chosen = pb_conditions.selected(pb_conditions.conditions(cfg), cost["conditions"])
         estimate = COST_ESTIMATE.get(arm_engine(cfg["arms"][baseline_arm(cfg)]), "its time not measured for this engine")
         out.append(COST_CHANNEL.format(arms=len(cfg["arms"]), conds=", ".join(pb_conditions.ids(chosen)),
                                        phases=" and ".join(cost["phases"]), estimate=estimate))
